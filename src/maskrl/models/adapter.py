@@ -1,0 +1,109 @@
+"""Model-family adapter: the one object the sampler, likelihood estimators and trainer talk to.
+
+It owns the special token ids (mask / eos / pad), the logit shift of the family (SPEC §1.1: none for
+LLaDA-style models, one position for Dream-style ones) and the bidirectional forward. Every caller
+sees position-aligned logits: ``logits[:, i]`` predicts the token at position ``i``.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+
+def bidirectional_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4-D attention mask letting every query attend to every valid key.
+
+    Args:
+        attention_mask: ``[N, T]`` bool/int, True (1) on real tokens, False on padding.
+        dtype: float dtype of the model's activations.
+
+    Returns:
+        ``[N, 1, T, T]`` tensor of ``dtype``: 0 where attending is allowed, ``finfo.min`` on padded
+        keys. Given as-is to a transformers decoder (which then applies no causal mask).
+    """
+    keep = attention_mask.bool()[:, None, None, :]  # [N, 1, 1, T]
+    n, t = attention_mask.shape
+    out = torch.zeros((n, 1, t, t), dtype=dtype, device=attention_mask.device)
+    return out.masked_fill(~keep, torch.finfo(dtype).min)
+
+
+@dataclass
+class ModelAdapter:
+    """A masked diffusion LM behind one interface (SPEC §1.1).
+
+    Attributes:
+        model: a transformers model (optionally wrapped by peft / accelerate) returning ``.logits``.
+        mask_id: id of the ``[M]`` token.
+        eos_id: id that ends a completion.
+        pad_id: id used for padding.
+        shift: True for Dream-style models whose logits at ``i`` predict token ``i+1``.
+        family: ``"llada"``, ``"dream"``, ``"masked_lm"`` or ``"tiny"`` (informational).
+        attention: ``"4d"`` to pass an all-attend 4-D mask (decoder classes made bidirectional) or
+            ``"2d"`` for models that are bidirectional by construction (``*ForMaskedLM``).
+        tokenizer: optional tokenizer (decode, chat template).
+        stop_ids: extra ids that also end a completion (e.g. LLaDA's end-of-turn 126348).
+    """
+
+    model: Any
+    mask_id: int
+    eos_id: int
+    pad_id: int
+    shift: bool = False
+    family: str = "tiny"
+    attention: str = "4d"
+    tokenizer: Any = None
+    stop_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Position-aligned logits of a full-attention forward.
+
+        Args:
+            input_ids: ``[N, T]`` long; masked positions hold :attr:`mask_id`.
+            attention_mask: ``[N, T]`` bool, True on real tokens (``None``: all real).
+
+        Returns:
+            ``[N, T, V]`` logits in the model's dtype; ``[:, i]`` predicts the token at ``i``.
+        """
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+        attention_mask = attention_mask.bool()
+        if self.attention == "4d":
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # [N, T]
+            mask = bidirectional_mask(attention_mask, self.dtype)
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+        else:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask.long())
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        if self.shift:
+            # Dream: logits[i] predicts token i+1; re-align so that position i's row predicts i.
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return logits
+
+    def is_stop(self, ids: torch.Tensor) -> torch.Tensor:
+        """Bool tensor of ``ids``' shape: True where the id ends a completion (eos or a stop id)."""
+        stop = ids == self.eos_id
+        for s in self.stop_ids:
+            stop = stop | (ids == s)
+        return stop
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator["ModelAdapter"]:
+        """Context giving the reference policy when it shares weights with this one (peft: adapters
+        disabled). Without peft there is nothing to disable and a separate frozen copy is needed;
+        this then raises ``RuntimeError``."""
+        disable = getattr(self.model, "disable_adapter", None)
+        if disable is None:
+            raise RuntimeError("reference(): the model has no peft adapters; keep a frozen copy instead")
+        with disable():
+            yield self

@@ -1,0 +1,163 @@
+"""The task protocol: a data loader, a prompt template and a reward (ARCHITECTURE.md, SPEC §5).
+
+A task turns rows of a data file into :class:`Example` records and scores completions with
+``reward(prompts, completions, **columns) -> list[float]`` -- the call shape TRL reward functions
+use, so user rewards plug in unchanged. Training reward and evaluation metric are the same function.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
+
+from maskrl.registry import Registry
+
+TASKS: Registry[type["Task"]] = Registry("task")
+
+
+class DataError(ValueError):
+    """A malformed data row; the message names the file and the 1-based line (or row) number."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One task row.
+
+    Attributes:
+        id: 0-based row index in the task's data file (what ``maskrl score`` predictions refer to).
+        prompt: the user-facing prompt text (no chat template applied).
+        fields: task-specific columns passed to :meth:`Task.reward` as keywords (e.g. ``solution``).
+    """
+
+    id: int
+    prompt: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+def default_data_dir() -> Path | None:
+    """Where the shared data lives: ``$MASKRL_DATA_DIR``, else a ``shared/data`` folder beside the
+    checkout (``<repo>/../shared/data``) or beside the working directory; ``None`` when absent."""
+    env = os.environ.get("MASKRL_DATA_DIR")
+    if env:
+        return Path(env)
+    repo_root = Path(__file__).resolve().parents[3]
+    for cand in (repo_root.parent / "shared" / "data", Path.cwd().parent / "shared" / "data", Path.cwd() / "shared" / "data"):
+        if cand.is_dir():
+            return cand
+    return None
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_number, object)`` for each non-blank line of a JSONL file.
+
+    Raises:
+        DataError: naming file and line for a line that is not a JSON object.
+    """
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield lineno, obj
+
+
+def require(obj: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ...] = str) -> Any:
+    """``obj[key]`` checked for presence and type; ``where`` is ``"file:line"`` for the error.
+
+    Raises:
+        DataError: naming ``where`` and the missing or mistyped field.
+    """
+    if key not in obj:
+        raise DataError(f"{where}: missing field {key!r}")
+    val = obj[key]
+    if not isinstance(val, kind):
+        raise DataError(f"{where}: field {key!r} should be {kind}, got {type(val).__name__}")
+    return val
+
+
+class Task:
+    """Base class of every task. Subclasses set ``name``, ``data_file`` (relative to the data dir),
+    ``hub_id`` (public dataset id for users with hub access) and implement :meth:`parse` and
+    :meth:`reward`.
+    """
+
+    name: ClassVar[str] = ""
+    data_file: ClassVar[str] = ""
+    hub_id: ClassVar[str] = ""
+    #: a completion counts as correct (accuracy) when its reward reaches this value
+    correct_threshold: ClassVar[float] = 1.0
+
+    def resolve_path(self, path: str | os.PathLike | None = None) -> Path:
+        """The data file: ``path`` when given (a file, or a data dir holding ``data_file``), else the
+        default data dir.
+
+        Raises:
+            FileNotFoundError: when no file can be found; the message says where it looked.
+        """
+        if path is not None:
+            p = Path(path)
+            if p.is_dir():
+                p = p / self.data_file
+        else:
+            root = default_data_dir()
+            if root is None:
+                raise FileNotFoundError(
+                    f"task {self.name!r}: no data path given, $MASKRL_DATA_DIR unset and no ../shared/data "
+                    f"found; pass a path or download {self.hub_id!r}"
+                )
+            p = root / self.data_file
+        if not p.is_file():
+            raise FileNotFoundError(f"task {self.name!r}: data file {p} does not exist")
+        return p
+
+    def load(self, path: str | os.PathLike | None = None, limit: int | None = None) -> list[Example]:
+        """Read and validate the data file into examples (ids are 0-based row indices).
+
+        Raises:
+            DataError: on a malformed row, naming file and line.
+        """
+        p = self.resolve_path(path)
+        rows = self.parse(p)
+        return rows[:limit] if limit is not None else rows
+
+    def parse(self, path: Path) -> list[Example]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def reward(self, prompts: Sequence[str], completions: Sequence[str], **columns: Sequence[Any]) -> list[float]:
+        """Score each completion in ``[0, 1]``; ``columns`` hold one list per row field."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def score_examples(self, examples: Sequence[Example], completions: Sequence[str]) -> list[float]:
+        """:meth:`reward` on examples: gathers their fields into per-column lists."""
+        if len(examples) != len(completions):
+            raise ValueError(f"{len(examples)} examples but {len(completions)} completions")
+        keys = sorted({k for ex in examples for k in ex.fields})
+        columns = {k: [ex.fields.get(k) for ex in examples] for k in keys}
+        return self.reward([ex.prompt for ex in examples], list(completions), **columns)
+
+    def is_correct(self, reward: float) -> bool:
+        return reward >= self.correct_threshold - 1e-9
+
+    def metrics(self, examples: Sequence[Example], completions: Sequence[str], rewards: Sequence[float]) -> dict:
+        """Summary metrics; tasks add their own (e.g. Sudoku's ``cell_accuracy``)."""
+        from maskrl.stats import accuracy_summary
+
+        return accuracy_summary(list(rewards), [self.is_correct(r) for r in rewards])
+
+
+def get_task(name: str) -> Task:
+    """Instantiate the registered task ``name``.
+
+    Raises:
+        KeyError: listing the valid task names.
+    """
+    import maskrl.tasks  # noqa: F401  (registers the built-in tasks)
+
+    return TASKS.get(name)()
