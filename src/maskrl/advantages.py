@@ -1,0 +1,45 @@
+"""Group-relative advantages (SPEC §1.3)."""
+from __future__ import annotations
+
+import torch
+
+NORMALIZE = ("mean", "mean_std", "leave_one_out")
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize: str = "mean",
+                     std_floor: float = 0.01) -> torch.Tensor:
+    """Advantage of each completion relative to the other completions of its prompt.
+
+    Args:
+        rewards: ``[N]`` float rewards.
+        group_ids: ``[N]`` long, equal for completions of the same prompt (any order, any group sizes).
+        normalize: **[choice]** ``"mean"`` (``A = r − mean_g r``), ``"mean_std"``
+            (``(r − mean)/max(std, std_floor)``, population std), ``"leave_one_out"``
+            (``r − mean of the other G−1``; 0 for a group of one).
+        std_floor: lower bound of the std in ``mean_std`` (SPEC: 0.01).
+
+    Returns:
+        ``[N]`` float32 advantages.
+
+    Raises:
+        ValueError: on an unknown ``normalize`` or mismatched shapes.
+    """
+    if normalize not in NORMALIZE:
+        raise ValueError(f"normalize {normalize!r} is not one of {NORMALIZE}")
+    if rewards.shape != group_ids.shape or rewards.dim() != 1:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must both be [N]")
+    r = rewards.float()
+    _, inv = torch.unique(group_ids, return_inverse=True)  # [N] -> 0..B-1
+    n_groups = int(inv.max()) + 1
+    count = torch.zeros(n_groups, device=r.device).index_add_(0, inv, torch.ones_like(r))  # [B]
+    total = torch.zeros(n_groups, device=r.device).index_add_(0, inv, r)  # [B]
+    mean = (total / count)[inv]  # [N]
+    if normalize == "mean":
+        return r - mean
+    if normalize == "leave_one_out":
+        others = (count[inv] - 1).clamp(min=1)
+        loo = (total[inv] - r) / others
+        return torch.where(count[inv] > 1, r - loo, torch.zeros_like(r))
+    sq = torch.zeros(n_groups, device=r.device).index_add_(0, inv, (r - mean) ** 2)  # [B]
+    std = (sq / count).sqrt()[inv]
+    return (r - mean) / std.clamp(min=std_floor)

@@ -1,0 +1,241 @@
+"""Run configuration: nested dataclasses filled from YAML files and ``--set key=value`` overrides.
+
+Every field is typed; an unknown key or a value of the wrong type is an error that names the key
+(dotted path) and lists the valid keys, so a typo never silently falls back to a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration key or value; the message names the dotted key."""
+
+
+@dataclass
+class TinyModelConfig:
+    """Shape of the built-in tiny bidirectional Llama (used when ``model.path`` is empty)."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 384
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    """Which model: ``path`` = a local folder (or hub id) to load; empty = build the tiny model."""
+
+    path: str = ""
+    dtype: str = "float32"
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class TaskConfig:
+    """Task and data. ``data_path`` empty = ``$MASKRL_DATA_DIR`` or ``../shared/data``."""
+
+    name: str = "sudoku4x4"
+    data_path: str = ""
+    train_size: int = 4000
+    train_seed: int = 1234
+    eval_limit: int = 0  # 0 = all rows
+
+
+@dataclass
+class SamplerSettings:
+    """Mirror of :class:`maskrl.sampling.SamplerConfig` (SPEC §1.2)."""
+
+    gen_length: int = 16
+    block_length: int = 16
+    steps: int = 16
+    temperature: float = 0.0
+    schedule: str = "fixed"
+    threshold: float = 0.9
+    remasking: str = "low_confidence"
+    cfg_scale: float = 0.0
+    suppress_eos: bool = False
+
+    def build(self):
+        from maskrl.sampling import SamplerConfig
+
+        return SamplerConfig(**dataclasses.asdict(self))
+
+
+@dataclass
+class SFTConfig:
+    """Masked-diffusion supervised warm start (``maskrl sft``)."""
+
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    log_every: int = 50
+
+
+@dataclass
+class ObjectiveConfig:
+    """Base objective and its hyper-parameters (SPEC §1.5)."""
+
+    name: str = "diffu_grpo"
+    clip_eps: float = 0.5
+    beta: float = 0.04
+    aggregation: str = "token_mean"
+    normalize: str = "mean"
+    p_mask_prompt: float = 0.15
+
+
+@dataclass
+class TrainConfig:
+    """The RL loop (``maskrl train``)."""
+
+    steps: int = 100
+    prompts_per_step: int = 8
+    group_size: int = 6
+    inner_iterations: int = 12
+    micro_batch_size: int = 0  # rows per forward/backward; 0 = whole batch (gradient accumulation otherwise)
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    seed: int = 0
+    log_every: int = 1
+    eval_every: int = 0
+    save_every: int = 0
+    eval_limit: int = 0
+
+
+@dataclass
+class RunConfig:
+    """Everything one command needs."""
+
+    output_dir: str = "runs/default"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: SamplerSettings = field(default_factory=lambda: SamplerSettings(temperature=0.9))
+    eval: SamplerSettings = field(default_factory=SamplerSettings)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    device: str = "auto"
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, typ: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(typ):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping of {sorted(_field_types(typ))}, got {value!r}")
+        return _build(typ, value, key + ".")
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if typ is str:
+        if value is None:
+            return ""
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+    types = _field_types(cls)
+    unknown = [k for k in data if k not in types]
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}{unknown[0]!r}; valid keys under "
+                          f"{prefix.rstrip('.') or 'the top level'}: {', '.join(sorted(types))}")
+    defaults = cls()
+    kwargs = {}
+    for name, typ in types.items():
+        if name in data:
+            kwargs[name] = _coerce(data[name], typ, prefix + name)
+        else:
+            kwargs[name] = getattr(defaults, name)
+    return cls(**kwargs)
+
+
+def _merge(base: dict, over: Mapping) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_override(item: str) -> dict:
+    """``"a.b=3"`` -> ``{"a": {"b": 3}}``; the value is parsed as YAML (``true``, ``1e-5``, ``[1,2]``).
+
+    Raises:
+        ConfigError: when the item has no ``=``.
+    """
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.sub=value")
+    key, raw = item.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    out: dict = {}
+    cur = out
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out
+
+
+def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ()) -> RunConfig:
+    """Build a :class:`RunConfig` from YAML files (later ones win) and ``key=value`` overrides.
+
+    Raises:
+        ConfigError: on an unknown key (naming it and the valid ones) or a mistyped value.
+        FileNotFoundError: when a YAML file does not exist.
+    """
+    data: dict = {}
+    for p in paths:
+        with open(p, encoding="utf-8") as fh:
+            loaded = yaml.safe_load(fh) or {}
+        if not isinstance(loaded, Mapping):
+            raise ConfigError(f"{p}: top level must be a mapping")
+        data = _merge(data, loaded)
+    for item in overrides:
+        data = _merge(data, parse_override(item))
+    cfg = _build(RunConfig, data)
+    # validate the sampler settings early (divisibility etc.) with the field named
+    for name in ("rollout", "eval"):
+        try:
+            getattr(cfg, name).build()
+        except ValueError as e:
+            raise ConfigError(f"{name}: {e}") from None
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,54 @@
+"""Turning prompt texts into left-padded id batches and completions back into text."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def encode_prompts(tokenizer, texts: Sequence[str], add_bos: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokenise prompts into a left-padded batch.
+
+    Args:
+        tokenizer: a transformers tokenizer with ``pad_token_id`` (and ``bos_token_id`` if ``add_bos``).
+        texts: N prompt strings (already chat-formatted when the model needs it).
+        add_bos: prepend the bos token when the tokenizer has one and the text does not start with it.
+
+    Returns:
+        ``(ids [N, P] long, mask [N, P] bool)``, padding on the left.
+
+    Raises:
+        ValueError: on an empty list or a prompt that tokenises to nothing.
+    """
+    if not texts:
+        raise ValueError("encode_prompts: no prompts")
+    seqs = []
+    for i, t in enumerate(texts):
+        ids = tokenizer(t, add_special_tokens=False)["input_ids"]
+        bos = getattr(tokenizer, "bos_token_id", None)
+        if add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos] + ids
+        if not ids:
+            raise ValueError(f"prompt {i} tokenises to no tokens")
+        seqs.append(ids)
+    width = max(len(s) for s in seqs)
+    pad = tokenizer.pad_token_id
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s)
+        mask[i, width - len(s):] = True
+    return ids, mask
+
+
+def decode_completions(tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> list[str]:
+    """Text of each completion: valid tokens only (stop at the first eos), special tokens dropped.
+
+    Args:
+        completion_ids: ``[N, L]`` long.
+        completion_mask: ``[N, L]`` bool (``Rollout.completion_mask``).
+    """
+    out = []
+    for ids, m in zip(completion_ids.tolist(), completion_mask.tolist()):
+        out.append(tokenizer.decode([t for t, keep in zip(ids, m) if keep], skip_special_tokens=True))
+    return out
