@@ -357,6 +357,24 @@ def test_tokenizer_with_custom_class_loads_without_remote_code(tmp_path):
     assert load(folder, tokenizer=False).tokenizer is None
 
 
+def test_dream_vocab_merges_tokenizer_falls_back_to_qwen2(tmp_path):
+    """A DreamTokenizer folder with only vocab.json + merges.txt (no tokenizer.json)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    folder = write_folder(tmp_path / "m", DREAM_CFG, dream_weights())
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.train_from_iterator(["the cat sat on the mat"] * 5, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|mask|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.model.save(str(folder))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "DreamTokenizer", "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+        "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mask|>"}))
+    tok = load(folder).tokenizer
+    assert type(tok).__name__ == "Qwen2Tokenizer"
+    assert tok.decode(tok("the cat").input_ids) == "the cat" and tok.mask_token_id == 1
+
+
 # --------------------------------------------------------------------------------------------------
 # tiny Llama (4-D mask), tiny folders, masked LMs, errors
 # --------------------------------------------------------------------------------------------------

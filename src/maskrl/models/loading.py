@@ -132,44 +132,45 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
         NotImplementedError: a config value the native class cannot express (the key is named).
     """
     if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+        dtype = getattr(torch, dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"load(): dtype must be a torch.dtype or its name, got {dtype!r}")
     folder = resolve(path_or_id, revision=revision)
     cfg = read_config(folder)
     family = detect_family(cfg, folder)
-    tok = _load_tokenizer(folder, family) if tokenizer is None else (None if tokenizer is False else tokenizer)
+    if tokenizer is None and family != "tiny":  # load_tiny reads its own tokenizer
+        tokenizer = _load_tokenizer(folder, family)
+    tok = None if tokenizer is False else tokenizer
 
     if family == "tiny":
         from maskrl.models.tiny import load_tiny
 
         adapter = load_tiny(folder, dtype=dtype)
         adapter.model.to(device or "cpu").eval()
-        if tok is not None:
+        if tokenizer is not None:  # an explicit tokenizer, or False for none
             adapter.tokenizer = tok
-        ids = dict(mask_id=adapter.mask_id, eos_id=adapter.eos_id, pad_id=adapter.pad_id, stop_ids=adapter.stop_ids)
     elif family in ("llada", "dream"):
         if family == "llada":
             config, to_native, to_checkpoint = llada_config(cfg), llada_to_native, llada_to_checkpoint
-            defaults = dict(mask_id=LLADA_MASK_ID, eos_id=LLADA_EOS_ID, pad_id=LLADA_EOS_ID, stop_ids=(LLADA_EOT_ID,))
+            mask, eos, stops = LLADA_MASK_ID, LLADA_EOS_ID, (LLADA_EOT_ID,)
         else:
             config, to_native, to_checkpoint = dream_config(cfg), _identity, _identity
-            defaults = dict(mask_id=DREAM_MASK_ID, eos_id=DREAM_EOS_ID, pad_id=DREAM_EOS_ID, stop_ids=())
+            mask, eos, stops = DREAM_MASK_ID, DREAM_EOS_ID, ()
         model = _build_and_load(config, folder, to_native, to_checkpoint, dtype, device)
-        ids = dict(mask_id=_first(cfg.get("mask_token_id"), defaults["mask_id"]),
-                   eos_id=_first(_one_id(cfg.get("eos_token_id")), defaults["eos_id"]),
-                   pad_id=_first(cfg.get("pad_token_id"), _one_id(cfg.get("eos_token_id")), defaults["pad_id"]),
-                   stop_ids=defaults["stop_ids"])
-        adapter = ModelAdapter(model=model, shift=(family == "dream"), family=family, attention="4d",
-                               tokenizer=tok, **ids)
+        cfg_eos = _one_id(cfg.get("eos_token_id"))
+        adapter = ModelAdapter(model=model, mask_id=_first(cfg.get("mask_token_id"), mask),
+                               eos_id=_first(cfg_eos, eos), pad_id=_first(cfg.get("pad_token_id"), cfg_eos, eos),
+                               shift=(family == "dream"), family=family, attention="4d",
+                               tokenizer=tok, stop_ids=stops)
     else:  # masked_lm
         model = _load_masked_lm(folder, dtype, device)
         c = model.config
-        ids = dict(mask_id=_first(getattr(c, "mask_token_id", None), getattr(tok, "mask_token_id", None)),
-                   eos_id=_first(_one_id(getattr(c, "eos_token_id", None)), getattr(c, "sep_token_id", None),
-                                 getattr(tok, "eos_token_id", None), getattr(tok, "sep_token_id", None)),
-                   pad_id=_first(getattr(c, "pad_token_id", None), getattr(tok, "pad_token_id", None)),
-                   stop_ids=())
-        adapter = ModelAdapter(model=model, shift=False, family="masked_lm", attention="2d", tokenizer=tok,
-                               mask_id=ids["mask_id"], eos_id=ids["eos_id"], pad_id=ids["pad_id"])
+        adapter = ModelAdapter(
+            model=model, shift=False, family="masked_lm", attention="2d", tokenizer=tok,
+            mask_id=_first(getattr(c, "mask_token_id", None), getattr(tok, "mask_token_id", None)),
+            eos_id=_first(_one_id(getattr(c, "eos_token_id", None)), getattr(c, "sep_token_id", None),
+                          getattr(tok, "eos_token_id", None), getattr(tok, "sep_token_id", None)),
+            pad_id=_first(getattr(c, "pad_token_id", None), getattr(tok, "pad_token_id", None)))
 
     overrides = dict(mask_id=mask_id, eos_id=eos_id, pad_id=pad_id,
                      stop_ids=None if stop_ids is None else tuple(int(s) for s in stop_ids))
