@@ -24,6 +24,6 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     specials = [SPECIAL_TOKENS[k] for k in ("pad_token", "bos_token", "eos_token", "mask_token", "unk_token")]
     vocab = {tok: i for i, tok in enumerate(specials + chars)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r".|\n"), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # any char incl. newline (Oniguruma has no (?s))
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)

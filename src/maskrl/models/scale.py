@@ -1,0 +1,116 @@
+"""Helpers for training 7-8B masked diffusion models: LoRA, bf16, gradient checkpointing, chat prompts.
+
+Precision policy (what we chose and why)
+----------------------------------------
+* **LoRA (recommended for 7-8B):** load the base with ``load(..., dtype=torch.bfloat16)``; the
+  frozen base stays bf16 and :func:`apply_lora` keeps the trainable LoRA matrices in **float32**
+  (``adapter_dtype``), so the optimizer updates fp32 master weights. peft casts the bf16
+  activations to the LoRA weights' dtype inside each LoRA layer and the result back, so the
+  forward needs no autocast. The reference policy is the same weights with the adapters disabled
+  (:meth:`ModelAdapter.reference`), so no second copy of the base is held.
+* **Full fine-tuning:** keep parameters in float32 (``load(..., dtype=torch.float32)``) and get
+  bf16 compute from ``accelerate`` (``mixed_precision="bf16"``, autocast). Never update bf16
+  weights directly at the learning rates of SPEC §3 (1e-6): bf16 keeps ~3 significant digits, so
+  such updates round to zero.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import torch
+
+from maskrl.models.adapter import ModelAdapter
+
+
+def apply_lora(adapter: ModelAdapter, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
+               target_modules: str | Sequence[str] = "all-linear",
+               adapter_dtype: torch.dtype | None = torch.float32) -> ModelAdapter:
+    """Wrap the adapter's model with LoRA adapters through ``peft.get_peft_model``.
+
+    Only the LoRA matrices are trainable afterwards; every base parameter is frozen. The returned
+    adapter's :meth:`~ModelAdapter.reference` context disables the adapters, giving the base model
+    as the reference policy (KL terms of SPEC §1.5) without a second copy of the weights. LoRA's
+    ``B`` matrix starts at zero, so policy and reference agree until the first update.
+
+    Args:
+        adapter: a loaded :class:`ModelAdapter` (not already wrapped by peft). Its model is modified
+            in place (peft injects the LoRA layers); use the returned adapter.
+        rank: LoRA rank ``r``.
+        alpha: LoRA scaling numerator (the update is scaled by ``alpha / rank``).
+        dropout: dropout on the LoRA branch's input.
+        target_modules: module names to adapt, or ``"all-linear"`` (peft: every linear layer except
+            the output head): for Llama/Qwen2 that is ``q/k/v/o_proj`` and ``gate/up/down_proj``.
+        adapter_dtype: dtype of the trainable LoRA parameters (float32 master weights by default,
+            also when the base is bf16); ``None`` leaves peft's choice.
+
+    Returns:
+        A new :class:`ModelAdapter` sharing every field with ``adapter`` except ``model``, now a
+        ``peft.PeftModel``.
+
+    Raises:
+        ValueError: the model already carries peft adapters, or ``rank`` < 1.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    if hasattr(adapter.model, "disable_adapter") or hasattr(adapter.model, "peft_config"):
+        raise ValueError("apply_lora: the model already has peft adapters")
+    if rank < 1:
+        raise ValueError(f"apply_lora: rank must be >= 1, got {rank}")
+    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
+    model = get_peft_model(adapter.model, config)
+    if adapter_dtype is not None:
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(adapter_dtype)
+    return dataclasses.replace(adapter, model=model)
+
+
+def enable_gradient_checkpointing(adapter: ModelAdapter, use_reentrant: bool = False) -> ModelAdapter:
+    """Turn on activation checkpointing of every transformer layer (transformers' public API).
+
+    Uses ``PreTrainedModel.activation_checkpointing_enable`` (``gradient_checkpointing_enable`` on
+    transformers versions without it) on the (peft-unwrapped) base model and sets
+    ``config.use_cache = False``. The adapter's forward already passes ``use_cache=False`` and its 4-D
+    all-attend mask is an ordinary tensor argument of each layer, so the recomputation sees the same
+    mask and gives the same gradients. As in transformers, checkpointing acts only while the model is
+    in ``train()`` mode; the mode is left as it is.
+
+    Args:
+        adapter: the adapter (peft-wrapped or not); modified in place and returned.
+        use_reentrant: ``torch.utils.checkpoint`` variant. The default non-reentrant one works with a
+            frozen base (LoRA); with ``True`` the input embeddings are made to require grad
+            (``enable_input_require_grads``) so LoRA gradients still flow.
+
+    Raises:
+        ValueError: the model class does not support gradient checkpointing.
+    """
+    model = adapter.model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(base).__name__} does not support gradient checkpointing")
+    kwargs = {"use_reentrant": use_reentrant}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # the older name, deprecated since
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if use_reentrant:
+        base.enable_input_require_grads()
+    base.config.use_cache = False
+    return adapter
+
+
+def chat_prompt(tokenizer: Any, user_text: str) -> str:
+    """One user turn formatted with the tokenizer's chat template, ready for the completion.
+
+    Applies ``tokenizer.apply_chat_template([{"role": "user", "content": user_text}],
+    add_generation_prompt=True, tokenize=False)`` when the tokenizer has a chat template (LLaDA- and
+    Dream-Instruct do); otherwise (the tiny character tokenizer, base models) returns ``user_text``
+    unchanged. Returns a string; tokenize it with the same tokenizer (no special tokens added again
+    if the template already has them).
+    """
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return user_text
+    return tokenizer.apply_chat_template([{"role": "user", "content": user_text}],
+                                         add_generation_prompt=True, tokenize=False)
