@@ -326,6 +326,18 @@ def test_sandbox_cannot_signal_the_parent():
     _assert_parent_fine()  # we are still here
 
 
+@needs_ns
+def test_killing_its_own_process_group_leaves_nothing_behind():
+    # In a naive sandbox the group would include the supervising process; here PID 1 runs in its own
+    # session, and the kernel ignores SIGKILL sent to a namespace's init from inside it.
+    code = GOOD_F + "import os, signal\nos.system('(sleep 60 &)')\nos.killpg(0, signal.SIGKILL)\nprint('ALIVE')\n"
+    res = run_program(code, F_TEST, limits=FAST)
+    assert (res.status, res.passed) == ("ok", 1) and "ALIVE" in res.stdout
+    assert res.elapsed_s < 3.0
+    _assert_nothing_left(res)  # in uid mode: also no zombie of the namespace's init
+    _assert_parent_fine()
+
+
 def test_unprivileged_user_gets_user_namespaces(tmp_path):
     """As a non-root user the sandbox uses a user namespace (or degrades to basic mode)."""
     system_python = "/usr/bin/python3"
