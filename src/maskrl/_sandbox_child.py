@@ -7,8 +7,9 @@ directory that holds ``.maskrl_spec.json`` (the program, its tests and the limit
 1. reads and deletes the spec;
 2. enters new network, PID and mount namespaces (as root directly; otherwise through a user
    namespace; else none -- "basic" mode);
-3. forks: the child is PID 1 of the new PID namespace (so when it exits or its parent is killed,
-   the kernel kills every process in the namespace); the parent waits and reports its status;
+3. forks: the child is PID 1 of the new PID namespace, in a session of its own (when it exits, the
+   kernel kills every process in the namespace); the parent stays outside, waits, reports its
+   status, and on SIGTERM kills and reaps PID 1 (see ``_fork_namespace_init``);
 4. in the child: makes every inherited mount private and read-only, mounts a fresh ``/proc``,
    size-limited tmpfs on the working directory, ``/tmp``, ``/var/tmp``, ``/dev/shm``; when running
    as root, drops to a fresh unprivileged uid (``UID_BASE`` + host pid), first exposing the
@@ -16,7 +17,8 @@ directory that holds ``.maskrl_spec.json`` (the program, its tests and the limit
 5. sets resource limits (CPU, address space, file size, open files, processes), installs an
    audit-hook guard in basic mode, runs the program, then each test, reporting on ``result_fd``.
 
-Result protocol (one ASCII line each): ``I <isolation>``, ``R`` (about to run user code),
+Result protocol (one ASCII line each): ``C`` (namespace init forked), ``I <isolation>``, ``R``
+(about to run user code),
 ``P <i>`` / ``F <i> <ExceptionName>`` per test, ``M`` (MemoryError in the program), ``E`` (the
 program raised), ``D`` (all tests run), and from the namespace parent ``X <wait status>``.
 Standard library only; works on Python >= 3.8.

@@ -17,8 +17,8 @@ with the strongest mechanism the machine allows, reported in :attr:`SandboxResul
   refuses sockets, process creation, ``ctypes`` and file writes outside the working directory --
   best effort only, not a security boundary.
 
-In every mode: wall-clock timeout (the whole process group, and in namespace modes the whole PID
-namespace, is killed with SIGKILL), ``RLIMIT_CPU``, ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE``,
+In every mode: wall-clock timeout (at the limit, in namespace modes the namespace's init is killed,
+which makes the kernel kill every process in it; then the process group gets SIGKILL), ``RLIMIT_CPU``, ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE``,
 ``RLIMIT_NOFILE``, no core files, no privilege gain through exec (``PR_SET_NO_NEW_PRIVS``),
 ``PYTHONHASHSEED=0``. Results travel over a dedicated pipe, so printing cannot change the score;
 a program that deliberately attacks the test harness inside its own process (e.g. an ``__eq__``
