@@ -11,7 +11,7 @@ import pytest
 from maskrl.sandbox import Limits
 from maskrl.tasks import TASKS, DataError, default_data_dir, get_task
 from maskrl.tasks.code import (HumanEval, MBPP, completion_text, extract_code, humaneval_program,
-                               humaneval_tests)
+                               humaneval_tests, mbpp_program)
 
 DATA = default_data_dir()
 MBPP_FILE = DATA / "mbpp" / "sanitized-mbpp.json" if DATA else None
@@ -40,7 +40,7 @@ def test_extract_code_prefers_the_last_python_block():
 
 def test_extract_code_bare_and_garbage():
     assert extract_code("def f():\n    return 1\n") == "def f():\n    return 1"
-    assert extract_code("<reasoning>think</reasoning>\nx = 1") == "\nx = 1".strip("\n")
+    assert extract_code("<reasoning>think</reasoning>\nx = 1") == "x = 1"
     assert extract_code("<reasoning>never finished") == ""
     assert extract_code("") == ""
     assert extract_code(None) == ""  # type: ignore[arg-type]
@@ -104,6 +104,14 @@ def test_humaneval_reward_partial_credit_and_garbage():
 
 
 # ------------------------------------------------------------------------------------------- MBPP
+
+
+def test_future_imports_are_hoisted():
+    prog = mbpp_program("from __future__ import annotations\ndef f(x: int) -> int:\n    return x", ["import math"])
+    assert prog.startswith("from __future__ import annotations\n")
+    ast.parse(prog)
+    ast.parse(humaneval_program('def f(x):\n    """Doc."""\n', "from __future__ import annotations\ndef f(x):\n    return x",
+                                "def check(c):\n    assert c(1) == 1\n", "f"))
 
 
 def test_mbpp_reward_fraction_with_test_imports():

@@ -78,9 +78,21 @@ def extract_code(completion: str) -> str:
 # ----------------------------------------------------------------------------------------------- MBPP
 
 
+_FUTURE_RE = re.compile(r"^from[ \t]+__future__[ \t]+import[^\n]*\n?", re.M)
+
+
+def hoist_future_imports(program: str) -> str:
+    """Move ``from __future__ import ...`` lines to the top, where Python requires them (code
+    placed after a prompt or test imports would otherwise be a SyntaxError)."""
+    future = _FUTURE_RE.findall(program)
+    if not future:
+        return program
+    return "".join(line.rstrip("\n") + "\n" for line in future) + _FUTURE_RE.sub("", program)
+
+
 def mbpp_program(code: str, test_imports: Sequence[str]) -> str:
     """The MBPP program: the row's test imports, then the solution code."""
-    return "\n".join(list(test_imports) + [code]) + "\n"
+    return hoist_future_imports("\n".join(list(test_imports) + [code]) + "\n")
 
 
 @TASKS.register("mbpp")
@@ -193,7 +205,7 @@ def humaneval_program(code_prompt: str, code: str, test: str, entry_point: str) 
     """
     defines = re.search(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M)
     body = code_prompt.rstrip() + "\n\n\n" + code if defines else code_prompt + code
-    return body + "\n\n\n" + test + "\n"
+    return hoist_future_imports(body + "\n\n\n" + test + "\n")
 
 
 @TASKS.register("humaneval")
