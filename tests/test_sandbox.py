@@ -338,6 +338,18 @@ def test_killing_its_own_process_group_leaves_nothing_behind():
     _assert_parent_fine()
 
 
+def test_basic_mode_as_root_still_drops_to_a_fresh_uid():
+    system_python = "/usr/bin/python3"
+    if os.geteuid() != 0 or not os.access(system_python, os.X_OK):
+        pytest.skip("needs root and /usr/bin/python3 (whose files everyone can read)")
+    code = "import os\nprint(os.getuid())\nos.fork()\n"
+    res = run_program(code, ["assert True"], python=system_python, isolation="basic", limits=FAST)
+    assert res.isolation == "basic,uid"
+    assert int(res.stdout.split()[0]) == res.uid != 0
+    assert res.status == "error" and "os.fork is not allowed" in res.stderr  # the guard is on too
+    _assert_nothing_left(res)
+
+
 def test_unprivileged_user_gets_user_namespaces(tmp_path):
     """As a non-root user the sandbox uses a user namespace (or degrades to basic mode)."""
     system_python = "/usr/bin/python3"

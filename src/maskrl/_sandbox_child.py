@@ -166,8 +166,6 @@ def _setup_mounts(workdir, tmpfs_mb, drop_uid, expose_paths, host_pid):
     for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
         if os.path.isdir(d) and not os.path.islink(d):
             _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % tmpfs_mb)
-    if not _same_dir(workdir, wfd):  # the working directory sat below a scratch area: re-attach it
-        _bind(wfd, workdir)
     for anc, kids in held.items():
         _mount("tmpfs", anc, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
         for name, fd in kids:
@@ -177,6 +175,8 @@ def _setup_mounts(workdir, tmpfs_mb, drop_uid, expose_paths, host_pid):
                 open(os.path.join(anc, name), "w").close()
                 _mount("/proc/self/fd/%d" % fd, os.path.join(anc, name), None, MS_BIND)
             os.close(fd)
+    if not _same_dir(workdir, wfd):  # the working directory sat below a covered directory: re-attach it
+        _bind(wfd, workdir)
     os.chdir(workdir)
     os.close(wfd)
     return flags, uid
@@ -350,15 +350,18 @@ def main():
         _fork_namespace_init()
 
     uid = None
+    expose = [p for p in sys.path if p] + [os.path.dirname(os.path.realpath(sys.executable))]
     if flags:
         drop = os.geteuid() == 0 and "userns" not in flags
-        expose = [p for p in sys.path if p] + [os.path.dirname(os.path.realpath(sys.executable))]
         try:
             more, uid = _setup_mounts(workdir, int(lim["tmpfs_mb"]), drop, expose, host_pid)
             flags += more
         except OSError as e:
             sys.stderr.write("maskrl sandbox: mount setup failed (%s); continuing without it\n" % e)
             os.chdir(workdir)
+    elif os.geteuid() == 0 and _plan_expose(expose) == {}:  # root without namespaces (e.g. Docker)
+        uid = UID_BASE + host_pid
+        os.chown(workdir, uid, uid)
     _set_limits(lim, nproc=uid is not None or "userns" in flags)
     if uid is not None:
         os.setgroups([])
@@ -366,12 +369,17 @@ def main():
         os.setresuid(uid, uid, uid)
         _pdeathsig()  # cleared by the credential change
         flags.append("uid")
-    if flags:
+    basic = "netns" not in flags
+    try:
         _drop_capabilities()
+    except OSError:
+        if not basic:
+            raise
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # exec can never gain privileges (setuid binaries)
-    if not flags:
+    if basic:
         _install_guard(workdir)
-    _emit("I " + (",".join(flags) or "basic"))
+        flags.insert(0, "basic")
+    _emit("I " + ",".join(flags))
     os.umask(0o077)
     _run_user(spec["code"], spec["tests"])
 

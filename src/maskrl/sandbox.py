@@ -15,7 +15,9 @@ with the strongest mechanism the machine allows, reported in :attr:`SandboxResul
   namespace, keeping the caller's uid;
 * ``basic`` (no namespaces): resource limits, a process-group kill, and a Python audit hook that
   refuses sockets, process creation, ``ctypes`` and file writes outside the working directory --
-  best effort only, not a security boundary.
+  best effort only, not a security boundary. As root (e.g. a Docker container without
+  CAP_SYS_ADMIN) the program still drops to a fresh uid when the interpreter's files are readable
+  by everyone: ``basic,uid``.
 
 In every mode: wall-clock timeout (at the limit, in namespace modes the namespace's init is killed,
 which makes the kernel kill every process in it; then the process group gets SIGKILL), ``RLIMIT_CPU``, ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE``,
@@ -113,7 +115,8 @@ class SandboxResult:
         stdout: last ``Limits.output_bytes`` of standard output (UTF-8, undecodable bytes replaced).
         stderr: last ``Limits.output_bytes`` of standard error (tracebacks of failing tests).
         elapsed_s: wall-clock seconds from start to the end of clean-up.
-        isolation: the mechanisms in force, e.g. ``"netns,pidns,mntns,ro,uid"`` or ``"basic"``.
+        isolation: the mechanisms in force, e.g. ``"netns,pidns,mntns,ro,uid"``, ``"basic,uid"`` or
+            ``"basic"``.
         pid: host pid of the sandbox's first process, which is also its process group and session
             id; ``SANDBOX_UID_BASE + pid`` is the uid in ``uid`` mode.
         exit_status: the program's ``os.waitpid`` status (``None`` when it was killed by us).
@@ -219,7 +222,7 @@ def run_program(code: str, tests: Sequence[str] = (), *, limits: Limits | None =
         tests: Python snippets run one after another after ``code``; each is scored separately,
             and ones left when the time runs out count as failed.
         limits: resource limits (:class:`Limits`); defaults to ``Limits()``.
-        python: interpreter to run (default ``sys.executable``).
+        python: interpreter to run (default ``sys.executable``); Python >= 3.8.
         isolation: ``"auto"`` (strongest available), ``"userns"`` (force the user-namespace path)
             or ``"basic"`` (no namespaces; audit-hook guard only).
         tmp_root: directory in which the temporary working directory is made (default: the system
