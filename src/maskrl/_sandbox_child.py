@@ -18,9 +18,9 @@ directory that holds ``.maskrl_spec.json`` (the program, its tests and the limit
    audit-hook guard in basic mode, runs the program, then each test, reporting on ``result_fd``.
 
 Result protocol (one ASCII line each): ``C`` (namespace init forked), ``I <isolation>``, ``R``
-(about to run user code),
-``P <i>`` / ``F <i> <ExceptionName>`` per test, ``M`` (MemoryError in the program), ``E`` (the
-program raised), ``D`` (all tests run), and from the namespace parent ``X <wait status>``.
+(about to run user code), ``P <i>`` / ``F <i> <ExceptionName>`` per test, ``M`` (MemoryError in
+the program), ``E`` (the program raised), ``D`` (all tests run), and from the namespace parent
+``X <wait status>``.
 Standard library only; works on Python >= 3.8.
 """
 import sys
