@@ -7,7 +7,7 @@ import pytest
 
 from maskrl.scoring import PredictionsError, read_predictions, score_predictions
 from maskrl.stats import wilson_interval
-from maskrl.tasks import TASKS, default_data_dir, get_task
+from maskrl.tasks import TASKS, get_task
 
 
 def _write(path, lines) -> str:
