@@ -146,23 +146,24 @@ def test_hang_scores_zero_and_pool_recovers(small_pool):
     task = GSM8K(timeout_s=1.0, pool=small_pool, equal_fn=_hang)
     t0 = time.monotonic()
     assert task.reward(["q"], ["\\boxed{1}"], answer=["1"]) == [0.0]
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 60
     # the same pool still verifies normally afterwards
-    assert verify_many(["2", "2"], ["2", "3"], timeout_s=10, pool=small_pool) == [1.0, 0.0]
+    assert verify_many(["2", "2"], ["2", "3"], timeout_s=30, pool=small_pool) == [1.0, 0.0]
     assert small_pool.starts == 2
 
 
 def test_only_the_hung_item_is_lost(small_pool):
-    out = verify_many(["a", "b", "c", "d"], ["a", "HANG", "c", "x"], timeout_s=1.0,
+    # 3 s, not less: the items that should succeed share the limit and the machine may be loaded
+    out = verify_many(["a", "b", "c", "d"], ["a", "HANG", "c", "x"], timeout_s=3.0,
                       equal_fn=_hang_on_marker, pool=small_pool)
     assert out == [1.0, 0.0, 1.0, 0.0]
 
 
 def test_crash_and_exception_score_zero(small_pool):
     assert verify_many(["1"], ["1"], timeout_s=1.0, equal_fn=_crash, pool=small_pool) == [0.0]
-    assert verify_many(["1", "1"], ["1", "1"], timeout_s=5.0, equal_fn=_raise, pool=small_pool) == [0.0, 0.0]
-    assert small_pool.map(_raise, [("1", "1")], 5.0)[0] == ("error", "RuntimeError: boom")
-    assert verify_many(["1"], ["1"], timeout_s=10, pool=small_pool) == [1.0]
+    assert verify_many(["1", "1"], ["1", "1"], timeout_s=30, equal_fn=_raise, pool=small_pool) == [0.0, 0.0]
+    assert small_pool.map(_raise, [("1", "1")], 30)[0] == ("error", "RuntimeError: boom")
+    assert verify_many(["1"], ["1"], timeout_s=30, pool=small_pool) == [1.0]
 
 
 def test_empty_answers_skip_the_pool():

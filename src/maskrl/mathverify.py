@@ -28,11 +28,11 @@ from typing import Any, Callable, Sequence
 
 logger = logging.getLogger(__name__)
 
-#: math-verify's own alarms (whole seconds), per parse and per comparison, inside a worker.
-MV_PARSE_TIMEOUT_S = 3
-MV_VERIFY_TIMEOUT_S = 3
+#: math-verify's own alarms (whole seconds, the library's defaults), per parse and per comparison, in a worker.
+MV_PARSE_TIMEOUT_S = 5
+MV_VERIFY_TIMEOUT_S = 5
 #: the hard wall-clock limit the caller waits per item (the backstop for math-verify's alarms).
-DEFAULT_TIMEOUT_S = 15.0
+DEFAULT_TIMEOUT_S = 20.0
 DEFAULT_WORKERS = 2
 
 #: statuses returned by :meth:`VerifyPool.map`
