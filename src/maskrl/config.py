@@ -36,6 +36,12 @@ class ModelConfig:
     path: str = ""
     dtype: str = "float32"
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    lora_rank: int = 0  # 0 = full fine-tuning; > 0 wraps the model with peft LoRA
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "all-linear"  # or a comma-separated list of module names
+    gradient_checkpointing: bool = False
+    chat_template: bool = True  # apply the tokenizer's chat template to prompts when it has one
 
 
 @dataclass

@@ -109,11 +109,16 @@ class Sudoku4x4(Task):
         return out
 
     @staticmethod
+    def instance_key(ex: Example) -> str:
+        """What makes two puzzles the same (used to keep training puzzles out of the test set)."""
+        return ex.fields["puzzle"]
+
+    @staticmethod
     def target(ex: Example) -> str:
         """The SFT target completion: the solved grid."""
         return ex.fields["solution"]
 
-    def generate(self, n: int, seed: int, exclude: Iterable[str] = (), blanks: tuple[int, int] = (4, 10),
+    def generate(self, n: int, seed: int, exclude: Iterable[str] = (), blanks: tuple[int, int] = (6, 10),
                  unique: bool = True) -> list[Example]:
         """``n`` training puzzles, none of whose puzzle strings is in ``exclude``.
 

@@ -1,0 +1,197 @@
+"""Command line: ``maskrl sft | train | eval | generate | score | demo``.
+
+Every command that trains reads YAML files from ``configs/`` (``--config``, repeatable, later files
+win) plus ``--set key.sub=value`` overrides; an unknown key or a bad value is an error naming the key
+and the valid ones.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from maskrl.config import ConfigError, load_config, to_dict
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", action="append", default=[], help="YAML config file (repeatable; later files win)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set train.lr=1e-5 (repeatable)")
+
+
+def cmd_sft(args) -> int:
+    from maskrl.models import save_model
+    from maskrl.pipeline import eval_examples, load_policy, prompt_formatter, train_examples, write_json
+    from maskrl.sft import run_sft
+    from maskrl.tasks import get_task
+
+    cfg = load_config(args.config, args.overrides)
+    task = get_task(cfg.task.name)
+    held_out, source = eval_examples(cfg, task)
+    train = train_examples(cfg, task, held_out)
+    adapter = load_policy(cfg)
+    sc = cfg.sft
+    t0 = time.time()
+    hist = run_sft(adapter, train, task.target, gen_length=cfg.rollout.gen_length, steps=sc.steps,
+                   batch_size=sc.batch_size, lr=sc.lr, warmup_steps=sc.warmup_steps, weight_decay=sc.weight_decay,
+                   max_grad_norm=sc.max_grad_norm, seed=sc.seed, log_every=sc.log_every,
+                   prompt_fn=prompt_formatter(adapter, cfg.model.chat_template))
+    out = Path(args.out or Path(cfg.output_dir) / "model")
+    save_model(adapter, out)
+    write_json(out / "maskrl_sft.json", {"config": to_dict(cfg), "history": hist, "train_rows": len(train),
+                                         "held_out_source": source, "seconds": time.time() - t0})
+    print(f"saved SFT model to {out}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from maskrl.models import save_model
+    from maskrl.pipeline import eval_examples, load_policy, prompt_formatter, train_examples, write_json
+    from maskrl.tasks import get_task
+    from maskrl.trainer import RLTrainer, latest_checkpoint
+
+    cfg = load_config(args.config, args.overrides)
+    task = get_task(cfg.task.name)
+    held_out, _ = eval_examples(cfg, task)
+    train = train_examples(cfg, task, held_out)
+    policy = load_policy(cfg)
+    trainer = RLTrainer(cfg, policy, task, train, prompt_fn=prompt_formatter(policy, cfg.model.chat_template))
+    if args.resume:
+        ckpt = Path(args.resume) if args.resume != "latest" else latest_checkpoint(cfg.output_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume latest: no checkpoints under {cfg.output_dir}/checkpoints")
+        trainer.load_checkpoint(ckpt)
+        print(f"resumed from {ckpt} at step {trainer.step_count}")
+    write_json(Path(cfg.output_dir) / "config.json", to_dict(cfg))
+    trainer.train()
+    trainer.save_checkpoint(Path(cfg.output_dir) / "checkpoints" / f"step_{trainer.step_count}")
+    if trainer.acc.is_main_process:
+        save_model(trainer.policy_eval, Path(cfg.output_dir) / "model")
+    trainer.close()
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from maskrl.evaluate import run_harness
+
+    summary = run_harness(model=args.model, task_name=args.task, gen_lengths=args.gen_length, limit=args.limit,
+                          out_dir=args.out, data_path=args.data, block_length=args.block_length,
+                          steps=args.steps, batch_size=args.batch_size, resume=args.resume, device=args.device,
+                          dtype=args.dtype)
+    print(summary["markdown"])
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from maskrl.evaluate import complete
+    from maskrl.models import load
+    from maskrl.pipeline import prompt_formatter, resolve_device
+    from maskrl.sampling import SamplerConfig
+    import torch
+
+    adapter = load(args.model, dtype=args.dtype, device=resolve_device(args.device))
+    fmt = prompt_formatter(adapter, not args.no_chat_template)
+    sampler = SamplerConfig(gen_length=args.gen_length, block_length=args.block_length,
+                            steps=args.steps or args.gen_length // 2 or 1, temperature=args.temperature,
+                            schedule=args.schedule, threshold=args.threshold)
+    gen = torch.Generator(device=adapter.device).manual_seed(args.seed)
+    prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not prompts:
+        raise ValueError("no prompt: pass --prompt TEXT (repeatable) or lines on stdin")
+    for p, c in zip(prompts, complete(adapter, [fmt(p) for p in prompts], sampler, generator=gen)):
+        print(json.dumps({"prompt": p, "completion": c}, ensure_ascii=False))
+    return 0
+
+
+def cmd_score(args) -> int:
+    from maskrl.scoring import score_predictions
+
+    summary = score_predictions(args.task, args.predictions, args.data, out_dir=args.out)
+    print(json.dumps({k: summary[k] for k in ("task", "n", "accuracy", "accuracy_ci95") if k in summary}))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from maskrl.demo import run_demo
+
+    cfg = load_config(args.config, args.overrides)
+    run_demo(cfg, force_sft=args.force_sft)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="maskrl", description="RL for masked diffusion language models")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("sft", help="masked-diffusion supervised warm start")
+    _add_config_args(p)
+    p.add_argument("--out", help="model folder (default: <output_dir>/model)")
+    p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser("train", help="RL fine-tuning (diffu-GRPO, ...)")
+    _add_config_args(p)
+    p.add_argument("--resume", nargs="?", const="latest", help="checkpoint folder, or 'latest' under output_dir")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="benchmark a model folder on a task (greedy, same sampler as training)")
+    p.add_argument("--model", required=True, help="model folder or hub id")
+    p.add_argument("--task", required=True)
+    p.add_argument("--gen-length", default="128,256,512", help="comma-separated completion lengths")
+    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--steps", type=int, default=0, help="denoising steps (0: gen_length/2)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--limit", type=int, default=0, help="first N rows only (0: all)")
+    p.add_argument("--data", help="data file or folder (default: $MASKRL_DATA_DIR or ../shared/data)")
+    p.add_argument("--out", help="output folder (default: runs/eval/<task>)")
+    p.add_argument("--resume", action="store_true", help="skip samples already in the output JSONL")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("generate", help="complete prompts with a model")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt", action="append", help="prompt text (repeatable; default: lines on stdin)")
+    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--schedule", default="fixed", choices=["fixed", "threshold"])
+    p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("score", help="score another model's completions with a task's reward")
+    p.add_argument("--task", required=True)
+    p.add_argument("--predictions", required=True, help='JSONL of {"id": row index, "completion": text}')
+    p.add_argument("--data", help="the task's data file or folder")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("demo", help="SFT the tiny model, evaluate, run RL, evaluate again (make demo)")
+    _add_config_args(p)
+    p.add_argument("--force-sft", action="store_true", help="ignore the cached SFT model")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"maskrl {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
