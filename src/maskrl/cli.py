@@ -29,7 +29,7 @@ def cmd_sft(args) -> int:
     from maskrl.tasks import get_task
 
     cfg = load_config(args.config, args.overrides)
-    task = get_task(cfg.task.name)
+    task = get_task(cfg.task.name, cfg.task.prompt_template or None)
     held_out, source = eval_examples(cfg, task)
     train = train_examples(cfg, task, held_out)
     adapter = load_policy(cfg)
@@ -54,7 +54,7 @@ def cmd_train(args) -> int:
     from maskrl.trainer import RLTrainer, latest_checkpoint
 
     cfg = load_config(args.config, args.overrides)
-    task = get_task(cfg.task.name)
+    task = get_task(cfg.task.name, cfg.task.prompt_template or None)
     held_out, _ = eval_examples(cfg, task)
     train = train_examples(cfg, task, held_out)
     policy = load_policy(cfg)

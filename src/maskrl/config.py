@@ -49,6 +49,7 @@ class TaskConfig:
     """Task and data. ``data_path`` empty = ``$MASKRL_DATA_DIR`` or ``../shared/data``."""
 
     name: str = "sudoku4x4"
+    prompt_template: str = ""  # empty = the task's default template
     data_path: str = ""
     train_size: int = 4000
     train_seed: int = 1234
@@ -176,7 +177,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
     types = _field_types(cls)
     unknown = [k for k in data if k not in types]
     if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]!r}; valid keys under "
+        raise ConfigError(f"unknown key '{prefix}{unknown[0]}'; valid keys under "
                           f"{prefix.rstrip('.') or 'the top level'}: {', '.join(sorted(types))}")
     defaults = cls()
     kwargs = {}

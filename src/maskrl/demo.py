@@ -77,7 +77,7 @@ def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    task = get_task(cfg.task.name)
+    task = get_task(cfg.task.name, cfg.task.prompt_template or None)
     test, source = eval_examples(cfg, task)
     train = train_examples(cfg, task, test)
     overlap = {task.instance_key(e) for e in train} & {task.instance_key(e) for e in test}

@@ -93,6 +93,24 @@ class Task:
     hub_id: ClassVar[str] = ""
     #: a completion counts as correct (accuracy) when its reward reaches this value
     correct_threshold: ClassVar[float] = 1.0
+    #: ``str.format`` template of the prompt; subclasses name their placeholders in ``template_fields``
+    prompt_template: str = ""
+    template_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, prompt_template: str | None = None) -> None:
+        """Args:
+            prompt_template: replaces the task's default template (e.g. a compact one for a
+                character-level model). Must contain every placeholder in ``template_fields``.
+
+        Raises:
+            ValueError: naming a missing placeholder.
+        """
+        if prompt_template:
+            missing = [f for f in self.template_fields if "{" + f + "}" not in prompt_template]
+            if missing:
+                raise ValueError(f"task {self.name!r}: prompt_template lacks placeholder(s) "
+                                 f"{', '.join('{' + m + '}' for m in missing)}")
+            self.prompt_template = prompt_template
 
     def resolve_path(self, path: str | os.PathLike | None = None) -> Path:
         """The data file: ``path`` when given (a file, or a data dir holding ``data_file``), else the
@@ -152,12 +170,13 @@ class Task:
         return accuracy_summary(list(rewards), [self.is_correct(r) for r in rewards])
 
 
-def get_task(name: str) -> Task:
-    """Instantiate the registered task ``name``.
+def get_task(name: str, prompt_template: str | None = None) -> Task:
+    """Instantiate the registered task ``name`` (optionally with another prompt template).
 
     Raises:
         KeyError: listing the valid task names.
     """
     import maskrl.tasks  # noqa: F401  (registers the built-in tasks)
 
-    return TASKS.get(name)()
+    cls = TASKS.get(name)
+    return cls(prompt_template=prompt_template) if prompt_template else cls()

@@ -114,9 +114,13 @@ class MBPP(Task):
     #: how many of the row's tests the prompt shows
     shown_tests: ClassVar[int] = 1
 
-    def __init__(self, limits: Limits | None = None, workers: int | None = None) -> None:
+    template_fields = ("text", "tests")
+
+    def __init__(self, limits: Limits | None = None, workers: int | None = None,
+                 prompt_template: str | None = None) -> None:
         """Args: ``limits`` for each sandboxed program (default ``Limits()``: 10 s, 1 GiB);
-        ``workers``: parallel sandboxes (default ``min(4, CPUs)``)."""
+        ``workers``: parallel sandboxes (default ``min(4, CPUs)``); ``prompt_template``: see :class:`Task`."""
+        super().__init__(prompt_template)
         self.limits = limits or Limits()
         self.workers = workers
 
@@ -220,8 +224,12 @@ class HumanEval(Task):
         + REASONING_INSTRUCTION.format(what="the complete function, with the imports it needs,")
     )
 
-    def __init__(self, limits: Limits | None = None, workers: int | None = None) -> None:
+    template_fields = ("code_prompt",)
+
+    def __init__(self, limits: Limits | None = None, workers: int | None = None,
+                 prompt_template: str | None = None) -> None:
         """Args as :class:`MBPP`."""
+        super().__init__(prompt_template)
         self.limits = limits or Limits()
         self.workers = workers
 

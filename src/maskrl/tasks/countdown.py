@@ -119,7 +119,9 @@ class Countdown(Task):
     name = "countdown"
     data_file = "countdown/countdown_cd3_test.jsonl"
     hub_id = "github:dllm-reasoning/d1 dataset/countdown_cd3_test.jsonl"
-    prompt_template = "countdown: make {target} from {numbers}, each once\nequation: "
+    prompt_template = ("Using the numbers {numbers}, each exactly once, and only + - * / and parentheses, "
+                       "write an equation that equals {target}. Put the equation inside <answer></answer>.")
+    template_fields = ("numbers", "target")
 
     def make_example(self, idx: int, numbers: list[int], target: int, equation: str | None = None) -> Example:
         fields: dict[str, Any] = {"numbers": numbers, "target": target}

@@ -222,7 +222,11 @@ class JsonSchemaTask(Task):
     prompt_template = PROMPT_TEMPLATE
     default_subset = DEFAULT_SUBSET
 
-    def __init__(self, subset: str | None = None, check_formats: bool = False) -> None:
+    template_fields = ("schema",)
+
+    def __init__(self, subset: str | None = None, check_formats: bool = False,
+                 prompt_template: str | None = None) -> None:
+        super().__init__(prompt_template)
         subset = subset or self.default_subset
         if subset not in SUBSETS:
             raise ValueError(f"unknown JSONSchemaBench subset {subset!r}; valid: {', '.join(SUBSETS)}")

@@ -135,8 +135,11 @@ class MathTask(Task):
 
     prompt_template = PROMPT_TEMPLATE
 
+    template_fields = ("problem",)
+
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, pool: VerifyPool | None = None,
-                 equal_fn: Callable[[str, str], bool] = math_equal) -> None:
+                 equal_fn: Callable[[str, str], bool] = math_equal, prompt_template: str | None = None) -> None:
+        super().__init__(prompt_template)
         self.timeout_s = timeout_s
         self.pool = pool
         self.equal_fn = equal_fn

@@ -74,7 +74,10 @@ class Sudoku4x4(Task):
     name = "sudoku4x4"
     data_file = "sudoku4x4/4x4_test_sudoku.csv"
     hub_id = "github:dllm-reasoning/d1 dataset/4x4_test_sudoku.csv"
-    prompt_template = "sudoku 4x4, 0=blank: {puzzle}\nsolution: "
+    prompt_template = ("Solve this 4x4 Sudoku. Each row, column and 2x2 box must contain 1, 2, 3 and 4. "
+                       "The grid is given row by row as 16 digits, 0 marks an empty cell: {puzzle}\n"
+                       "Answer with the 16 digits of the solved grid inside <answer></answer>.")
+    template_fields = ("puzzle",)
 
     def make_example(self, idx: int, puzzle: str, solution: str) -> Example:
         return Example(id=idx, prompt=self.prompt_template.format(puzzle=puzzle),
