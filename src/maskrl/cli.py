@@ -80,7 +80,7 @@ def cmd_eval(args) -> int:
     summary = run_harness(model=args.model, task_name=args.task, gen_lengths=args.gen_length, limit=args.limit,
                           out_dir=args.out, data_path=args.data, block_length=args.block_length,
                           steps=args.steps, batch_size=args.batch_size, resume=args.resume, device=args.device,
-                          dtype=args.dtype)
+                          dtype=args.dtype, chat_template=not args.no_chat_template)
     print(summary["markdown"])
     return 0
 
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="benchmark a model folder on a task (greedy, same sampler as training)")
     p.add_argument("--model", required=True, help="model folder or hub id")
     p.add_argument("--task", required=True)
-    p.add_argument("--gen-length", default="128,256,512", help="comma-separated completion lengths")
+    p.add_argument("--gen-length", default="128,256,512", help="comma-separated completion lengths in tokens")
     p.add_argument("--block-length", type=int, default=32)
     p.add_argument("--steps", type=int, default=0, help="denoising steps (0: gen_length/2)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -148,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="data file or folder (default: $MASKRL_DATA_DIR or ../shared/data)")
     p.add_argument("--out", help="output folder (default: runs/eval/<task>)")
     p.add_argument("--resume", action="store_true", help="skip samples already in the output JSONL")
+    p.add_argument("--no-chat-template", action="store_true", help="feed the task prompts without the chat template")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
     p.set_defaults(func=cmd_eval)

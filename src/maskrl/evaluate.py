@@ -1,8 +1,14 @@
-"""Evaluation on the same sampler as training (SPEC §5: greedy, one sample per problem)."""
+"""Evaluation on the same sampler as training (SPEC §5: greedy, one sample per problem), and the
+benchmark harness behind ``maskrl eval`` (:func:`run_harness`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Sequence
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -11,6 +17,8 @@ from maskrl.models.adapter import ModelAdapter
 from maskrl.sampling import SamplerConfig, generate
 from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,3 +55,316 @@ def evaluate_examples(adapter: ModelAdapter, task: Task, examples: Sequence[Exam
         adapter.model.train(was_training)
     rewards = task.score_examples(examples, completions)
     return EvalResult(completions, rewards, task.metrics(examples, completions, rewards))
+
+
+# ----------------------------------------------------------------------------------------------
+# the benchmark harness: ``maskrl eval`` (SPEC §5)
+# ----------------------------------------------------------------------------------------------
+#: SPEC §5 evaluation lengths and block size
+DEFAULT_GEN_LENGTHS = (128, 256, 512)
+DEFAULT_BLOCK_LENGTH = 32
+SETTINGS_FILE = "settings.json"
+_SAMPLE_KEYS = ("id", "gen_length", "prompt", "completion", "reward", "correct")
+#: settings that must match for ``resume`` to reuse stored samples
+_RESUME_KEYS = ("model", "task", "data_sha256", "block_length", "steps", "chat_template", "dtype")
+
+
+def samples_path(out_dir: str | os.PathLike, gen_length: int) -> Path:
+    """``OUT/samples_L{gen_length}.jsonl``: the per-sample file of one completion length."""
+    return Path(out_dir) / f"samples_L{gen_length}.jsonl"
+
+
+def parse_gen_lengths(gen_lengths: str | int | Sequence[int]) -> list[int]:
+    """Completion lengths from ``"128,256,512"``, an int or a sequence of ints.
+
+    Raises:
+        ValueError: naming ``gen_lengths`` (``--gen-length``) for an empty list, a non-integer,
+            a non-positive or a repeated length.
+    """
+    what = f"gen_lengths (--gen-length) {gen_lengths!r}"
+    if isinstance(gen_lengths, str):
+        parts = [p.strip() for p in gen_lengths.split(",")]
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"{what}: expected comma-separated integers such as '128,256,512'") from None
+    elif isinstance(gen_lengths, int) and not isinstance(gen_lengths, bool):
+        values = [gen_lengths]
+    else:
+        values = list(gen_lengths)
+        if any(not isinstance(v, int) or isinstance(v, bool) for v in values):
+            raise ValueError(f"{what}: every length must be an integer")
+    if not values:
+        raise ValueError(f"{what}: no lengths given")
+    if any(v <= 0 for v in values):
+        raise ValueError(f"{what}: lengths must be positive")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{what}: a length is repeated")
+    return values
+
+
+def harness_samplers(gen_lengths: str | int | Sequence[int] = DEFAULT_GEN_LENGTHS,
+                     block_length: int = DEFAULT_BLOCK_LENGTH, steps: int = 0) -> dict[int, SamplerConfig]:
+    """The evaluation sampler of each completion length (SPEC §5): greedy (τ = 0), fixed schedule,
+    low-confidence remasking, block ``block_length``, ``steps`` denoising steps (0: ``L/2``).
+
+    Returns:
+        ``{L: SamplerConfig}`` in the order given.
+
+    Raises:
+        ValueError: before any model is loaded, naming the argument (and its ``maskrl eval`` flag)
+            when ``L`` is not a multiple of ``block_length`` or the steps are not a positive multiple
+            of ``L/block_length`` (SPEC §1.2).
+    """
+    out: dict[int, SamplerConfig] = {}
+    for L in parse_gen_lengths(gen_lengths):
+        s = steps if steps else L // 2
+        try:
+            out[L] = SamplerConfig(gen_length=L, block_length=block_length, steps=s, temperature=0.0,
+                                   schedule="fixed", remasking="low_confidence")
+        except ValueError as e:
+            hint = "" if steps else f" (steps defaults to gen_length/2 = {s}; set it with steps / --steps)"
+            raise ValueError(f"gen_length {L} (--gen-length), block_length {block_length} (--block-length), "
+                             f"steps {s} (--steps): {e}{hint}") from None
+    return out
+
+
+def read_samples(path: str | os.PathLike, prompts: dict[int, str], gen_length: int) -> dict[int, dict]:
+    """Rows of a samples file written by :func:`run_harness`, checked against this evaluation.
+
+    A last line without its newline that is not valid JSON is the trace of an interrupted write: it
+    is dropped (that sample is generated again). Every other problem is an error.
+
+    Args:
+        path: ``OUT/samples_L{L}.jsonl`` (a missing file holds no rows).
+        prompts: ``{id: model input text}`` of the rows being evaluated.
+        gen_length: the file's completion length ``L``.
+
+    Returns:
+        ``{id: row}`` with the ``{"id", "gen_length", "prompt", "completion", "reward", "correct"}`` rows.
+
+    Raises:
+        ValueError: naming file and line for a malformed line, a duplicate id, an id not among
+            ``prompts`` (another ``--limit`` or ``--data``), or a row whose ``gen_length`` or
+            ``prompt`` differs from this evaluation's.
+    """
+    path = Path(path)
+    if not path.exists():
+        return {}
+    lines = path.read_bytes().split(b"\n")
+    complete_tail = lines[-1] == b""
+    if complete_tail:
+        lines.pop()
+    rows: dict[int, dict] = {}
+    for lineno, raw in enumerate(lines, start=1):
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if lineno == len(lines) and not complete_tail:
+                log.warning("%s: dropping the truncated last line (interrupted write); it is redone", where)
+                break
+            raise ValueError(f"{where}: not a valid JSON line ({e}); remove it or evaluate without --resume") from None
+        if not isinstance(obj, dict) or any(k not in obj for k in _SAMPLE_KEYS):
+            raise ValueError(f"{where}: expected an object with fields {', '.join(_SAMPLE_KEYS)}")
+        pid = obj["id"]
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            raise ValueError(f"{where}: field 'id' must be an integer, got {pid!r:.40}")
+        if pid not in prompts:
+            raise ValueError(f"{where}: id {pid} is not among the {len(prompts)} rows of this evaluation "
+                             f"(another --limit or --data?); use another --out or drop --resume")
+        if pid in rows:
+            raise ValueError(f"{where}: duplicate id {pid}")
+        if obj["gen_length"] != gen_length:
+            raise ValueError(f"{where}: gen_length {obj['gen_length']!r} but the file is for {gen_length}")
+        if obj["prompt"] != prompts[pid]:
+            raise ValueError(f"{where}: the stored prompt of id {pid} differs from this evaluation's "
+                             f"(changed data or chat template?); use another --out or drop --resume")
+        if not isinstance(obj["completion"], str) or not isinstance(obj["reward"], (int, float)) \
+                or not isinstance(obj["correct"], bool):
+            raise ValueError(f"{where}: fields completion (str), reward (number), correct (bool) have wrong types")
+        rows[pid] = obj
+    return rows
+
+
+def _write_lines(path: Path, rows: Sequence[dict]) -> None:
+    """Replace ``path`` atomically by ``rows`` as JSONL (a crash leaves the old or the new file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _check_settings(out: Path, settings: dict) -> None:
+    """Raise if ``out`` holds samples produced under other resume-relevant settings."""
+    path = out / SETTINGS_FILE
+    if not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable ({e}); use another --out or drop --resume") from None
+    diff = [f"{k}: {old.get(k)!r} -> {settings[k]!r}" for k in _RESUME_KEYS if old.get(k) != settings[k]]
+    if diff:
+        raise ValueError(f"--resume: {out} was evaluated with other settings ({'; '.join(diff)}); "
+                         f"use another --out or drop --resume")
+
+
+def harness_markdown(summary: dict) -> str:
+    """``summary.md``: one table row per completion length (same metric cells as ``maskrl score``)."""
+    from maskrl.scoring import METRIC_ALIGN, METRIC_HEADER, metric_cells, source_line
+
+    lines = [f"# {summary['task']}: {summary['model']}", "",
+             "| gen length | steps | n " + METRIC_HEADER + " seconds |",
+             "| ---: | ---: | ---: " + METRIC_ALIGN + " ---: |"]
+    for r in summary["results"]:
+        lines.append(f"| {r['gen_length']} | {r['sampler']['steps']} | {r['n']} " + metric_cells(r)
+                     + f" {r['seconds']:.1f} |")
+    first = summary["results"][0]["sampler"]
+    lines += ["", source_line("data", summary["data"]) + f", {summary['n']} of {summary['n_data_rows']} rows",
+              f"- sampler: greedy (τ = 0), {first['schedule']} schedule, {first['remasking']} remasking, "
+              f"block {first['block_length']}; chat template: {'applied' if summary['chat_template'] else 'none'}; "
+              f"{summary['dtype']} on {summary['device']}",
+              "- samples: " + ", ".join(f"`{r['samples']}`" for r in summary["results"]),
+              "- seconds: generation time of this invocation (resumed rows excluded)", ""]
+    return "\n".join(lines)
+
+
+def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_lengths: str | int | Sequence[int]
+                = DEFAULT_GEN_LENGTHS, limit: int | None = 0, out_dir: str | os.PathLike | None = None,
+                data_path: str | os.PathLike | None = None, block_length: int = DEFAULT_BLOCK_LENGTH,
+                steps: int = 0, batch_size: int = 16, resume: bool = False, device: str = "auto",
+                dtype: str = "float32", chat_template: bool = True, progress: bool = True) -> dict:
+    """Benchmark a model on a task at several completion lengths: the body of ``maskrl eval`` (SPEC §5).
+
+    For each length ``L``: greedy decoding (τ = 0) with the training sampler
+    (:func:`maskrl.sampling.generate` through :func:`complete`), ``steps`` (default ``L/2``) denoising
+    steps, blocks of ``block_length``, one sample per data row, ``batch_size`` rows per forward batch;
+    prompts go through the model's chat template when its tokenizer has one (and ``chat_template``).
+
+    Writes into ``out_dir`` (default ``runs/eval/<task>``):
+
+    - ``samples_L{L}.jsonl``: one ``{"id", "gen_length", "prompt", "completion", "reward", "correct"}``
+      line per row (``prompt`` is the model input text, after the chat template; ``reward`` is the
+      task reward of ``completion``; ``correct`` is ``task.is_correct(reward)``), appended and flushed
+      after every batch, rewritten in data order once the length is done;
+    - ``settings.json``: what ``resume`` checks (model, task, data sha256, block, steps, template, dtype);
+    - ``summary.json``: model, task, data source (path, sha256), per-``L`` accuracy with its Wilson 95 %
+      interval, mean reward with a normal 95 % interval, ``n``, the task's extra metrics, sampler
+      settings and generation seconds;
+    - ``summary.md``: a Markdown table, one row per ``L`` (cells as in ``maskrl score``).
+
+    Args:
+        model: model folder or Hub id (loaded with :func:`maskrl.models.load`), or a loaded adapter.
+        task_name: registered task name (``maskrl.tasks.TASKS``).
+        gen_lengths: completion lengths in tokens, ``"128,256,512"`` or a sequence of ints.
+        limit: evaluate the first ``limit`` data rows only (``0``/``None``: all).
+        out_dir: output folder.
+        data_path: the task's data file or a data dir holding it (default: the shared data dir).
+        block_length: block size ``b`` in tokens; every ``L`` must be a multiple of it.
+        steps: denoising steps per completion (``0``: ``L/2``); a multiple of ``L/b``.
+        batch_size: rows per sampler batch.
+        resume: keep the rows already in ``samples_L{L}.jsonl`` (matched by id) and generate only
+            the others; without it the files are started afresh.
+        device: ``"auto"`` (cuda if available), ``"cpu"``, ``"cuda:0"``, ...; ignored for an adapter.
+        dtype: parameter dtype name (``"float32"``, ``"bfloat16"``); ignored for an adapter.
+        chat_template: apply the tokenizer's chat template when it has one.
+        progress: show a tqdm bar of rows done per length.
+
+    Returns:
+        The summary written to ``summary.json`` plus ``"markdown"`` (the text of ``summary.md``).
+
+    Raises:
+        ValueError: bad ``gen_lengths`` / ``block_length`` / ``steps`` (checked before the model is
+            loaded), non-positive ``batch_size``, negative ``limit``, a model without a tokenizer, or
+            (with ``resume``) stored samples that do not belong to this evaluation.
+        KeyError: unknown task (listing the valid ones).
+        FileNotFoundError: missing model or data file.
+    """
+    from maskrl.models import load
+    from maskrl.pipeline import prompt_formatter, resolve_device, write_json
+    from maskrl.scoring import file_source
+    from maskrl.tasks import get_task
+
+    t_start = time.time()
+    samplers = harness_samplers(gen_lengths, block_length, steps)
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size (--batch-size) must be a positive integer, got {batch_size!r}")
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit (--limit) must be a non-negative integer (0: all rows), got {limit!r}")
+    task = get_task(task_name)
+    data_file = task.resolve_path(data_path)
+    all_examples = task.load(data_file)
+    examples = all_examples[:limit] if limit else all_examples
+    if not examples:
+        raise ValueError(f"{data_file}: no rows to evaluate")
+
+    if isinstance(model, ModelAdapter):
+        adapter = model
+        model_name = str(getattr(adapter.model.config, "_name_or_path", "") or "in-memory model")
+    else:
+        model_name = str(Path(model).resolve()) if Path(model).exists() else str(model)
+        adapter = load(model, dtype=dtype, device=resolve_device(device))
+    if adapter.tokenizer is None:
+        raise ValueError(f"model {model_name!r} has no tokenizer files; the harness needs one to encode prompts")
+    templated = bool(chat_template and getattr(adapter.tokenizer, "chat_template", None))
+    fmt = prompt_formatter(adapter, chat_template)
+    prompts = {ex.id: fmt(ex.prompt) for ex in examples}
+
+    out = Path(out_dir) if out_dir is not None else Path("runs") / "eval" / task.name
+    data_src = file_source(data_file)
+    settings = {"model": model_name, "task": task.name, "data_sha256": data_src["sha256"],
+                "block_length": block_length, "steps": steps, "chat_template": templated,
+                "dtype": str(adapter.dtype).removeprefix("torch.")}
+    out.mkdir(parents=True, exist_ok=True)
+    if resume:
+        _check_settings(out, settings)
+    write_json(out / SETTINGS_FILE, settings)
+
+    results = []
+    was_training = adapter.model.training
+    adapter.model.eval()
+    try:
+        for L, sampler in samplers.items():
+            path = samples_path(out, L)
+            done = read_samples(path, prompts, L) if resume else {}
+            _write_lines(path, [done[ex.id] for ex in examples if ex.id in done])  # drops a truncated tail
+            pending = [ex for ex in examples if ex.id not in done]
+            t0 = time.time()
+            with open(path, "a", encoding="utf-8") as fh, \
+                    tqdm(total=len(examples), initial=len(examples) - len(pending), unit="row",
+                         desc=f"eval {task.name} L={L}", disable=not progress, dynamic_ncols=True) as bar:
+                for s in range(0, len(pending), batch_size):
+                    batch = pending[s:s + batch_size]
+                    completions = complete(adapter, [prompts[ex.id] for ex in batch], sampler,
+                                           batch_size=len(batch))
+                    rewards = [float(r) for r in task.score_examples(batch, completions)]
+                    for ex, c, r in zip(batch, completions, rewards):
+                        row = {"id": ex.id, "gen_length": L, "prompt": prompts[ex.id], "completion": c,
+                               "reward": r, "correct": bool(task.is_correct(r))}
+                        done[ex.id] = row
+                        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    fh.flush()
+                    bar.update(len(batch))
+            seconds = time.time() - t0
+            rows = [done[ex.id] for ex in examples]
+            _write_lines(path, rows)  # data order, independent of interruptions
+            res: dict[str, Any] = {"gen_length": L}
+            res.update(task.metrics(examples, [r["completion"] for r in rows], [r["reward"] for r in rows]))
+            res.update({"sampler": asdict(sampler), "seconds": seconds, "generated": len(pending),
+                        "resumed": len(examples) - len(pending), "samples": path.name})
+            results.append(res)
+    finally:
+        adapter.model.train(was_training)
+
+    summary: dict[str, Any] = {
+        "model": model_name, "task": task.name, "data": data_src, "n": len(examples),
+        "n_data_rows": len(all_examples), "limit": limit or None, "chat_template": templated,
+        "device": str(adapter.device), "dtype": settings["dtype"], "batch_size": batch_size,
+        "results": results, "seconds": time.time() - t_start,
+    }
+    write_json(out / "summary.json", summary)
+    markdown = harness_markdown(summary)
+    (out / "summary.md").write_text(markdown, encoding="utf-8")
+    return {**summary, "markdown": markdown}

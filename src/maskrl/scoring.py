@@ -40,7 +40,8 @@ class PredictionsError(ValueError):
         super().__init__(f"{path}: {len(problems)} problem(s) in the predictions file:\n  {text}")
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB chunks); recorded beside every summary's sources."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -124,20 +125,42 @@ def _describe_ids(ids: set[int] | range) -> str:
     return f"{len(ids)} ids between {min(ids)} and {max(ids)}"
 
 
+#: Markdown header cells matching :func:`metric_cells`
+METRIC_HEADER = "| accuracy | 95 % CI (Wilson) | mean reward | 95 % CI |"
+METRIC_ALIGN = "| ---: | --- | ---: | --- |"
+
+
+def metric_cells(metrics: dict) -> str:
+    """Markdown table cells ``| accuracy | 95 % CI | mean reward | 95 % CI |`` of an
+    :func:`~maskrl.stats.accuracy_summary` block (accuracy in percent, rewards to 4 decimals)."""
+    lo, hi = metrics["accuracy_ci95"]
+    mlo, mhi = metrics["mean_reward_ci95"]
+    return (f"| {100 * metrics['accuracy']:.1f} % | [{100 * lo:.1f}, {100 * hi:.1f}] % "
+            f"| {metrics['mean_reward']:.4f} | [{mlo:.4f}, {mhi:.4f}] |")
+
+
+def file_source(path: str | os.PathLike) -> dict:
+    """``{"path": absolute path, "sha256": hex digest}`` of a file, as summaries record their inputs."""
+    path = Path(path)
+    return {"path": str(path.resolve()), "sha256": sha256_file(path)}
+
+
+def source_line(name: str, source: dict) -> str:
+    """Markdown bullet naming a source file and the start of its sha256."""
+    return f"- {name}: `{source['path']}` (sha256 `{source['sha256'][:16]}…`)"
+
+
 def _markdown(summary: dict) -> str:
-    lo, hi = summary["accuracy_ci95"]
-    mlo, mhi = summary["mean_reward_ci95"]
     src = summary["sources"]
     return "\n".join([
         f"# {summary['task']}: scored predictions",
         "",
-        "| task | n | of data rows | accuracy | 95 % CI (Wilson) | mean reward | 95 % CI |",
-        "| --- | ---: | ---: | ---: | --- | ---: | --- |",
-        f"| {summary['task']} | {summary['n']} | {summary['n_data_rows']} | {100 * summary['accuracy']:.1f} % "
-        f"| [{100 * lo:.1f}, {100 * hi:.1f}] % | {summary['mean_reward']:.4f} | [{mlo:.4f}, {mhi:.4f}] |",
+        "| task | n | of data rows " + METRIC_HEADER,
+        "| --- | ---: | ---: " + METRIC_ALIGN,
+        f"| {summary['task']} | {summary['n']} | {summary['n_data_rows']} " + metric_cells(summary),
         "",
-        f"- predictions: `{src['predictions']['path']}` (sha256 `{src['predictions']['sha256'][:16]}…`)",
-        f"- data: `{src['data']['path']}` (sha256 `{src['data']['sha256'][:16]}…`)",
+        source_line("predictions", src["predictions"]),
+        source_line("data", src["data"]),
         "",
     ])
 
@@ -180,11 +203,7 @@ def score_predictions(task_name: str | Task, predictions_path: str | os.PathLike
     summary.update(task.metrics(chosen, completions, rewards))
     summary["n_data_rows"] = len(examples)
     summary["coverage"] = len(preds) / len(examples) if examples else 0.0
-    pred_file = Path(predictions_path).resolve()
-    summary["sources"] = {
-        "predictions": {"path": str(pred_file), "sha256": _sha256(pred_file)},
-        "data": {"path": str(data_file.resolve()), "sha256": _sha256(data_file)},
-    }
+    summary["sources"] = {"predictions": file_source(predictions_path), "data": file_source(data_file)}
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
