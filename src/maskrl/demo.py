@@ -16,7 +16,6 @@ import json
 import time
 from pathlib import Path
 
-import torch
 
 from maskrl.config import RunConfig, to_dict
 from maskrl.evaluate import evaluate_examples
@@ -74,7 +73,6 @@ def plot_curves(history: list[dict], base_acc: float, path: Path) -> None:
 def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
     """Run the main job; returns the summary dict (also written to ``summary.json``)."""
     t_start = time.time()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     task = get_task(cfg.task.name, cfg.task.prompt_template or None)

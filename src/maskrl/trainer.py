@@ -12,7 +12,9 @@ with μ = 1 the ratio is exactly 1 and θ_old's forward is skipped.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import time
@@ -102,15 +104,15 @@ class RLTrainer:
             ref_model = copy.deepcopy(policy.model).eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
-            reference = ModelAdapter(**{**policy.__dict__, "model": ref_model})
+            reference = dataclasses.replace(policy, model=ref_model)
         self.reference = reference
         params = [p for p in policy.model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=self.tc.lr, weight_decay=self.tc.weight_decay)
         warm = max(0, self.tc.warmup_steps)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         model, self.optimizer, self.scheduler = self.acc.prepare(policy.model, opt, sched)
-        self.policy = ModelAdapter(**{**policy.__dict__, "model": model})  # wrapped (DDP) for training
-        self.policy_eval = ModelAdapter(**{**policy.__dict__, "model": self.acc.unwrap_model(model)})
+        self.policy = dataclasses.replace(policy, model=model)  # wrapped (DDP) for training
+        self.policy_eval = dataclasses.replace(policy, model=self.acc.unwrap_model(model))
         self.step_count = 0
         rank = self.acc.process_index
         self.data_gen = torch.Generator().manual_seed(self.tc.seed * 7919 + rank)
@@ -184,7 +186,7 @@ class RLTrainer:
             for j, sl in enumerate(mbs):
                 sub = ro.select(sl)
                 sync = j == len(mbs) - 1
-                ctx = self.acc.no_sync(self.policy.model) if not sync else _nullcontext()
+                ctx = self.acc.no_sync(self.policy.model) if not sync else contextlib.nullcontext()
                 with ctx:
                     logp = self._loglik(self.policy, sub, seeds[k][j])
                     logp_old = old.get((k, j), logp.detach())
@@ -303,11 +305,3 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The ``checkpoints/step_K`` folder with the largest K under ``run_dir``, or ``None``."""
     ckpts = sorted((Path(run_dir) / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     return ckpts[-1] if ckpts else None
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None

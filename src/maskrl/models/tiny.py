@@ -43,13 +43,14 @@ def build_tiny(hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, 
 
 
 def save_model(adapter: ModelAdapter, path: str | os.PathLike) -> Path:
-    """Save weights (safetensors), config and tokenizer into ``path``; returns the folder."""
+    """Save weights (safetensors), config and tokenizer into ``path``; returns the folder.
+
+    A peft-wrapped model is saved through peft's own ``save_pretrained``: the LoRA adapter files
+    only (``adapter_config.json``, ``adapter_model.safetensors``); the live model is not modified.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model = adapter.model
-    if hasattr(model, "merge_and_unload"):  # peft: save the merged model
-        model = model.merge_and_unload()
-    model.save_pretrained(path)
+    adapter.model.save_pretrained(path)
     if adapter.tokenizer is not None:
         adapter.tokenizer.save_pretrained(path)
     return path
