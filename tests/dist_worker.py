@@ -134,8 +134,14 @@ def sampling_scenario(trainer: RLTrainer) -> dict:
 
 def run_multi(out: Path) -> None:
     import os
+    from datetime import timedelta
+
+    from accelerate import PartialState
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # start the process group first, with a short timeout so that a failed rendezvous or a hung
+    # collective ends the run instead of waiting 30 min; the trainer's Accelerator reuses this state
+    PartialState(cpu=True, timeout=timedelta(seconds=float(os.environ.get("MASKRL_TEST_DIST_TIMEOUT", "60"))))
     tr = make_trainer(out / f"rank{rank}")
     assert tr.acc.num_processes == world and tr.acc.process_index == rank, "accelerate did not start the group"
     batch: Batch = torch.load(out / "batch.pt", weights_only=False)
