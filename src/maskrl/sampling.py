@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -147,6 +147,7 @@ def generate(
     generator: torch.Generator | None = None,
     observers: Sequence[StepObserver] = (),
     group_ids: torch.Tensor | None = None,
+    all_done: Callable[[bool], bool] | None = None,
 ) -> Rollout:
     """Denoise ``[prompt ; [M]×L]`` into completions (SPEC §1.2).
 
@@ -159,6 +160,12 @@ def generate(
             remasking; required when ``temperature > 0`` or ``remasking == "random"``.
         observers: per-step statistic collectors; their ``result()`` fills ``Rollout.step_stats``.
         group_ids: ``[N]`` long; defaults to ``arange(N)``.
+        all_done: rank synchronisation for sharded models (FSDP / ZeRO-3, where every forward is a
+            collective). Called exactly once per loop iteration with "this rank has no row left"
+            and must return True only when that holds on every rank (an all-reduce). A finished
+            rank keeps running dummy forwards on its last state until then, so all ranks run the
+            same number of forwards. ``None`` (default): stop as soon as this rank's rows finish.
+            The returned Rollout is the same either way.
 
     Returns:
         A :class:`Rollout` (``commit_step``/``commit_prob`` ``[N, L]``, ``num_steps`` ``[N]``).
@@ -186,7 +193,17 @@ def generate(
     step = 0
     while True:
         rows = (block < config.num_blocks).nonzero().squeeze(-1)  # [n]
-        if rows.numel() == 0:
+        finished = rows.numel() == 0
+        if all_done is not None:
+            # Threshold rows finish at different steps, so ranks would leave this loop at different
+            # times and the per-forward collectives of FSDP / ZeRO-3 would go out of step.
+            if all_done(finished):
+                break
+            if finished:  # others still decode: keep their collectives company, change nothing
+                for _ in range(2 if config.cfg_scale > 0 else 1):
+                    adapter.logits(x[:1], attn[:1])
+                continue
+        elif finished:
             break
         xr, ar = x[rows], attn[rows]
         logits = adapter.logits(xr, ar)
@@ -224,6 +241,8 @@ def generate(
         x[rows, p_len:] = comp_new
         commit_step[rows] = torch.where(commit_full, step, commit_step[rows])
         commit_prob[rows] = commit_prob[rows].scatter(1, pos, torch.where(take, prob, commit_prob[rows].gather(1, pos)))
+        # NOTE: a credit module that runs extra forwards at steps it chooses (DTCA / DiSPO-style) must
+        # broadcast those choices from rank 0 under FSDP / ZeRO-3, or the collectives diverge.
         for obs in observers:
             obs.on_step(StepView(step, rows, logits, masked, commit_full, comp_new, start, b))
         # advance blocks

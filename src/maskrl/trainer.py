@@ -50,6 +50,23 @@ def mask_seed(base: int, step: int, iteration: int, micro_batch: int) -> int:
     return (base * 1_000_003 + step * 10_007 + iteration * 101 + micro_batch) % (2**63 - 1)
 
 
+def all_ranks_done(acc: Accelerator) -> Callable[[bool], bool] | None:
+    """The sampler's ``all_done`` hook over ``acc``'s processes; ``None`` on a single process.
+
+    ``all_done(finished)`` all-reduces this rank's "no row left" flag (one scalar, on ``acc.device``)
+    and returns True when every rank has finished (see :func:`maskrl.sampling.generate`). Every rank
+    must call it the same number of times (it is a collective).
+    """
+    if acc.num_processes == 1:
+        return None
+
+    def all_done(finished: bool) -> bool:
+        busy = torch.tensor([0.0 if finished else 1.0], device=acc.device)
+        return acc.reduce(busy, reduction="sum").item() == 0.0
+
+    return all_done
+
+
 @dataclass(frozen=True)
 class Batch:
     """One collected RL batch (rows of this process).
@@ -117,6 +134,7 @@ class RLTrainer:
         rank = self.acc.process_index
         self.data_gen = torch.Generator().manual_seed(self.tc.seed * 7919 + rank)
         self.rollout_gen = torch.Generator(device=self.device).manual_seed(self.tc.seed * 104729 + 17 + rank)
+        self.all_done = all_ranks_done(self.acc)  # keeps ranks' sampler forwards in step (FSDP / ZeRO-3)
         self.out_dir = Path(cfg.output_dir)
         self._writer = None
         self._metrics_fh = None
@@ -137,7 +155,8 @@ class RLTrainer:
         group_ids = torch.arange(len(examples)).repeat_interleave(g)
         ids, mask = encode_prompts(self.policy.tokenizer, [self.prompt_fn(ex.prompt) for ex in rows])
         self.policy_eval.model.eval()
-        rollout = generate(self.policy_eval, ids, mask, self.sampler, generator=self.rollout_gen, group_ids=group_ids)
+        rollout = generate(self.policy_eval, ids, mask, self.sampler, generator=self.rollout_gen, group_ids=group_ids,
+                           all_done=self.all_done)
         completions = decode_completions(self.policy.tokenizer, rollout.completion_ids, rollout.completion_mask)
         rewards = torch.tensor(self.task.score_examples(rows, completions), dtype=torch.float32, device=self.device)
         adv = group_advantages(rewards, rollout.group_ids, self.objective.normalize)  # [N]

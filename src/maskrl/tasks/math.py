@@ -186,6 +186,22 @@ class GSM8K(MathTask):
             raise ValueError(f"gsm8k split must be 'test' or 'train', got {split!r}")
         self.data_file = f"gsm8k/{split}.jsonl"
 
+    def train_split(self, path: str | Path | None = None) -> list[Example]:
+        """The train split (``gsm8k/train.jsonl``, 7473 rows): RL / SFT prompts, never test rows.
+
+        Args:
+            path: a data folder holding ``gsm8k/train.jsonl``, the train file itself, the test file
+                (its sibling ``train.jsonl`` is read), or ``None`` for the default data dir.
+
+        Raises:
+            FileNotFoundError: when the train file does not exist.
+            DataError: on a malformed row.
+        """
+        p = Path(path) if path else None
+        if p is not None and p.is_file() and p.name == "test.jsonl":
+            p = p.with_name("train.jsonl")
+        return GSM8K(split="train", timeout_s=self.timeout_s, pool=self.pool, equal_fn=self.equal_fn).load(p)
+
     def parse(self, path: Path) -> list[Example]:
         out = []
         for lineno, obj in iter_jsonl(path):

@@ -1,0 +1,174 @@
+"""Worker processes of ``tests/test_distributed.py`` (not collected by pytest: no ``test_`` prefix).
+
+``python tests/dist_worker.py single OUT`` -- one process: builds the tiny model and the trainer,
+collects one batch, rigs it (see :func:`rig`), saves it to ``OUT/batch.pt``, runs ``optimize`` on the
+whole batch and saves the updated weights to ``OUT/single.pt``.
+
+``python tests/dist_worker.py multi OUT`` -- one rank of a multi-process gloo run (the launcher sets
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; the
+trainer's ``Accelerator(cpu=True)`` then starts a ``MULTI_CPU`` gloo group). Each rank runs
+``optimize`` on its contiguous share of ``OUT/batch.pt``, logs and checkpoints into its own
+``OUT/rank{r}`` folder (so a write by a non-main rank cannot hide behind rank 0's file), then runs
+the sampler-synchronisation scenario (:func:`sampling_scenario`). Results go to ``OUT/multi{r}.pt``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from maskrl.config import RunConfig, SamplerSettings, TinyModelConfig, TrainConfig
+from maskrl.models import ModelAdapter, build_tiny
+from maskrl.sampling import SamplerConfig, generate
+from maskrl.tasks.base import Example, Task
+from maskrl.trainer import Batch, RLTrainer, all_ranks_done
+
+N_PROMPTS, GROUP = 4, 2          # N = 8 rows in the global batch
+MICRO = 4                        # = N / 2: the 2-process run has one micro-batch per rank
+SHAPE = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+# valid completion lengths per row: rank 0's half holds many more loss tokens than rank 1's, so a
+# per-rank (instead of global) token normaliser would change the update direction
+LENGTHS = [16, 15, 16, 12, 3, 5, 1, 4]
+
+
+class ConstantTask(Task):
+    """Reward 0 everywhere: the test sets the advantages itself (:func:`rig`)."""
+
+    name = "constant"
+
+    def reward(self, prompts, completions, **_):
+        return [0.0] * len(completions)
+
+
+def examples() -> list[Example]:
+    """Prompts of different lengths (so the batch is left-padded)."""
+    texts = ["2+2=", "sudoku 4x4: 1020 0301", "abc", "a longer prompt with padding"]
+    return [Example(id=i, prompt=t, fields={}) for i, t in enumerate(texts)]
+
+
+def make_cfg(out_dir: Path) -> RunConfig:
+    return RunConfig(
+        output_dir=str(out_dir), model=dataclasses.replace(RunConfig().model, tiny=SHAPE),
+        rollout=SamplerSettings(gen_length=16, block_length=8, steps=8, temperature=0.9),
+        train=TrainConfig(prompts_per_step=N_PROMPTS, group_size=GROUP, inner_iterations=2,
+                          micro_batch_size=MICRO, lr=1e-3, max_grad_norm=1.0, seed=3),
+    )
+
+
+def make_trainer(out_dir: Path) -> RLTrainer:
+    cfg = make_cfg(out_dir)
+    policy = build_tiny(hidden_size=SHAPE.hidden_size, num_layers=SHAPE.num_layers, num_heads=SHAPE.num_heads,
+                        intermediate_size=SHAPE.intermediate_size, seed=SHAPE.seed)
+    return RLTrainer(cfg, policy, ConstantTask(), examples())
+
+
+def rig(batch: Batch) -> Batch:
+    """Deterministic non-zero advantages and uneven valid lengths (see :data:`LENGTHS`)."""
+    ro = batch.rollout
+    n, L = ro.completion_ids.shape
+    mask = torch.arange(L)[None, :] < torch.tensor(LENGTHS)[:, None]  # [N, L]
+    adv = torch.linspace(-1.0, 1.5, n)[:, None] * mask.float()  # [N, L]
+    return dataclasses.replace(batch, rollout=dataclasses.replace(ro, completion_mask=mask), advantages=adv)
+
+
+def weights(trainer: RLTrainer) -> dict[str, torch.Tensor]:
+    model = trainer.acc.unwrap_model(trainer.policy.model)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def run_single(out: Path) -> None:
+    tr = make_trainer(out / "single_run")
+    init = weights(tr)
+    batch = rig(tr.collect(examples()))
+    torch.save(batch, out / "batch.pt")
+    metrics = tr.optimize(batch)
+    torch.save({"init": init, "weights": weights(tr), "metrics": metrics}, out / "single.pt")
+
+
+# ---------------------------------------------------------------------------------------- sampling
+PEAK = 5  # first prompt token that makes ToyLM's rows confident
+
+
+class ToyLM(torch.nn.Module):
+    """Logits from the input ids alone, counting forwards.
+
+    Rows whose first token is :data:`PEAK` put logit 20 on one token per position (p ≈ 1: the
+    threshold schedule commits a whole block per step); other rows put logit 1 on it (p ≈ 0.15 with
+    V = 16: one commit per step). So peaked rows need ``L/b`` steps, flat rows ``L``.
+    """
+
+    vocab = 16
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.zeros(()))
+        self.calls = 0
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
+        self.calls += 1
+        n, t = input_ids.shape
+        target = 6 + torch.arange(t) % 8  # [T] never eos / mask
+        height = torch.where(input_ids[:, :1] == PEAK, 20.0, 1.0)  # [n, 1]
+        logits = torch.zeros(n, t, self.vocab)
+        logits.scatter_(2, target.expand(n, t)[..., None], height[..., None].expand(n, t, 1))
+        return SimpleNamespace(logits=logits + self.bias)
+
+
+def sampling_scenario(trainer: RLTrainer) -> dict:
+    """Rank 0 decodes peaked rows (2 steps), other ranks flat rows (8 steps); with and without sync."""
+    rank = trainer.acc.process_index
+    first = PEAK if rank == 0 else 7
+    ids = torch.tensor([[first, 8, 9], [first, 9, 8]])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    toy = ToyLM()
+    adapter = ModelAdapter(model=toy, mask_id=3, eos_id=2, pad_id=0)
+    cfg = SamplerConfig(gen_length=8, block_length=4, schedule="threshold", threshold=0.9)
+    plain = generate(adapter, ids, mask, cfg)
+    plain_calls, toy.calls = toy.calls, 0
+    synced = generate(adapter, ids, mask, cfg, all_done=all_ranks_done(trainer.acc))
+    return {"plain": plain, "plain_calls": plain_calls, "synced": synced, "synced_calls": toy.calls}
+
+
+def run_multi(out: Path) -> None:
+    import os
+    from datetime import timedelta
+
+    from accelerate import PartialState
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # start the process group first, with a short timeout so that a failed rendezvous or a hung
+    # collective ends the run instead of waiting 30 min; the trainer's Accelerator reuses this state
+    PartialState(cpu=True, timeout=timedelta(seconds=float(os.environ.get("MASKRL_TEST_DIST_TIMEOUT", "60"))))
+    tr = make_trainer(out / f"rank{rank}")
+    assert tr.acc.num_processes == world and tr.acc.process_index == rank, "accelerate did not start the group"
+    batch: Batch = torch.load(out / "batch.pt", weights_only=False)
+    share = batch.rollout.batch_size // world
+    sl = slice(rank * share, (rank + 1) * share)
+    local = Batch(rollout=batch.rollout.select(sl), rewards=batch.rewards[sl], advantages=batch.advantages[sl],
+                  completions=batch.completions[sl])
+    metrics = tr.optimize(local)
+    result = {"rank": rank, "metrics": metrics, "distributed_type": str(tr.acc.distributed_type)}
+    if tr.acc.is_main_process:
+        result["weights"] = weights(tr)
+    # only the main process may write logs and the shared checkpoint files
+    tr.step_count = 1
+    tr.log({"step": 1, **metrics})
+    tr.save_checkpoint(out / f"rank{rank}" / "checkpoints" / "step_1")
+    tr.close()
+    # the trainer's collect() passes the rank hook to the sampler: count its calls on each rank
+    calls = []
+    hook = tr.all_done
+    tr.all_done = lambda finished: calls.append(finished) or hook(finished)
+    tr.collect(examples()[:2])
+    result["collect_all_done_calls"] = len(calls)
+    result.update(sampling_scenario(tr))
+    torch.save(result, out / f"multi{rank}.pt")
+    tr.acc.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    mode, out_dir = sys.argv[1], Path(sys.argv[2])
+    {"single": run_single, "multi": run_multi}[mode](out_dir)
