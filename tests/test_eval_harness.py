@@ -27,6 +27,8 @@ N_ROWS = 6
 LENGTHS = (32, 64)
 KEYS = {"id", "gen_length", "prompt", "completion", "reward", "correct"}
 REAL_COMPLETE = ev.complete  # before any test patches it
+# a short template on which the random tiny model's completions depend on the puzzle
+TEMPLATE = "sudoku 4x4, 0=blank: {puzzle}\nsolution: "
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +42,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def task():
-    return get_task("sudoku4x4")
+    return get_task("sudoku4x4", TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +99,7 @@ class Spy:
 def harness(model_dir, data_csv, out, **kw):
     kw.setdefault("gen_lengths", LENGTHS)
     kw.setdefault("batch_size", 2)
+    kw.setdefault("prompt_template", TEMPLATE)
     return run_harness(model=model_dir, task_name="sudoku4x4", out_dir=out, data_path=data_csv, device="cpu",
                        progress=False, **kw)
 
@@ -293,7 +296,7 @@ def test_chat_template_and_default_output_folder(tmp_path, monkeypatch, data_csv
     monkeypatch.setattr(ev, "complete", spy)
     monkeypatch.chdir(tmp_path)
     summary = run_harness(model=model_dir, task_name="sudoku4x4", gen_lengths=[32], data_path=data_csv,
-                          limit=2, device="cpu", progress=False)
+                          limit=2, device="cpu", progress=False, prompt_template=TEMPLATE)
     want = [f"<u>{ex.prompt}</u><a>" for ex in examples[:2]]
     assert spy.prompts(32) == want and summary["chat_template"] is True
     out = tmp_path / "runs" / "eval" / "sudoku4x4"
@@ -302,14 +305,16 @@ def test_chat_template_and_default_output_folder(tmp_path, monkeypatch, data_csv
 
     spy.calls.clear()
     summary = run_harness(model=model_dir, task_name="sudoku4x4", gen_lengths=[32], data_path=data_csv,
-                          limit=2, device="cpu", progress=False, chat_template=False)
+                          limit=2, device="cpu", progress=False, chat_template=False,
+                          prompt_template=TEMPLATE)
     assert spy.prompts(32) == [ex.prompt for ex in examples[:2]] and summary["chat_template"] is False
 
 
 def test_cli_eval_end_to_end(tmp_path, monkeypatch, capsys, model_dir, data_csv):
     out = tmp_path / "out"
     argv = ["eval", "--model", str(model_dir), "--task", "sudoku4x4", "--gen-length", "32,64", "--limit", "3",
-            "--batch-size", "2", "--data", str(data_csv), "--out", str(out), "--device", "cpu"]
+            "--batch-size", "2", "--data", str(data_csv), "--out", str(out), "--device", "cpu",
+            "--prompt-template", TEMPLATE]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert printed.strip() == (out / "summary.md").read_text().strip()

@@ -112,3 +112,16 @@ def test_sft_loss_masks_only_the_answer_and_weights_by_one_over_t(tiny):
     assert loss.item() == pytest.approx(((ce * m) / t).sum().item() / 8, rel=1e-5)
     with pytest.raises(ValueError, match="example 7"):
         encode_targets(tiny.tokenizer, ["toolong"], 3, tiny.eos_id, ids=[7])
+
+
+def test_saved_policy_of_any_family_reloads_with_its_facts(tmp_path):
+    """save_model -> maskrl.models.load keeps ids, shift and logits (e.g. a trained Dream or LLaDA policy)."""
+    from maskrl.models import load, save_model
+
+    ad = _dream_like(True)
+    ad.stop_ids = (16,)
+    save_model(ad, tmp_path / "m")
+    back = load(tmp_path / "m", tokenizer=False)
+    assert (back.mask_id, back.eos_id, back.pad_id, back.shift, back.stop_ids, back.family) == (19, 18, 17, True, (16,), "dream")
+    x = torch.tensor([[1, 2, 3, 19, 19]])
+    torch.testing.assert_close(back.logits(x), ad.logits(x))

@@ -80,7 +80,7 @@ def cmd_eval(args) -> int:
     summary = run_harness(model=args.model, task_name=args.task, gen_lengths=args.gen_length, limit=args.limit,
                           out_dir=args.out, data_path=args.data, block_length=args.block_length,
                           steps=args.steps, batch_size=args.batch_size, resume=args.resume, device=args.device,
-                          dtype=args.dtype, chat_template=not args.no_chat_template)
+                          dtype=args.dtype, prompt_template=args.prompt_template, chat_template=not args.no_chat_template)
     print(summary["markdown"])
     return 0
 
@@ -148,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="data file or folder (default: $MASKRL_DATA_DIR or ../shared/data)")
     p.add_argument("--out", help="output folder (default: runs/eval/<task>)")
     p.add_argument("--resume", action="store_true", help="skip samples already in the output JSONL")
+    p.add_argument("--prompt-template", help="replace the task's prompt template, e.g. '{puzzle}=' for the tiny model")
     p.add_argument("--no-chat-template", action="store_true", help="feed the task prompts without the chat template")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")

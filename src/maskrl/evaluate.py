@@ -235,7 +235,8 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
                 = DEFAULT_GEN_LENGTHS, limit: int | None = 0, out_dir: str | os.PathLike | None = None,
                 data_path: str | os.PathLike | None = None, block_length: int = DEFAULT_BLOCK_LENGTH,
                 steps: int = 0, batch_size: int = 16, resume: bool = False, device: str = "auto",
-                dtype: str = "float32", chat_template: bool = True, progress: bool = True) -> dict:
+                dtype: str = "float32", chat_template: bool = True, progress: bool = True,
+                prompt_template: str | None = None) -> dict:
     """Benchmark a model on a task at several completion lengths: the body of ``maskrl eval`` (SPEC §5).
 
     For each length ``L``: greedy decoding (τ = 0) with the training sampler
@@ -270,6 +271,8 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
         device: ``"auto"`` (cuda if available), ``"cpu"``, ``"cuda:0"``, ...; ignored for an adapter.
         dtype: parameter dtype name (``"float32"``, ``"bfloat16"``); ignored for an adapter.
         chat_template: apply the tokenizer's chat template when it has one.
+        prompt_template: replaces the task's prompt template (e.g. ``"{puzzle}="`` for the tiny
+            character model); must contain the task's placeholders.
         progress: show a tqdm bar of rows done per length.
 
     Returns:
@@ -293,7 +296,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
         raise ValueError(f"batch_size (--batch-size) must be a positive integer, got {batch_size!r}")
     if limit is not None and (not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit (--limit) must be a non-negative integer (0: all rows), got {limit!r}")
-    task = get_task(task_name)
+    task = get_task(task_name, prompt_template)
     data_file = task.resolve_path(data_path)
     all_examples = task.load(data_file)
     examples = all_examples[:limit] if limit else all_examples

@@ -45,21 +45,49 @@ def build_tiny(hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, 
 def save_model(adapter: ModelAdapter, path: str | os.PathLike) -> Path:
     """Save weights (safetensors), config and tokenizer into ``path``; returns the folder.
 
-    A peft-wrapped model is saved through peft's own ``save_pretrained``: the LoRA adapter files
-    only (``adapter_config.json``, ``adapter_model.safetensors``); the live model is not modified.
+    The adapter's family facts (mask / eos / pad / stop ids, logit shift, attention style) are
+    written into ``config.json`` as ``maskrl_*`` keys, so :func:`load_tiny` (and
+    :func:`maskrl.models.load`) reload any saved policy -- the tiny model, a trained LLaDA (saved as
+    its native Llama class) or Dream (Qwen2) -- with the same behaviour. A peft-wrapped model is
+    saved through peft's own ``save_pretrained``: the LoRA adapter files only; the live model is
+    not modified.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    adapter.model.save_pretrained(path)
+    model = adapter.model
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = base.config
+    cfg.maskrl_family = adapter.family
+    cfg.mask_token_id = adapter.mask_id
+    cfg.maskrl_eos_id = adapter.eos_id
+    cfg.maskrl_pad_id = adapter.pad_id
+    cfg.maskrl_stop_ids = list(adapter.stop_ids)
+    cfg.maskrl_shift = bool(adapter.shift)
+    cfg.maskrl_attention = adapter.attention
+    model.save_pretrained(path)
     if adapter.tokenizer is not None:
         adapter.tokenizer.save_pretrained(path)
     return path
 
 
 def load_tiny(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> ModelAdapter:
-    """Load a folder written by :func:`save_model` for a tiny model."""
-    model = LlamaForCausalLM.from_pretrained(path, dtype=dtype)
+    """Load a folder written by :func:`save_model` (any family; ``maskrl_*`` keys in config.json).
+
+    The native class comes from the config's ``model_type`` (``AutoModelForCausalLM``, or
+    ``AutoModelForMaskedLM`` for 2-D-attention models); no remote code.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    attention = getattr(config, "maskrl_attention", "4d")
+    auto = AutoModelForMaskedLM if attention == "2d" else AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=dtype, trust_remote_code=False)
     tok = PreTrainedTokenizerFast.from_pretrained(path) if (Path(path) / "tokenizer.json").exists() else None
     cfg = model.config
-    return ModelAdapter(model=model, mask_id=cfg.mask_token_id, eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id,
-                        shift=False, family=getattr(cfg, "maskrl_family", "tiny"), tokenizer=tok)
+    eos = getattr(cfg, "maskrl_eos_id", None)
+    pad = getattr(cfg, "maskrl_pad_id", None)
+    return ModelAdapter(model=model, mask_id=cfg.mask_token_id,
+                        eos_id=eos if eos is not None else cfg.eos_token_id,
+                        pad_id=pad if pad is not None else cfg.pad_token_id,
+                        shift=bool(getattr(cfg, "maskrl_shift", False)), family=getattr(cfg, "maskrl_family", "tiny"),
+                        attention=attention, tokenizer=tok, stop_ids=tuple(getattr(cfg, "maskrl_stop_ids", ()) or ()))
