@@ -6,6 +6,7 @@ use, so user rewards plug in unchanged. Training reward and evaluation metric ar
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from dataclasses import dataclass, field
@@ -50,22 +51,31 @@ def default_data_dir() -> Path | None:
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line_number, object)`` for each non-blank line of a JSONL file.
+    """Yield ``(line_number, object)`` for each non-blank line of a JSONL file (gzip-compressed when
+    the name ends in ``.gz``).
 
     Raises:
-        DataError: naming file and line for a line that is not a JSON object.
+        DataError: naming file and line for a line that is not a JSON object, or the file when it
+            is not readable UTF-8 / gzip.
+        FileNotFoundError: when the file does not exist.
     """
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
+    opener = gzip.open if Path(path).suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                if not isinstance(obj, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+                yield lineno, obj
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise DataError(f"{path}: cannot read ({e})") from None
 
 
 def require(obj: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ...] = str) -> Any:

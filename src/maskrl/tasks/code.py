@@ -26,15 +26,14 @@ Data: ``sanitized-mbpp.json`` from google-research/google-research ``mbpp/`` (hu
 from __future__ import annotations
 
 import ast
-import gzip
 import json
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Sequence
 
 from maskrl.sandbox import Limits, run_many
-from maskrl.tasks.base import TASKS, DataError, Example, Task, require
+from maskrl.tasks.base import TASKS, DataError, Example, Task, iter_jsonl, require
 
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PY_TAGS = {"python", "py", "python3", "py3"}
@@ -235,7 +234,7 @@ class HumanEval(Task):
 
     def parse(self, path: Path) -> list[Example]:
         out = []
-        for lineno, obj in _iter_jsonl_any(path):
+        for lineno, obj in iter_jsonl(path):
             where = f"{path}:{lineno}"
             task_id = require(obj, "task_id", where)
             where = f"{path}:{lineno} ({task_id})"
@@ -292,29 +291,3 @@ def _str_list(row: dict, key: str, where: str, nonempty: bool) -> list[str]:
         if not isinstance(item, str):
             raise DataError(f"{where}: field {key!r}[{j}] should be str, got {type(item).__name__}")
     return list(val)
-
-
-def _iter_jsonl_any(path: Path) -> Iterator[tuple[int, dict]]:
-    """``(line_number, object)`` for each non-blank line of a JSONL file, gzip-compressed when the
-    name ends in ``.gz``.
-
-    Raises:
-        DataError: naming file and line for a line that is not a JSON object or not UTF-8 text.
-    """
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-                if not isinstance(obj, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-                yield lineno, obj
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise DataError(f"{path}: cannot read ({e})") from None
