@@ -44,3 +44,22 @@ def test_every_shipped_config_loads():
     assert files, "configs/ has no YAML recipes"
     for p in files:
         load_config([p])
+
+
+@pytest.mark.parametrize("item,key", [
+    ("sft.batch_size=0", "sft.batch_size"), ("train.group_size=0", "train.group_size"),
+    ("sft.steps=-1", "sft.steps"), ("train.lr=-1e-5", "train.lr"), ("model.tiny.num_heads=5", "model.tiny.num_heads"),
+    ("objective.p_mask_prompt=1.5", "objective.p_mask_prompt"), ("train.prompts_per_step=0", "train.prompts_per_step"),
+])
+def test_out_of_range_values_name_the_key(item, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config([], [item])
+
+
+def test_missing_and_broken_yaml_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config([tmp_path / "nope.yaml"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {tiny: [1\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config([bad])

@@ -116,3 +116,9 @@ def test_countdown_malformed_rows(tmp_path):
 def test_unknown_task_lists_valid_names():
     with pytest.raises(KeyError, match="sudoku4x4"):
         get_task("sudoku9x9")
+
+
+def test_jsonschema_reward_survives_deeply_nested_garbage():
+    task = get_task("jsonschema")
+    rows = task.load(limit=1)
+    assert task.score_examples(rows * 3, ["[" * 5000, "{" * 5000 + "}", "[[[[" * 3000]) == [0.0, 0.0, 0.0]

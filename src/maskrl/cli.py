@@ -101,6 +101,9 @@ def cmd_generate(args) -> int:
     prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:
         raise ValueError("no prompt: pass --prompt TEXT (repeatable) or lines on stdin")
+    empty = [i for i, p in enumerate(prompts) if not p.strip()]
+    if empty:
+        raise ValueError(f"prompt {empty[0]} is empty")
     for p, c in zip(prompts, complete(adapter, [fmt(p) for p in prompts], sampler, generator=gen)):
         print(json.dumps({"prompt": p, "completion": c}, ensure_ascii=False))
     return 0

@@ -134,7 +134,6 @@ class RunConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    device: str = "auto"
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -227,14 +226,20 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
     """
     data: dict = {}
     for p in paths:
-        with open(p, encoding="utf-8") as fh:
-            loaded = yaml.safe_load(fh) or {}
+        if not Path(p).is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            with open(p, encoding="utf-8") as fh:
+                loaded = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML ({e})") from None
         if not isinstance(loaded, Mapping):
             raise ConfigError(f"{p}: top level must be a mapping")
         data = _merge(data, loaded)
     for item in overrides:
         data = _merge(data, parse_override(item))
     cfg = _build(RunConfig, data)
+    _check_ranges(cfg)
     # validate the sampler settings early (divisibility etc.) with the field named
     for name in ("rollout", "eval"):
         try:
@@ -242,6 +247,37 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
         except ValueError as e:
             raise ConfigError(f"{name}: {e}") from None
     return cfg
+
+
+#: dotted keys that must be > 0 (``>= 0`` for those in ``_NON_NEGATIVE``)
+_POSITIVE = ("model.tiny.hidden_size", "model.tiny.num_layers", "model.tiny.num_heads", "model.tiny.intermediate_size",
+             "task.train_size", "sft.batch_size", "sft.lr", "train.prompts_per_step", "train.group_size",
+             "train.inner_iterations", "train.lr")
+_NON_NEGATIVE = ("model.lora_rank", "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
+                 "train.steps", "train.micro_batch_size", "train.weight_decay", "train.max_grad_norm",
+                 "train.warmup_steps", "train.eval_every", "train.save_every", "task.eval_limit",
+                 "objective.clip_eps", "objective.beta")
+
+
+def _check_ranges(cfg: "RunConfig") -> None:
+    def get(key: str) -> Any:
+        obj = cfg
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    for key in _POSITIVE:
+        if get(key) <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {get(key)!r}")
+    for key in _NON_NEGATIVE:
+        if get(key) < 0:
+            raise ConfigError(f"{key}: must be >= 0, got {get(key)!r}")
+    if not 0.0 <= cfg.objective.p_mask_prompt <= 1.0:
+        raise ConfigError(f"objective.p_mask_prompt: must lie in [0, 1], got {cfg.objective.p_mask_prompt!r}")
+    t = cfg.model.tiny
+    if t.hidden_size % t.num_heads:
+        raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
+                          f"model.tiny.num_heads ({t.num_heads})")
 
 
 def to_dict(cfg: Any) -> dict:

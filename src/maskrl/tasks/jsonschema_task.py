@@ -90,12 +90,12 @@ def extract_json(text: str) -> Any:
     if chosen is not None:
         try:
             return _DECODER.decode(chosen.strip())
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise NoJSON(f"fenced block is not JSON ({e})") from None
     stripped = text.strip()
     try:
         return _DECODER.decode(stripped)
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     for k, m in enumerate(re.finditer(r"[\[{]", stripped)):
         if k >= MAX_JSON_STARTS:
@@ -103,7 +103,7 @@ def extract_json(text: str) -> Any:
         try:
             value, _ = _DECODER.raw_decode(stripped, m.start())
             return value
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
     raise NoJSON("no JSON value found")
 
