@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from maskrl.advantages import group_advantages
-from maskrl.config import ObjectiveConfig, RunConfig, SamplerSettings, TrainConfig
+from maskrl.config import ObjectiveConfig, RunConfig, TrainConfig
 from maskrl.models import ModelAdapter, apply_lora, enable_gradient_checkpointing
 from maskrl.models.loading import llada_config
 from maskrl.sampling import SamplerConfig, generate
@@ -128,7 +128,7 @@ def bench_train(adapter: ModelAdapter, run: dict, device: torch.device, vocab_hi
     rows = run["prompts"] * run["group_size"]
     cfg = RunConfig(
         output_dir=str(out_dir),
-        rollout=SamplerSettings(gen_length=run["gen_length"], block_length=run["block_length"], steps=run["steps"],
+        rollout=SamplerConfig(gen_length=run["gen_length"], block_length=run["block_length"], steps=run["steps"],
                                 temperature=TEMPERATURE),
         objective=ObjectiveConfig(name="diffu_grpo"),
         train=TrainConfig(prompts_per_step=run["prompts"], group_size=run["group_size"], inner_iterations=1,

@@ -48,7 +48,7 @@ def main() -> None:
     if not (sft / "config.json").is_file():
         raise SystemExit(f"no SFT model at {sft}: run `make demo` first or pass --sft DIR")
     policy = load_tiny(sft)
-    sampler = cfg.eval.build()
+    sampler = cfg.eval
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import torch
 
-from maskrl.config import RunConfig, SamplerSettings, TinyModelConfig, TrainConfig
+from maskrl.config import RunConfig, TinyModelConfig, TrainConfig
 from maskrl.models import ModelAdapter, build_tiny
 from maskrl.sampling import SamplerConfig, generate
 from maskrl.tasks.base import Example, Task
@@ -52,7 +52,7 @@ def examples() -> list[Example]:
 def make_cfg(out_dir: Path) -> RunConfig:
     return RunConfig(
         output_dir=str(out_dir), model=dataclasses.replace(RunConfig().model, tiny=SHAPE),
-        rollout=SamplerSettings(gen_length=16, block_length=8, steps=8, temperature=0.9),
+        rollout=SamplerConfig(gen_length=16, block_length=8, steps=8, temperature=0.9),
         train=TrainConfig(prompts_per_step=N_PROMPTS, group_size=GROUP, inner_iterations=2,
                           micro_batch_size=MICRO, lr=1e-3, max_grad_norm=1.0, seed=3),
     )

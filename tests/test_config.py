@@ -63,3 +63,9 @@ def test_missing_and_broken_yaml_files(tmp_path):
     bad.write_text("model: {tiny: [1\n")
     with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
         load_config([bad])
+
+
+def test_partial_section_keeps_the_run_defaults():
+    cfg = load_config([], ["rollout.temperature=0.5"])
+    assert (cfg.rollout.gen_length, cfg.rollout.block_length, cfg.rollout.temperature) == (16, 16, 0.5)
+    assert cfg.eval.temperature == 0.0

@@ -13,6 +13,8 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from maskrl.sampling import SamplerConfig
+
 
 class ConfigError(ValueError):
     """A bad configuration key or value; the message names the dotted key."""
@@ -54,26 +56,6 @@ class TaskConfig:
     train_size: int = 4000
     train_seed: int = 1234
     eval_limit: int = 0  # 0 = all rows
-
-
-@dataclass
-class SamplerSettings:
-    """Mirror of :class:`maskrl.sampling.SamplerConfig` (SPEC §1.2)."""
-
-    gen_length: int = 16
-    block_length: int = 16
-    steps: int = 16
-    temperature: float = 0.0
-    schedule: str = "fixed"
-    threshold: float = 0.9
-    remasking: str = "low_confidence"
-    cfg_scale: float = 0.0
-    suppress_eos: bool = False
-
-    def build(self):
-        from maskrl.sampling import SamplerConfig
-
-        return SamplerConfig(**dataclasses.asdict(self))
 
 
 @dataclass
@@ -129,8 +111,9 @@ class RunConfig:
     output_dir: str = "runs/default"
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
-    rollout: SamplerSettings = field(default_factory=lambda: SamplerSettings(temperature=0.9))
-    eval: SamplerSettings = field(default_factory=SamplerSettings)
+    rollout: SamplerConfig = field(default_factory=lambda: SamplerConfig(gen_length=16, block_length=16, steps=16,
+                                                                        temperature=0.9))
+    eval: SamplerConfig = field(default_factory=lambda: SamplerConfig(gen_length=16, block_length=16, steps=16))
     sft: SFTConfig = field(default_factory=SFTConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -141,11 +124,11 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _coerce(value: Any, typ: Any, key: str) -> Any:
+def _coerce(value: Any, typ: Any, key: str, default: Any = None) -> Any:
     if dataclasses.is_dataclass(typ):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping of {sorted(_field_types(typ))}, got {value!r}")
-        return _build(typ, value, key + ".")
+        return _build(typ, value, key + ".", default)
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -172,20 +155,25 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     return value
 
 
-def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+def _build(cls: type, data: Mapping[str, Any], prefix: str = "", defaults: Any = None) -> Any:
+    """``cls`` from ``data``; keys missing from ``data`` keep their value in ``defaults`` (the
+    parent's default for this section, so partial sections keep the run's defaults)."""
     types = _field_types(cls)
     unknown = [k for k in data if k not in types]
     if unknown:
         raise ConfigError(f"unknown key '{prefix}{unknown[0]}'; valid keys under "
                           f"{prefix.rstrip('.') or 'the top level'}: {', '.join(sorted(types))}")
-    defaults = cls()
+    defaults = defaults if defaults is not None else cls()
     kwargs = {}
     for name, typ in types.items():
         if name in data:
-            kwargs[name] = _coerce(data[name], typ, prefix + name)
+            kwargs[name] = _coerce(data[name], typ, prefix + name, getattr(defaults, name))
         else:
             kwargs[name] = getattr(defaults, name)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # a section's own validation (e.g. SamplerConfig's divisibility checks)
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from None
 
 
 def _merge(base: dict, over: Mapping) -> dict:
@@ -240,12 +228,6 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
         data = _merge(data, parse_override(item))
     cfg = _build(RunConfig, data)
     _check_ranges(cfg)
-    # validate the sampler settings early (divisibility etc.) with the field named
-    for name in ("rollout", "eval"):
-        try:
-            getattr(cfg, name).build()
-        except ValueError as e:
-            raise ConfigError(f"{name}: {e}") from None
     return cfg
 
 

@@ -104,7 +104,7 @@ def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
 
     # 2. base evaluation
     fmt = prompt_formatter(policy, cfg.model.chat_template)
-    ev_sampler = cfg.eval.build()
+    ev_sampler = cfg.eval
 
     def evaluate(adapter) -> dict:
         return evaluate_examples(adapter, task, test, ev_sampler, batch_size=250, prompt_fn=fmt).metrics

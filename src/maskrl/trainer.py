@@ -112,7 +112,7 @@ class RLTrainer:
         self.objective = obj_cls(clip_eps=ocfg.clip_eps, beta=ocfg.beta, aggregation=ocfg.aggregation,
                                  normalize=ocfg.normalize)
         self.likelihood = LIKELIHOODS.get(self.objective.likelihood)
-        self.sampler = cfg.rollout.build()
+        self.sampler = cfg.rollout
         self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
         self.device = self.acc.device
         policy.model.to(self.device)
