@@ -21,8 +21,7 @@ from maskrl.config import load_config
 from maskrl.demo import sft_cache_key
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny
-from maskrl.pipeline import eval_examples, train_examples
-from maskrl.tasks import get_task
+from maskrl.pipeline import task_and_data
 from maskrl.trainer import RLTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,9 +38,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = load_config([ROOT / "configs" / "demo_sudoku.yaml"], args.overrides)
-    task = get_task(cfg.task.name, cfg.task.prompt_template or None)
-    test, _ = eval_examples(cfg, task)
-    train = train_examples(cfg, task, test)
+    task, test, _, train = task_and_data(cfg)
     banned = {task.instance_key(e) for e in test} | {task.instance_key(e) for e in train}
     val = task.generate(500, seed=4242, blanks=(8, 8), exclude=banned)
     sft = Path(args.sft) if args.sft else Path(cfg.output_dir) / "sft-cache" / sft_cache_key(cfg)

@@ -24,21 +24,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_sft(args) -> int:
     from maskrl.models import save_model
-    from maskrl.pipeline import eval_examples, load_policy, prompt_formatter, train_examples, write_json
-    from maskrl.sft import run_sft
-    from maskrl.tasks import get_task
+    from maskrl.pipeline import load_policy, sft_from_config, task_and_data, write_json
 
     cfg = load_config(args.config, args.overrides)
-    task = get_task(cfg.task.name, cfg.task.prompt_template or None)
-    held_out, source = eval_examples(cfg, task)
-    train = train_examples(cfg, task, held_out)
+    task, _, source, train = task_and_data(cfg)
     adapter = load_policy(cfg)
-    sc = cfg.sft
     t0 = time.time()
-    hist = run_sft(adapter, train, task.target, gen_length=cfg.rollout.gen_length, steps=sc.steps,
-                   batch_size=sc.batch_size, lr=sc.lr, warmup_steps=sc.warmup_steps, weight_decay=sc.weight_decay,
-                   max_grad_norm=sc.max_grad_norm, seed=sc.seed, log_every=sc.log_every,
-                   prompt_fn=prompt_formatter(adapter, cfg.model.chat_template))
+    hist = sft_from_config(cfg, adapter, task, train)
     out = Path(args.out or Path(cfg.output_dir) / "model")
     save_model(adapter, out)
     write_json(out / "maskrl_sft.json", {"config": to_dict(cfg), "history": hist, "train_rows": len(train),
@@ -49,14 +41,11 @@ def cmd_sft(args) -> int:
 
 def cmd_train(args) -> int:
     from maskrl.models import save_model
-    from maskrl.pipeline import eval_examples, load_policy, prompt_formatter, train_examples, write_json
-    from maskrl.tasks import get_task
+    from maskrl.pipeline import load_policy, prompt_formatter, task_and_data, write_json
     from maskrl.trainer import RLTrainer, latest_checkpoint
 
     cfg = load_config(args.config, args.overrides)
-    task = get_task(cfg.task.name, cfg.task.prompt_template or None)
-    held_out, _ = eval_examples(cfg, task)
-    train = train_examples(cfg, task, held_out)
+    task, _, _, train = task_and_data(cfg)
     policy = load_policy(cfg)
     trainer = RLTrainer(cfg, policy, task, train, prompt_fn=prompt_formatter(policy, cfg.model.chat_template))
     if args.resume:

@@ -20,9 +20,7 @@ from pathlib import Path
 from maskrl.config import RunConfig, to_dict
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny, save_model
-from maskrl.pipeline import eval_examples, load_policy, prompt_formatter, train_examples, write_json
-from maskrl.sft import run_sft
-from maskrl.tasks import get_task
+from maskrl.pipeline import load_policy, prompt_formatter, sft_from_config, task_and_data, write_json
 from maskrl.trainer import RLTrainer
 
 METRIC_KEYS = ("accuracy", "accuracy_ci95", "cell_accuracy", "cell_accuracy_ci95", "mean_reward", "mean_reward_ci95", "n")
@@ -75,9 +73,7 @@ def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
     t_start = time.time()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    task = get_task(cfg.task.name, cfg.task.prompt_template or None)
-    test, source = eval_examples(cfg, task)
-    train = train_examples(cfg, task, test)
+    task, test, source, train = task_and_data(cfg)
     overlap = {task.instance_key(e) for e in train} & {task.instance_key(e) for e in test}
     if overlap:  # generate() guarantees this; checked again because the claim is in the README
         raise RuntimeError(f"{len(overlap)} training rows are evaluation rows")
@@ -91,12 +87,8 @@ def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
         print(f"[demo] SFT model from cache {cache}")
     else:
         policy = load_policy(cfg)
-        sc = cfg.sft
-        print(f"[demo] SFT on {len(train)} generated {task.name} rows ({sc.steps} steps)")
-        hist = run_sft(policy, train, task.target, gen_length=cfg.rollout.gen_length, steps=sc.steps,
-                       batch_size=sc.batch_size, lr=sc.lr, warmup_steps=sc.warmup_steps,
-                       weight_decay=sc.weight_decay, max_grad_norm=sc.max_grad_norm, seed=sc.seed,
-                       log_every=sc.log_every)
+        print(f"[demo] SFT on {len(train)} generated {task.name} rows ({cfg.sft.steps} steps)")
+        hist = sft_from_config(cfg, policy, task, train)
         save_model(policy, cache)
         write_json(cache / "maskrl_sft.json", {"history": hist, "seconds": time.time() - t0})
         sft_cached = False

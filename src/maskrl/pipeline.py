@@ -94,3 +94,26 @@ def write_json(path: str | Path, obj) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=2)
         fh.write("\n")
+
+
+def task_and_data(cfg: RunConfig) -> tuple[Task, list[Example], str, list[Example]]:
+    """The run's task, its evaluation rows, where they came from, and the training rows (never an
+    evaluation row) -- what every command starts from."""
+    from maskrl.tasks import get_task
+
+    task = get_task(cfg.task.name, cfg.task.prompt_template or None)
+    held_out, source = eval_examples(cfg, task)
+    return task, held_out, source, train_examples(cfg, task, held_out)
+
+
+def sft_from_config(cfg: RunConfig, adapter: ModelAdapter, task: Task, train: list[Example],
+                    progress: bool = True) -> list[dict]:
+    """:func:`maskrl.sft.run_sft` with the run's ``sft`` section, completion length and prompt format."""
+    from maskrl.sft import run_sft
+
+    sc = cfg.sft
+    return run_sft(adapter, train, task.target, gen_length=cfg.rollout.gen_length, steps=sc.steps,
+                   batch_size=sc.batch_size, lr=sc.lr, warmup_steps=sc.warmup_steps, weight_decay=sc.weight_decay,
+                   max_grad_norm=sc.max_grad_norm, seed=sc.seed, log_every=sc.log_every,
+                   prompt_fn=prompt_formatter(adapter, cfg.model.chat_template), progress=progress)
+

@@ -7,7 +7,6 @@ generation length, so the model learns where to stop.
 """
 from __future__ import annotations
 
-import logging
 import math
 import time
 from typing import Callable, Sequence
@@ -19,7 +18,6 @@ from maskrl.models.adapter import ModelAdapter
 from maskrl.tasks.base import Example
 from maskrl.text import encode_prompts
 
-log = logging.getLogger(__name__)
 
 
 def encode_targets(tokenizer, targets: Sequence[str], gen_length: int, eos_id: int,

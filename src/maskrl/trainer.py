@@ -16,7 +16,6 @@ import contextlib
 import copy
 import dataclasses
 import json
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,6 @@ from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
 from maskrl.types import Rollout
 
-log = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer_state.pt"
 
