@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -125,3 +127,65 @@ def test_saved_policy_of_any_family_reloads_with_its_facts(tmp_path):
     assert (back.mask_id, back.eos_id, back.pad_id, back.shift, back.stop_ids, back.family) == (19, 18, 17, True, (16,), "dream")
     x = torch.tensor([[1, 2, 3, 19, 19]])
     torch.testing.assert_close(back.logits(x), ad.logits(x))
+
+
+# ---------------------------------------------------------------- state likelihood (SPEC §1.4 state)
+from maskrl.likelihood import LIKELIHOODS, commit_states, state  # noqa: E402
+
+
+def test_commit_states_names_each_row_step_pair_once():
+    cs = torch.tensor([[0, 2, 1, 2], [1, 0, 0, 1]])
+    rows, steps, index = commit_states(cs)
+    assert rows.tolist() == [0, 0, 0, 1, 1] and steps.tolist() == [0, 1, 2, 0, 1]
+    assert (rows[index] == torch.arange(2)[:, None]).all() and (steps[index] == cs).all()
+
+
+@pytest.mark.parametrize("schedule", ["fixed", "threshold"])
+def test_state_matches_per_token_loop(tiny, schedule):
+    """Each token is scored by a separate forward of its own commit state (slow reference)."""
+    ids, pm = encode_prompts(tiny.tokenizer, ["abc", "hello there"])
+    cfg = SamplerConfig(gen_length=8, block_length=4, steps=8, temperature=1.0, schedule=schedule, threshold=0.2)
+    r = generate(tiny, ids, pm, cfg, generator=torch.Generator().manual_seed(1))
+    lp = state(tiny, r, torch.Generator().manual_seed(0), p_mask_prompt=0.3)
+    prompt = mask_prompt(r.prompt_ids, r.prompt_mask, tiny.mask_id, 0.3, torch.Generator().manual_seed(0))
+    P, L = r.prompt_ids.shape[1], r.gen_length
+    for n in range(r.batch_size):
+        for i in range(L):
+            t = r.commit_step[n, i]
+            comp = [tiny.mask_id if r.commit_step[n, j] >= t else r.completion_ids[n, j].item() for j in range(L)]
+            x = torch.cat([prompt[n], torch.tensor(comp)])[None]
+            att = torch.cat([r.prompt_mask[n], torch.ones(L, dtype=torch.bool)])[None]
+            ref = torch.log_softmax(tiny.logits(x, att)[0, P + i].double(), -1)[r.completion_ids[n, i]]
+            assert lp[n, i].item() == pytest.approx(ref.item(), abs=1e-5)
+
+
+def test_state_equals_mean_field_for_first_commits_and_differs_later(tiny):
+    r = _rollout(tiny)
+    st = state(tiny, r, torch.Generator().manual_seed(4), p_mask_prompt=0.2)
+    mf = mean_field(tiny, r, torch.Generator().manual_seed(4), p_mask_prompt=0.2)
+    first = r.commit_step == 0
+    torch.testing.assert_close(st[first], mf[first], atol=1e-5, rtol=1e-5)
+    assert (st[~first] - mf[~first]).abs().max() > 1e-3
+
+
+def test_state_batch_equals_single_and_is_seeded(tiny):
+    r = _rollout(tiny, ("abc", "hello there", "x"))
+    full = state(tiny, r, None, p_mask_prompt=0.0)
+    for n in range(3):
+        torch.testing.assert_close(state(tiny, r.select(slice(n, n + 1)), None, p_mask_prompt=0.0)[0], full[n],
+                                   atol=1e-5, rtol=1e-5)
+    g = lambda: torch.Generator().manual_seed(9)
+    assert torch.equal(state(tiny, r, g(), 0.5), state(tiny, r, g(), 0.5))
+
+
+def test_state_refuses_uncommitted_positions(tiny):
+    r = _rollout(tiny)
+    bad = dataclasses.replace(r, commit_step=r.commit_step.clone().index_fill_(1, torch.tensor([2]), -1))
+    with pytest.raises(ValueError, match="row 0 .*never committed"):
+        state(tiny, bad, None)
+    with pytest.raises(ValueError, match="commit_step has shape"):
+        state(tiny, dataclasses.replace(r, commit_step=r.commit_step[:, :3]), None)
+
+
+def test_likelihood_registry_has_state():
+    assert LIKELIHOODS.get("state") is state

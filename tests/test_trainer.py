@@ -72,10 +72,37 @@ def test_masks_shared_by_policy_old_ref_within_iteration_and_fresh_across(tmp_pa
     assert (by["theta"][0][:, :P][pad] == tr.policy.pad_id).all()
 
 
-def test_micro_batching_gives_the_same_update_as_one_batch(tmp_path):
+def test_state_likelihood_scores_commit_states_shared_by_policy_old_ref(tmp_path):
+    """objective.likelihood=state: every forward of θ, θ_old and the reference sees the same rollout
+    states, one per (sequence, commit step), with exactly the later-committed positions masked."""
+    tr = RLTrainer(_cfg(tmp_path, **{"objective.likelihood": "state"}), _tiny(), CountA(), _examples())
+    assert tr.likelihood.__name__ == "state"
+    batch = tr.collect()
+    log = []
+    _spy(tr.policy, "theta", log)
+    _spy(tr.policy_eval, "old", log)
+    _spy(tr.reference, "ref", log)
+    tr.optimize(batch)
+    ro = batch.rollout
+    P, T = ro.prompt_ids.shape[1], int(ro.num_steps.max())
+    by = {tag: [x for t, x in log if t == tag] for tag in ("theta", "old", "ref")}
+    assert [len(v) for v in by.values()] == [2, 2, 2]
+    for k in range(2):
+        x = by["theta"][k]
+        assert torch.equal(x, by["old"][k]) and torch.equal(x, by["ref"][k])
+        assert x.shape[0] == ro.batch_size * T  # fixed schedule: every step commits in every row
+        comp = x[:, P:].view(ro.batch_size, T, -1)
+        expect = torch.where(ro.commit_step[:, None] >= torch.arange(T)[None, :, None], tr.policy.mask_id,
+                             ro.completion_ids[:, None])
+        assert torch.equal(comp, expect)
+
+
+@pytest.mark.parametrize("likelihood", ["mean_field", "state"])
+def test_micro_batching_gives_the_same_update_as_one_batch(tmp_path, likelihood):
     init = _tiny()
-    a = RLTrainer(_cfg(tmp_path / "a", **{"train.inner_iterations": 1}), copy.deepcopy(init), CountA(), _examples())
-    b = RLTrainer(_cfg(tmp_path / "b", **{"train.inner_iterations": 1, "train.micro_batch_size": 2}),
+    over = {"train.inner_iterations": 1, "objective.likelihood": likelihood}
+    a = RLTrainer(_cfg(tmp_path / "a", **over), copy.deepcopy(init), CountA(), _examples())
+    b = RLTrainer(_cfg(tmp_path / "b", **over, **{"train.micro_batch_size": 2}),
                   copy.deepcopy(init), CountA(), _examples())
     batch = a.collect()
     # with one micro-batch the mask seed of micro-batch 0 differs from b's split; p_mask_prompt=0 removes that
@@ -125,3 +152,18 @@ def test_bad_checkpoint_path_is_a_clear_error(tmp_path):
     tr = RLTrainer(_cfg(tmp_path), _tiny(), CountA(), _examples())
     with pytest.raises(FileNotFoundError, match="not a maskrl checkpoint"):
         tr.load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("kind, after_one, after_two", [("constant_with_warmup", 1e-3, 1e-3), ("linear", 5e-4, 0.0)])
+def test_lr_schedule_steps_once_per_optimizer_step(tmp_path, kind, after_one, after_two):
+    """train.lr_scheduler via transformers.get_scheduler over steps × μ optimizer steps."""
+    tr = RLTrainer(_cfg(tmp_path, **{"train.steps": 2, "train.lr_scheduler": kind}), _tiny(), CountA(), _examples())
+    lrs = [h["lr"] for h in tr.train(progress=False)]
+    assert lrs == pytest.approx([after_one, after_two], abs=1e-12)
+
+
+def test_bad_lr_scheduler_is_a_config_error(tmp_path):
+    from maskrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.lr_scheduler: unknown 'cosin'; valid: .*cosine"):
+        _cfg(tmp_path, **{"train.lr_scheduler": "cosin"})

@@ -81,7 +81,12 @@ class ObjectiveConfig:
     beta: float = 0.04
     aggregation: str = "token_mean"
     normalize: str = "mean"
+    likelihood: str = ""  # SPEC §1.4 estimator; empty = the objective's own (diffu_grpo: mean_field)
     p_mask_prompt: float = 0.15
+
+
+#: learning-rate schedules of the RL loop, by their ``transformers.get_scheduler`` names
+LR_SCHEDULERS = ("constant_with_warmup", "constant", "linear", "cosine")
 
 
 @dataclass
@@ -96,7 +101,8 @@ class TrainConfig:
     lr: float = 1e-5
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # RL steps of linear warmup
+    lr_scheduler: str = "constant_with_warmup"  # one of LR_SCHEDULERS (transformers.get_scheduler names)
     seed: int = 0
     log_every: int = 1
     eval_every: int = 0
@@ -254,6 +260,15 @@ def _check_ranges(cfg: "RunConfig") -> None:
     for key in _NON_NEGATIVE:
         if get(key) < 0:
             raise ConfigError(f"{key}: must be >= 0, got {get(key)!r}")
+    from maskrl.likelihood import LIKELIHOODS
+    from maskrl.objectives import OBJECTIVES
+
+    for key, registry, value in (("objective.name", OBJECTIVES, cfg.objective.name),
+                                 ("objective.likelihood", LIKELIHOODS, cfg.objective.likelihood)):
+        if value and value not in registry:
+            raise ConfigError(f"{key}: unknown {registry.kind} {value!r}; valid: {', '.join(registry.names())}")
+    if cfg.train.lr_scheduler not in LR_SCHEDULERS:
+        raise ConfigError(f"train.lr_scheduler: unknown {cfg.train.lr_scheduler!r}; valid: {', '.join(LR_SCHEDULERS)}")
     if not 0.0 <= cfg.objective.p_mask_prompt <= 1.0:
         raise ConfigError(f"objective.p_mask_prompt: must lie in [0, 1], got {cfg.objective.p_mask_prompt!r}")
     t = cfg.model.tiny

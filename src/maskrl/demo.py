@@ -118,6 +118,7 @@ def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
     summary = {
         "task": task.name,
         "method": cfg.objective.name,
+        "likelihood": trainer.objective.likelihood,
         "n_eval": len(test),
         "eval_source": source,
         "base": _pick(base),
@@ -149,7 +150,7 @@ def _print_table(s: dict) -> None:
         return f"| {name:<5} | {m['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] | {cell:>13} |"
 
     print()
-    print(f"{s['task']} - {s['method']} - {s['n_eval']} eval rows ({s['eval_source']})")
+    print(f"{s['task']} - {s['method']} ({s['likelihood']} likelihood) - {s['n_eval']} eval rows ({s['eval_source']})")
     print("| model | accuracy [95% CI]      | cell_accuracy |")
     print("|-------|------------------------|---------------|")
     print(row("base", s["base"]))

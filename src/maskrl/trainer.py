@@ -27,6 +27,8 @@ from tqdm.auto import tqdm
 
 from maskrl.advantages import group_advantages
 from maskrl.config import RunConfig, to_dict
+from transformers import get_scheduler
+
 from maskrl.likelihood import LIKELIHOODS
 from maskrl.models.adapter import ModelAdapter
 from maskrl.objectives import OBJECTIVES
@@ -107,8 +109,9 @@ class RLTrainer:
         self.task, self.examples, self.prompt_fn, self.eval_fn = task, list(train_examples), prompt_fn, eval_fn
         ocfg = cfg.objective
         obj_cls = OBJECTIVES.get(ocfg.name)
+        extra = {"likelihood": ocfg.likelihood} if ocfg.likelihood else {}
         self.objective = obj_cls(clip_eps=ocfg.clip_eps, beta=ocfg.beta, aggregation=ocfg.aggregation,
-                                 normalize=ocfg.normalize)
+                                 normalize=ocfg.normalize, **extra)
         self.likelihood = LIKELIHOODS.get(self.objective.likelihood)
         self.sampler = cfg.rollout
         self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
@@ -123,8 +126,9 @@ class RLTrainer:
         self.reference = reference
         params = [p for p in policy.model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=self.tc.lr, weight_decay=self.tc.weight_decay)
-        warm = max(0, self.tc.warmup_steps)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        # one scheduler step per optimizer step: μ per RL step
+        sched = get_scheduler(self.tc.lr_scheduler, opt, num_warmup_steps=self.tc.warmup_steps * self.tc.inner_iterations,
+                              num_training_steps=max(1, self.tc.steps * self.tc.inner_iterations))
         model, self.optimizer, self.scheduler = self.acc.prepare(policy.model, opt, sched)
         self.policy = dataclasses.replace(policy, model=model)  # wrapped (DDP) for training
         self.policy_eval = dataclasses.replace(policy, model=self.acc.unwrap_model(model))

@@ -1,0 +1,78 @@
+"""State likelihood along a recorded rollout (SPEC §1.4 ``state``; RLDF, DTCA, DiSPO).
+
+``mean_field`` scores every completion token from the all-masked state, a state the sampler visits
+only at its first step. The ``state`` estimator scores each token at the state in which the sampler
+actually committed it: for a token committed at step t, the input is the rollout's state x_t (every
+completion position with ``commit_step >= t`` set to ``[M]``, earlier commits visible) and
+``ℓ_i = log p_θ(o_i | q^m, x_t)``. Summed over a completion this is the log-probability of the
+rollout's token choices given its unmasking order, the quantity a policy gradient needs.
+
+Cost: one forward row per distinct (sequence, commit step) pair, i.e. ``N·T`` rows for the fixed
+schedule (T denoising steps) instead of ``N`` for ``mean_field``; lower ``train.micro_batch_size`` to
+bound memory.
+"""
+from __future__ import annotations
+
+import torch
+
+from maskrl.likelihood.mean_field import mask_prompt, token_log_probs
+from maskrl.models.adapter import ModelAdapter
+from maskrl.types import Rollout
+
+
+def commit_states(commit_step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct (row, step) states needed to score every position at its commit step.
+
+    Args:
+        commit_step: ``[N, L]`` long, ``>= 0``.
+
+    Returns:
+        ``rows [R]`` and ``steps [R]`` (long) naming the R distinct states, ordered by row then step,
+        and ``index [N, L]`` (long): the state (0..R-1) in which each position was committed.
+    """
+    n_steps = int(commit_step.max().item()) + 1
+    rows = torch.arange(commit_step.shape[0], device=commit_step.device)[:, None]
+    key = rows * n_steps + commit_step  # [N, L], unique per (row, step)
+    uniq, index = torch.unique(key, return_inverse=True)  # sorted: by row, then step
+    return uniq // n_steps, uniq % n_steps, index
+
+
+def state(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | None,
+          p_mask_prompt: float = 0.15) -> torch.Tensor:
+    """Per-token log-probs of ``rollout.completion_ids``, each at the state where it was committed.
+
+    The prompt is masked as in ``mean_field`` (one draw per sequence from ``generator``, shared by
+    all of that sequence's states), so θ, θ_old and θ_ref called with generators in the same state
+    see identical inputs. Tokens committed at step 0 are scored from the all-masked state and equal
+    ``mean_field``'s values.
+
+    Args:
+        adapter: the policy (its grad mode is the caller's).
+        rollout: needs ``prompt_ids [N, P]``, ``prompt_mask [N, P]``, ``completion_ids [N, L]`` and
+            ``commit_step [N, L]`` as recorded by :func:`maskrl.sampling.generate`.
+        generator: draws the prompt mask.
+        p_mask_prompt: prompt masking probability **[choice]** (default 0.15, as ``mean_field``).
+
+    Returns:
+        ``[N, L]`` float32 log-probabilities (padding positions included; mask them downstream).
+
+    Raises:
+        ValueError: if ``commit_step`` has a negative entry (a position the rollout never committed)
+            or a shape other than ``completion_ids``'.
+    """
+    cs = rollout.commit_step
+    if cs.shape != rollout.completion_ids.shape:
+        raise ValueError(f"rollout.commit_step has shape {tuple(cs.shape)}, completion_ids "
+                         f"{tuple(rollout.completion_ids.shape)}; the state likelihood needs one step per position")
+    if (cs < 0).any():
+        bad = int((cs < 0).any(-1).nonzero()[0].item())
+        raise ValueError(f"rollout.commit_step row {bad} has a position that was never committed (< 0)")
+    p_len = rollout.prompt_ids.shape[1]
+    prompt = mask_prompt(rollout.prompt_ids, rollout.prompt_mask, adapter.mask_id, p_mask_prompt, generator)
+    rows, steps, index = commit_states(cs)  # R states
+    completion = rollout.completion_ids[rows]  # [R, L]
+    hidden = cs[rows] >= steps[:, None]  # [R, L]: still masked in state x_t
+    x = torch.cat([prompt[rows], torch.where(hidden, adapter.mask_id, completion)], 1)  # [R, P+L]
+    attn = torch.cat([rollout.prompt_mask.bool()[rows], torch.ones_like(hidden)], 1)
+    lp = token_log_probs(adapter.logits(x, attn)[:, p_len:], completion)  # [R, L]
+    return lp.gather(0, index)  # [N, L]: row index[n, i] holds position i of sequence n's commit state
