@@ -104,3 +104,15 @@ def test_aggregate_modes_and_micro_batch_normalizer():
     assert parts.item() == pytest.approx(10 / 4)
     with pytest.raises(ValueError, match="aggregation"):
         aggregate(x, m, "sum")
+
+
+def test_informative_groups_counts_groups_with_unequal_rewards():
+    from maskrl.advantages import informative_groups
+
+    r = torch.tensor([1.0, 1.0, 0.5, 0.5, 0.0, 0.2, 0.3, 0.3])
+    g = torch.tensor([7, 7, 3, 3, 1, 1, 9, 9])  # groups 7 and 3 and 9 constant, group 1 varies
+    assert informative_groups(r, g) == pytest.approx(0.25)
+    assert informative_groups(r, torch.zeros(8, dtype=torch.long)) == 1.0
+    # order of rows does not matter
+    p = torch.randperm(8, generator=torch.Generator().manual_seed(0))
+    assert informative_groups(r[p], g[p]) == pytest.approx(0.25)

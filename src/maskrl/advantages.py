@@ -43,3 +43,22 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize: 
     sq = torch.zeros(n_groups, device=r.device).index_add_(0, inv, (r - mean) ** 2)  # [B]
     std = (sq / count).sqrt()[inv]
     return (r - mean) / std.clamp(min=std_floor)
+
+
+def informative_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
+    """Fraction of groups whose rewards are not all equal -- the groups that carry a learning signal
+    (a group of equal rewards gets advantage 0 under every ``normalize``).
+
+    Args:
+        rewards: ``[N]`` float rewards.
+        group_ids: ``[N]`` long group of each completion.
+
+    Returns:
+        A float in ``[0, 1]``.
+    """
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inv.max()) + 1
+    r = rewards.float()
+    lo = torch.full((n_groups,), float("inf"), device=r.device).scatter_reduce(0, inv, r, "amin")
+    hi = torch.full((n_groups,), float("-inf"), device=r.device).scatter_reduce(0, inv, r, "amax")
+    return (hi > lo).float().mean().item()

@@ -3,8 +3,9 @@
     prompts -> sampler -> Rollout -> rewards -> advantages -> likelihoods (seeded masks) -> objective -> update
 
 It runs on ``accelerate`` (CPU, one GPU, or many processes): gradient accumulation over micro-batches,
-gradient clipping, AdamW with a warmup schedule, checkpoints (weights as safetensors, optimizer,
-scheduler, RNG states, step) with resume, metrics to JSONL and TensorBoard, and a progress bar.
+gradient clipping, AdamW with a learning-rate schedule (``transformers.get_scheduler``), checkpoints
+(weights as safetensors, optimizer, scheduler, RNG states, step) with resume, metrics to JSONL and
+TensorBoard, and a progress bar.
 
 Departures from d1's trainer, on purpose: θ_old log-probs for all μ inner iterations are computed
 before the first update (so every iteration's ratio is against the rollout policy, as in PPO);
@@ -24,11 +25,10 @@ from typing import Callable, Sequence
 import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
-
-from maskrl.advantages import group_advantages
-from maskrl.config import RunConfig, to_dict
 from transformers import get_scheduler
 
+from maskrl.advantages import group_advantages, informative_groups
+from maskrl.config import RunConfig, to_dict
 from maskrl.likelihood import LIKELIHOODS
 from maskrl.models.adapter import ModelAdapter
 from maskrl.objectives import OBJECTIVES
@@ -242,6 +242,8 @@ class RLTrainer:
             "reward": rewards.mean().item(),
             "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
             "solved": (rewards >= self.task.correct_threshold - 1e-9).float().mean().item(),
+            # groups whose rewards are not all equal: the only ones with a non-zero advantage
+            "informative_groups": informative_groups(batch.rewards, batch.rollout.group_ids),
             "completion_tokens": batch.rollout.completion_mask.sum(-1).float().mean().item(),
             "rollout_seconds": t1 - t0,
             "seconds": time.time() - t0,
