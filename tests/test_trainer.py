@@ -50,16 +50,21 @@ def _spy(adapter, tag, log):
     adapter.logits = logits
 
 
-def test_masks_shared_by_policy_old_ref_within_iteration_and_fresh_across(tmp_path):
-    tr = RLTrainer(_cfg(tmp_path), _tiny(), CountA(), _examples())
-    batch = tr.collect()
+def _optimize_logging_inputs(tr, batch):
+    """Run ``tr.optimize(batch)`` and return the model inputs of θ, θ_old and the reference, in call order."""
     log = []
     _spy(tr.policy, "theta", log)
     _spy(tr.policy_eval, "old", log)
     _spy(tr.reference, "ref", log)
     tr.optimize(batch)
+    return {tag: [x for t, x in log if t == tag] for tag in ("theta", "old", "ref")}
+
+
+def test_masks_shared_by_policy_old_ref_within_iteration_and_fresh_across(tmp_path):
+    tr = RLTrainer(_cfg(tmp_path), _tiny(), CountA(), _examples())
+    batch = tr.collect()
+    by = _optimize_logging_inputs(tr, batch)
     P = batch.rollout.prompt_ids.shape[1]
-    by = {tag: [x for t, x in log if t == tag] for tag in ("theta", "old", "ref")}
     assert [len(v) for v in by.values()] == [2, 2, 2]  # μ = 2 iterations, one micro-batch
     for k in range(2):
         assert torch.equal(by["theta"][k], by["old"][k]) and torch.equal(by["theta"][k], by["ref"][k])
@@ -78,14 +83,9 @@ def test_state_likelihood_scores_commit_states_shared_by_policy_old_ref(tmp_path
     tr = RLTrainer(_cfg(tmp_path, **{"objective.likelihood": "state"}), _tiny(), CountA(), _examples())
     assert tr.likelihood.__name__ == "state"
     batch = tr.collect()
-    log = []
-    _spy(tr.policy, "theta", log)
-    _spy(tr.policy_eval, "old", log)
-    _spy(tr.reference, "ref", log)
-    tr.optimize(batch)
+    by = _optimize_logging_inputs(tr, batch)
     ro = batch.rollout
     P, T = ro.prompt_ids.shape[1], int(ro.num_steps.max())
-    by = {tag: [x for t, x in log if t == tag] for tag in ("theta", "old", "ref")}
     assert [len(v) for v in by.values()] == [2, 2, 2]
     for k in range(2):
         x = by["theta"][k]

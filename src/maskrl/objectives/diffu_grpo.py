@@ -18,7 +18,9 @@ class DiffuGRPO:
         beta: β, KL weight (default 0.04); 0 skips the reference entirely.
         aggregation: **[choice]** token-loss reduction, see :func:`maskrl.objectives.base.aggregate`.
         normalize: advantage normalisation this base uses by default (SPEC §1.3).
-        likelihood: the likelihood estimator this base uses (SPEC §1.4).
+        likelihood: the SPEC §1.4 estimator of ℓ (registry name): ``"mean_field"`` as in d1 (default),
+            or ``"state"`` (each token at its commit state; what the Sudoku demo uses). Config:
+            ``objective.likelihood``.
     """
 
     clip_eps: float = 0.5
