@@ -4,8 +4,9 @@
 only at its first step. The ``state`` estimator scores each token at the state in which the sampler
 actually committed it: for a token committed at step t, the input is the rollout's state x_t (every
 completion position with ``commit_step >= t`` set to ``[M]``, earlier commits visible) and
-``ℓ_i = log p_θ(o_i | q^m, x_t)``. Summed over a completion this is the log-probability of the
-rollout's token choices given its unmasking order, the quantity a policy gradient needs.
+``ℓ_i = log p_θ(o_i | q^m, x_t)``. With ``p_mask_prompt = 0`` the sum over a completion is the
+log-probability of the rollout's token choices given its unmasking order (the order itself, which
+low-confidence remasking picks from θ's confidences, is not scored).
 
 Cost: one forward row per distinct (sequence, commit step) pair, i.e. ``N·T`` rows for the fixed
 schedule (T denoising steps) instead of ``N`` for ``mean_field``; lower ``train.micro_batch_size`` to
