@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from maskrl.config import load_config
+from maskrl.config import ConfigError, load_config
 from maskrl.demo import sft_cache_key
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny
@@ -42,12 +42,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sudoku_rl_sweep.jsonl"))
     args = ap.parse_args()
+    if args.every < 1:
+        ap.error(f"--every must be >= 1, got {args.every}")
     torch.set_num_threads(args.threads)
-    cfg = load_config([ROOT / "configs" / "demo_sudoku.yaml"], args.overrides)
+    try:
+        cfg = load_config([ROOT / "configs" / "demo_sudoku.yaml"], args.overrides)
+    except ConfigError as e:
+        ap.error(str(e))
     task, test, _, train = task_and_data(cfg)
     banned = {task.instance_key(e) for e in test} | {task.instance_key(e) for e in train}
     val = task.generate(500, seed=4242, blanks=(8, 8), exclude=banned)
-    sft = Path(args.sft) if args.sft else Path(cfg.output_dir) / "sft-cache" / sft_cache_key(cfg)
+    run_dir = Path(cfg.output_dir) if Path(cfg.output_dir).is_absolute() else ROOT / cfg.output_dir
+    sft = Path(args.sft) if args.sft else run_dir / "sft-cache" / sft_cache_key(cfg)
     if not (sft / "config.json").is_file():
         raise SystemExit(f"no SFT model at {sft}: run `make demo` first or pass --sft DIR")
     policy = load_tiny(sft)

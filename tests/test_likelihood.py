@@ -189,3 +189,21 @@ def test_state_refuses_uncommitted_positions(tiny):
 
 def test_likelihood_registry_has_state():
     assert LIKELIHOODS.get("state") is state
+
+
+@pytest.mark.parametrize("bad, match", [
+    (torch.tensor([[0, 1], [-1, 0]]), "row 1 has a position that was never committed"),
+    (torch.tensor([0, 1, 2]), r"\[N, L\] integer tensor, got shape \(3,\)"),
+    (torch.zeros(2, 2, 2, dtype=torch.long), r"got shape \(2, 2, 2\)"),
+    (torch.tensor([[0.0, 1.5]]), "dtype torch.float32"),
+])
+def test_commit_states_rejects_bad_input(bad, match):
+    with pytest.raises(ValueError, match=match):
+        commit_states(bad)
+
+
+def test_commit_states_and_state_accept_an_empty_batch(tiny):
+    rows, steps, index = commit_states(torch.zeros(0, 8, dtype=torch.long))
+    assert rows.numel() == steps.numel() == 0 and index.shape == (0, 8)
+    r = _rollout(tiny).select(slice(0, 0))
+    assert state(tiny, r, None).shape == (0, r.gen_length)

@@ -154,12 +154,15 @@ def test_bad_checkpoint_path_is_a_clear_error(tmp_path):
         tr.load_checkpoint(tmp_path)
 
 
-@pytest.mark.parametrize("kind, after_one, after_two", [("constant_with_warmup", 1e-3, 1e-3), ("linear", 5e-4, 0.0)])
-def test_lr_schedule_steps_once_per_optimizer_step(tmp_path, kind, after_one, after_two):
-    """train.lr_scheduler via transformers.get_scheduler over steps × μ optimizer steps."""
+@pytest.mark.parametrize("kind, step_one, step_two, after", [("constant_with_warmup", 1e-3, 1e-3, 1e-3),
+                                                              ("linear", 1e-3, 5e-4, 0.0)])
+def test_lr_schedule_steps_once_per_optimizer_step(tmp_path, kind, step_one, step_two, after):
+    """train.lr_scheduler via transformers.get_scheduler over steps × μ optimizer steps (μ = 2 here);
+    the logged lr is the rate of the step's first optimizer step."""
     tr = RLTrainer(_cfg(tmp_path, **{"train.steps": 2, "train.lr_scheduler": kind}), _tiny(), CountA(), _examples())
     lrs = [h["lr"] for h in tr.train(progress=False)]
-    assert lrs == pytest.approx([after_one, after_two], abs=1e-12)
+    assert lrs == pytest.approx([step_one, step_two], abs=1e-12)
+    assert tr.scheduler.get_last_lr()[0] == pytest.approx(after, abs=1e-12)
 
 
 def test_bad_lr_scheduler_is_a_config_error(tmp_path):

@@ -46,6 +46,10 @@ def cmd_train(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     task, _, _, train = task_and_data(cfg)
+    if not cfg.model.path:
+        print("maskrl train: model.path is empty, so RL starts from a randomly initialised tiny model. "
+              "Run `maskrl sft ... --out DIR` and pass `--set model.path=DIR`, or use `maskrl demo` "
+              "(SFT + RL + evaluation).", file=sys.stderr)
     policy = load_policy(cfg)
     trainer = RLTrainer(cfg, policy, task, train, prompt_fn=prompt_formatter(policy, cfg.model.chat_template))
     if args.resume:
@@ -59,6 +63,7 @@ def cmd_train(args) -> int:
     trainer.save_checkpoint(Path(cfg.output_dir) / "checkpoints" / f"step_{trainer.step_count}")
     if trainer.acc.is_main_process:
         save_model(trainer.policy_eval, Path(cfg.output_dir) / "model")
+        print(f"model saved to {Path(cfg.output_dir) / 'model'}; metrics in {Path(cfg.output_dir) / 'metrics.jsonl'}")
     trainer.close()
     return 0
 

@@ -265,7 +265,7 @@ def _check_ranges(cfg: "RunConfig") -> None:
 
     for key, registry, value in (("objective.name", OBJECTIVES, cfg.objective.name),
                                  ("objective.likelihood", LIKELIHOODS, cfg.objective.likelihood)):
-        if value and value not in registry:
+        if (value or key == "objective.name") and value not in registry:
             raise ConfigError(f"{key}: unknown {registry.kind} {value!r}; valid: {', '.join(registry.names())}")
     if cfg.train.lr_scheduler not in LR_SCHEDULERS:
         raise ConfigError(f"train.lr_scheduler: unknown {cfg.train.lr_scheduler!r}; valid: {', '.join(LR_SCHEDULERS)}")

@@ -232,6 +232,7 @@ class RLTrainer:
     def step(self) -> dict:
         """One RL step: collect a batch, optimise on it, return the step's metrics."""
         t0 = time.time()
+        lr = self.scheduler.get_last_lr()[0]  # the rate of this step's first optimizer step
         batch = self.collect()
         t1 = time.time()
         metrics = self.optimize(batch)
@@ -247,7 +248,7 @@ class RLTrainer:
             "completion_tokens": batch.rollout.completion_mask.sum(-1).float().mean().item(),
             "rollout_seconds": t1 - t0,
             "seconds": time.time() - t0,
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": lr,
         })
         return metrics
 

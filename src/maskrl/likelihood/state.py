@@ -25,15 +25,29 @@ def commit_states(commit_step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     """The distinct (row, step) states needed to score every position at its commit step.
 
     Args:
-        commit_step: ``[N, L]`` long, ``>= 0``.
+        commit_step: ``[N, L]`` integer tensor, every entry ``>= 0``.
 
     Returns:
         ``rows [R]`` and ``steps [R]`` (long) naming the R distinct states, ordered by row then step,
         and ``index [N, L]`` (long): the state (0..R-1) in which each position was committed.
+
+    Raises:
+        ValueError: if ``commit_step`` is not a 2-D integer tensor, or has a negative entry (a
+            position the rollout never committed; the message names the first such row).
     """
-    n_steps = int(commit_step.max().item()) + 1
-    rows = torch.arange(commit_step.shape[0], device=commit_step.device)[:, None]
-    key = rows * n_steps + commit_step  # [N, L], unique per (row, step)
+    if commit_step.dim() != 2 or commit_step.is_floating_point() or commit_step.dtype == torch.bool:
+        raise ValueError(f"commit_step must be an [N, L] integer tensor, got shape {tuple(commit_step.shape)} "
+                         f"and dtype {commit_step.dtype}")
+    cs = commit_step.long()
+    if cs.numel() == 0:
+        empty = torch.zeros(0, dtype=torch.long, device=cs.device)
+        return empty, empty, torch.zeros_like(cs)
+    if (cs < 0).any():
+        bad = int((cs < 0).any(-1).nonzero()[0].item())
+        raise ValueError(f"commit_step row {bad} has a position that was never committed (< 0)")
+    n_steps = int(cs.max().item()) + 1
+    rows = torch.arange(cs.shape[0], device=cs.device)[:, None]
+    key = rows * n_steps + cs  # [N, L], unique per (row, step)
     uniq, index = torch.unique(key, return_inverse=True)  # sorted: by row, then step
     return uniq // n_steps, uniq % n_steps, index
 
@@ -58,21 +72,23 @@ def state(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | 
         ``[N, L]`` float32 log-probabilities (padding positions included; mask them downstream).
 
     Raises:
-        ValueError: if ``commit_step`` has a negative entry (a position the rollout never committed)
-            or a shape other than ``completion_ids``'.
+        ValueError: as :func:`commit_states` for a bad ``commit_step`` (prefixed ``rollout.``), or if
+            its shape differs from ``completion_ids``'.
     """
     cs = rollout.commit_step
     if cs.shape != rollout.completion_ids.shape:
         raise ValueError(f"rollout.commit_step has shape {tuple(cs.shape)}, completion_ids "
                          f"{tuple(rollout.completion_ids.shape)}; the state likelihood needs one step per position")
-    if (cs < 0).any():
-        bad = int((cs < 0).any(-1).nonzero()[0].item())
-        raise ValueError(f"rollout.commit_step row {bad} has a position that was never committed (< 0)")
+    try:
+        rows, steps, index = commit_states(cs)  # R states
+    except ValueError as e:
+        raise ValueError(f"rollout.{e}") from None
+    if rows.numel() == 0:  # no sequences or no positions
+        return torch.zeros(cs.shape, dtype=torch.float32, device=cs.device)
     p_len = rollout.prompt_ids.shape[1]
     prompt = mask_prompt(rollout.prompt_ids, rollout.prompt_mask, adapter.mask_id, p_mask_prompt, generator)
-    rows, steps, index = commit_states(cs)  # R states
     completion = rollout.completion_ids[rows]  # [R, L]
-    hidden = cs[rows] >= steps[:, None]  # [R, L]: still masked in state x_t
+    hidden = cs[rows].long() >= steps[:, None]  # [R, L]: still masked in state x_t
     x = torch.cat([prompt[rows], torch.where(hidden, adapter.mask_id, completion)], 1)  # [R, P+L]
     attn = torch.cat([rollout.prompt_mask.bool()[rows], torch.ones_like(hidden)], 1)
     lp = token_log_probs(adapter.logits(x, attn)[:, p_len:], completion)  # [R, L]
