@@ -263,12 +263,14 @@ def _check_ranges(cfg: "RunConfig") -> None:
     from maskrl.likelihood import LIKELIHOODS
     from maskrl.objectives import OBJECTIVES
 
-    for key, registry, value in (("objective.name", OBJECTIVES, cfg.objective.name),
-                                 ("objective.likelihood", LIKELIHOODS, cfg.objective.likelihood)):
-        if (value or key == "objective.name") and value not in registry:
-            raise ConfigError(f"{key}: unknown {registry.kind} {value!r}; valid: {', '.join(registry.names())}")
-    if cfg.train.lr_scheduler not in LR_SCHEDULERS:
-        raise ConfigError(f"train.lr_scheduler: unknown {cfg.train.lr_scheduler!r}; valid: {', '.join(LR_SCHEDULERS)}")
+    def choice(key: str, valid: list[str] | tuple[str, ...]) -> None:
+        if get(key) not in valid:
+            raise ConfigError(f"{key}: unknown {get(key)!r}; valid: {', '.join(valid)}")
+
+    choice("objective.name", OBJECTIVES.names())
+    if cfg.objective.likelihood:  # empty = the objective's own estimator
+        choice("objective.likelihood", LIKELIHOODS.names())
+    choice("train.lr_scheduler", LR_SCHEDULERS)
     if not 0.0 <= cfg.objective.p_mask_prompt <= 1.0:
         raise ConfigError(f"objective.p_mask_prompt: must lie in [0, 1], got {cfg.objective.p_mask_prompt!r}")
     t = cfg.model.tiny
