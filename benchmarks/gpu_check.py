@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from maskrl.advantages import group_advantages
-from maskrl.config import ObjectiveConfig, RunConfig, TrainConfig
+from maskrl.config import RunConfig, TrainConfig
+from maskrl.objectives import DiffuGRPO
 from maskrl.models import ModelAdapter, apply_lora, enable_gradient_checkpointing
 from maskrl.models.loading import llada_config
 from maskrl.sampling import SamplerConfig, generate
@@ -130,7 +130,7 @@ def bench_train(adapter: ModelAdapter, run: dict, device: torch.device, vocab_hi
         output_dir=str(out_dir),
         rollout=SamplerConfig(gen_length=run["gen_length"], block_length=run["block_length"], steps=run["steps"],
                                 temperature=TEMPERATURE),
-        objective=ObjectiveConfig(name="diffu_grpo"),
+        objective=DiffuGRPO(),
         train=TrainConfig(prompts_per_step=run["prompts"], group_size=run["group_size"], inner_iterations=1,
                           micro_batch_size=run["micro_batch_size"], lr=3e-6, seed=0),
     )
@@ -150,7 +150,7 @@ def bench_train(adapter: ModelAdapter, run: dict, device: torch.device, vocab_hi
         _sync(device)
         t1 = time.perf_counter()
         rewards = torch.randint(0, 2, (rows,), generator=reward_gen).float().to(device)  # [N] synthetic
-        adv = group_advantages(rewards, rollout.group_ids, trainer.objective.normalize)  # [N]
+        adv = trainer.objective.advantages(rewards, rollout.group_ids)  # [N]
         batch = Batch(rollout=rollout, rewards=rewards, advantages=adv[:, None] * rollout.completion_mask.float(),
                       completions=[""] * rows)
         metrics = trainer.optimize(batch)

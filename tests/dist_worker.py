@@ -71,7 +71,8 @@ def rig(batch: Batch) -> Batch:
     n, L = ro.completion_ids.shape
     mask = torch.arange(L)[None, :] < torch.tensor(LENGTHS)[:, None]  # [N, L]
     adv = torch.linspace(-1.0, 1.5, n)[:, None] * mask.float()  # [N, L]
-    return dataclasses.replace(batch, rollout=dataclasses.replace(ro, completion_mask=mask), advantages=adv)
+    return dataclasses.replace(batch, rollout=dataclasses.replace(ro, completion_mask=mask), advantages=adv,
+                               loss_mask=mask)
 
 
 def weights(trainer: RLTrainer) -> dict[str, torch.Tensor]:
@@ -148,7 +149,7 @@ def run_multi(out: Path) -> None:
     share = batch.rollout.batch_size // world
     sl = slice(rank * share, (rank + 1) * share)
     local = Batch(rollout=batch.rollout.select(sl), rewards=batch.rewards[sl], advantages=batch.advantages[sl],
-                  completions=batch.completions[sl])
+                  completions=batch.completions[sl], loss_mask=batch.loss_mask[sl])
     metrics = tr.optimize(local)
     result = {"rank": rank, "metrics": metrics, "distributed_type": str(tr.acc.distributed_type)}
     if tr.acc.is_main_process:

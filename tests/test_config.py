@@ -49,7 +49,7 @@ def test_every_shipped_config_loads():
 @pytest.mark.parametrize("item,key", [
     ("sft.batch_size=0", "sft.batch_size"), ("train.group_size=0", "train.group_size"),
     ("sft.steps=-1", "sft.steps"), ("train.lr=-1e-5", "train.lr"), ("model.tiny.num_heads=5", "model.tiny.num_heads"),
-    ("objective.p_mask_prompt=1.5", "objective.p_mask_prompt"), ("train.prompts_per_step=0", "train.prompts_per_step"),
+    ("likelihood.p_mask_prompt=1.5", "likelihood.p_mask_prompt"), ("train.prompts_per_step=0", "train.prompts_per_step"),
 ])
 def test_out_of_range_values_name_the_key(item, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

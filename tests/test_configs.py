@@ -28,7 +28,8 @@ def test_recipe_loads(path):
 
 def test_llada_recipe_values():
     cfg = load_config([CONFIGS / "llada8b_gsm8k_diffu_grpo.yaml"])
-    assert cfg.task.name == "gsm8k" and cfg.objective.name == "diffu_grpo"
+    assert cfg.task.name == "gsm8k" and type(cfg.objective).__name__ == "DiffuGRPO"
+    assert type(cfg.likelihood).__name__ == "MeanField" and cfg.likelihood.p_mask_prompt == 0.15
     assert cfg.model.lora_rank > 0 and cfg.model.dtype == "bfloat16" and cfg.model.gradient_checkpointing
     ro = cfg.rollout
     assert (ro.gen_length, ro.block_length, ro.steps) == (256, 32, 128)

@@ -107,6 +107,11 @@ def test_two_process_optimize_equals_single_process(run):
     # would hide) is the same on every rank and equals the 1-process one
     for r in ranks:
         assert r["metrics"]["grad_norm"] == pytest.approx(single["metrics"]["grad_norm"], rel=1e-5)
+        # every loss metric is the global batch's value on every rank (shares summed, then averaged
+        # over processes), not this rank's share
+        assert r["metrics"].keys() == single["metrics"].keys()
+        for k, v in single["metrics"].items():
+            assert r["metrics"][k] == pytest.approx(v, rel=1e-4, abs=1e-7), k
 
 
 def test_only_main_process_writes_logs_and_checkpoint_files(run):

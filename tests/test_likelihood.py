@@ -130,7 +130,7 @@ def test_saved_policy_of_any_family_reloads_with_its_facts(tmp_path):
 
 
 # ---------------------------------------------------------------- state likelihood (SPEC §1.4 state)
-from maskrl.likelihood import LIKELIHOODS, commit_states, state  # noqa: E402
+from maskrl.likelihood import LIKELIHOODS, MeanField, State, commit_states, state  # noqa: E402
 
 
 def test_commit_states_names_each_row_step_pair_once():
@@ -188,7 +188,7 @@ def test_state_refuses_uncommitted_positions(tiny):
 
 
 def test_likelihood_registry_has_state():
-    assert LIKELIHOODS.get("state") is state
+    assert LIKELIHOODS.get("state") is State and LIKELIHOODS.get("mean_field") is MeanField
 
 
 @pytest.mark.parametrize("bad, match", [

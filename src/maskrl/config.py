@@ -22,7 +22,15 @@ class ConfigError(ValueError):
 
 @dataclass
 class TinyModelConfig:
-    """Shape of the built-in tiny bidirectional Llama (used when ``model.path`` is empty)."""
+    """Shape of the built-in tiny bidirectional Llama (used when ``model.path`` is empty).
+
+    Attributes:
+        hidden_size: width of the residual stream.
+        num_layers: number of transformer blocks.
+        num_heads: attention heads (must divide ``hidden_size``).
+        intermediate_size: width of the MLP.
+        seed: initialisation seed (the global RNG is not touched).
+    """
 
     hidden_size: int = 128
     num_layers: int = 4
@@ -33,34 +41,67 @@ class TinyModelConfig:
 
 @dataclass
 class ModelConfig:
-    """Which model: ``path`` = a local folder (or hub id) to load; empty = build the tiny model."""
+    """Which model, its precision and its adapters.
+
+    Attributes:
+        path: a local folder (or hub id) for :func:`maskrl.models.load`; empty = build the tiny model.
+        dtype: parameter dtype of a loaded model (``float32``, ``bfloat16``, ``float16``).
+        tiny: shape of the built-in tiny model.
+        lora_rank: 0 = full fine-tuning; > 0 wraps the model with peft LoRA of this rank.
+        lora_alpha: LoRA scaling numerator.
+        lora_dropout: dropout on the LoRA input.
+        lora_target_modules: ``all-linear`` or a comma-separated list of module names.
+        gradient_checkpointing: recompute activations in the backward pass (less memory, more time).
+        chat_template: apply the tokenizer's chat template to prompts when it has one.
+    """
 
     path: str = ""
     dtype: str = "float32"
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    lora_rank: int = 0  # 0 = full fine-tuning; > 0 wraps the model with peft LoRA
+    lora_rank: int = 0
     lora_alpha: float = 32.0
     lora_dropout: float = 0.0
-    lora_target_modules: str = "all-linear"  # or a comma-separated list of module names
+    lora_target_modules: str = "all-linear"
     gradient_checkpointing: bool = False
-    chat_template: bool = True  # apply the tokenizer's chat template to prompts when it has one
+    chat_template: bool = True
 
 
 @dataclass
 class TaskConfig:
-    """Task and data. ``data_path`` empty = ``$MASKRL_DATA_DIR`` or ``../shared/data``."""
+    """Task and data.
+
+    Attributes:
+        name: registered task (``sudoku4x4``, ``countdown``, ``gsm8k``, ``math500``, ``mbpp``, ``humaneval``,
+            ``jsonschema``).
+        prompt_template: Python format string for prompts; empty = the task's default template.
+        data_path: data file or folder; empty = ``$MASKRL_DATA_DIR`` or ``../shared/data``.
+        train_size: training rows (generated tasks: how many to generate).
+        train_seed: seed of generated training rows.
+        eval_limit: evaluate on the first rows only; 0 = all rows.
+    """
 
     name: str = "sudoku4x4"
-    prompt_template: str = ""  # empty = the task's default template
+    prompt_template: str = ""
     data_path: str = ""
     train_size: int = 4000
     train_seed: int = 1234
-    eval_limit: int = 0  # 0 = all rows
+    eval_limit: int = 0
 
 
 @dataclass
 class SFTConfig:
-    """Masked-diffusion supervised warm start (``maskrl sft``)."""
+    """Masked-diffusion supervised warm start (``maskrl sft``).
+
+    Attributes:
+        steps: optimizer steps.
+        batch_size: examples per step.
+        lr: peak learning rate (AdamW).
+        warmup_steps: linear warm-up steps.
+        weight_decay: AdamW weight decay.
+        max_grad_norm: gradient clipping norm (0 = off).
+        seed: seed of batches and masks.
+        log_every: log the loss every this many steps.
+    """
 
     steps: int = 600
     batch_size: int = 64
@@ -72,37 +113,48 @@ class SFTConfig:
     log_every: int = 50
 
 
-@dataclass
-class ObjectiveConfig:
-    """Base objective and its hyper-parameters (SPEC §1.5)."""
-
-    name: str = "diffu_grpo"
-    clip_eps: float = 0.5
-    beta: float = 0.04
-    aggregation: str = "token_mean"
-    normalize: str = "mean"
-    likelihood: str = ""  # SPEC §1.4 estimator; empty = the objective's own (diffu_grpo: mean_field)
-    p_mask_prompt: float = 0.15
-
-
 #: learning-rate schedules of the RL loop, by their ``transformers.get_scheduler`` names
 LR_SCHEDULERS = ("constant_with_warmup", "constant", "linear", "cosine")
 
 
 @dataclass
 class TrainConfig:
-    """The RL loop (``maskrl train``)."""
+    """The RL loop (``maskrl train``; SPEC §1.5 for μ, G).
+
+    Attributes:
+        steps: RL steps (each: one rollout batch, μ optimizer steps).
+        prompts_per_step: B, prompts per step (per process).
+        group_size: G, completions per prompt.
+        inner_iterations: μ, optimizer steps per rollout batch (a fresh likelihood mask seed each).
+        micro_batch_size: at most this many sequences per forward/backward (gradient accumulation);
+            0 = no limit.
+        max_forward_rows: at most this many forward rows per forward/backward, counted with each
+            likelihood's ``rows()`` (mean_field 1 per sequence, state one per commit step); a
+            sequence's rows stay together (a sequence larger than the budget runs alone); 0 = no limit.
+        lr: peak learning rate (AdamW).
+        weight_decay: AdamW weight decay.
+        max_grad_norm: gradient clipping norm (0 = off).
+        warmup_steps: RL steps of linear warm-up.
+        lr_scheduler: one of ``constant_with_warmup``, ``constant``, ``linear``, ``cosine``
+            (``transformers.get_scheduler`` names), over steps × μ optimizer steps.
+        seed: seed of prompt order, rollouts, likelihood masks and credit generators.
+        log_every: write metrics every this many steps.
+        eval_every: evaluate every this many steps (0 = never during training).
+        save_every: checkpoint every this many steps (0 = never).
+        eval_limit: evaluation rows used during training (0 = all).
+    """
 
     steps: int = 100
     prompts_per_step: int = 8
     group_size: int = 6
     inner_iterations: int = 12
-    micro_batch_size: int = 0  # rows per forward/backward; 0 = whole batch (gradient accumulation otherwise)
+    micro_batch_size: int = 0
+    max_forward_rows: int = 0
     lr: float = 1e-5
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    warmup_steps: int = 0  # RL steps of linear warmup
-    lr_scheduler: str = "constant_with_warmup"  # one of LR_SCHEDULERS (transformers.get_scheduler names)
+    warmup_steps: int = 0
+    lr_scheduler: str = "constant_with_warmup"
     seed: int = 0
     log_every: int = 1
     eval_every: int = 0
@@ -110,19 +162,97 @@ class TrainConfig:
     eval_limit: int = 0
 
 
+def _registry(kind: str):
+    if kind == "objective":
+        from maskrl.objectives import OBJECTIVES
+        return OBJECTIVES
+    if kind == "likelihood":
+        from maskrl.likelihood import LIKELIHOODS
+        return LIKELIHOODS
+    from maskrl.credit import CREDITS
+    return CREDITS
+
+
+def _default_objective():
+    from maskrl.objectives import DiffuGRPO
+    return DiffuGRPO()
+
+
 @dataclass
 class RunConfig:
-    """Everything one command needs."""
+    """Everything one command needs.
+
+    Attributes:
+        output_dir: where runs write checkpoints, metrics and models.
+        plugins: modules (dotted names or ``.py`` paths) imported before the config is built, so that
+            their registered objectives, likelihoods, credit modules and tasks can be named here.
+        model: which model (see ``model``).
+        task: task and data (see ``task``).
+        rollout: the RL sampler (SPEC §1.2).
+        eval: the evaluation sampler (same code, usually greedy).
+        sft: the supervised warm start.
+        objective: the base objective, ``{name: diffu_grpo, **its fields}`` (SPEC §1.5).
+        likelihood: the estimator of ℓ, ``{name: state, **its fields}`` (SPEC §1.4); absent = the
+            objective's own (diffu_grpo: mean_field).
+        credit: credit modules applied in order, ``[{name: dps, lam: 0.5}, ...]`` (SPEC §2–§4).
+        train: the RL loop.
+    """
 
     output_dir: str = "runs/default"
+    plugins: list = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: SamplerConfig = field(default_factory=lambda: SamplerConfig(gen_length=16, block_length=16, steps=16,
                                                                         temperature=0.9))
     eval: SamplerConfig = field(default_factory=lambda: SamplerConfig(gen_length=16, block_length=16, steps=16))
     sft: SFTConfig = field(default_factory=SFTConfig)
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    objective: Any = field(default_factory=_default_objective, metadata={"component": "objective"})
+    likelihood: Any = field(default=None, metadata={"component": "likelihood"})
+    credit: list = field(default_factory=list, metadata={"component": "credit", "many": True})
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.likelihood is None:  # the objective's own estimator, with its defaults
+            self.likelihood = _registry("likelihood").get(self.objective.default_likelihood)()
+
+
+#: flat keys of earlier versions -> where they live now
+MOVED = {
+    "objective.likelihood": "likelihood.name (a section of its own: `likelihood: {name: state, p_mask_prompt: 0.15}`)",
+    "objective.p_mask_prompt": "likelihood.p_mask_prompt (`likelihood: {name: mean_field, p_mask_prompt: 0.15}`)",
+}
+
+
+def _component(value: Any, kind: str, key: str, default: Any, default_name: str | None) -> Any:
+    """Build one registered component (objective, likelihood or credit entry) from its YAML section.
+
+    ``value`` is a mapping ``{name: ..., **fields}`` or a bare name. A missing ``name`` keeps
+    ``default``'s (or ``default_name``); fields left out keep ``default``'s values when the name is
+    unchanged, else the component's own defaults.
+    """
+    reg = _registry(kind)
+    if isinstance(value, str):
+        value = {"name": value}
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: expected a mapping {{name: ..., ...}} or a {kind} name, got {value!r}")
+    params = dict(value)
+    for k in params:
+        if f"{key}.{k}" in MOVED:
+            raise ConfigError(f"{key}.{k} has moved to {MOVED[key + '.' + k]}")
+    name = params.pop("name", None)
+    default_named = reg.name_of(default) if default is not None else default_name
+    if name is None or name == "":
+        name = default_named
+    if name is None:
+        raise ConfigError(f"{key}.name: missing; valid {kind}s: {', '.join(reg.names())}")
+    if name not in reg:
+        valid = ", ".join(reg.names()) or "none registered (a plugin registers its own: `plugins: [my_module]`)"
+        raise ConfigError(f"{key}.name: unknown {kind} {name!r}; valid: {valid}")
+    cls = reg.get(name)
+    base = default if (default is not None and name == default_named) else None
+    return _build(cls, params, key + ".", base)
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -152,6 +282,14 @@ def _coerce(value: Any, typ: Any, key: str, default: Any = None) -> Any:
             except ValueError:
                 pass
         raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if typ is list:
+        if isinstance(value, str):
+            return [value] if value else []
+        if value is None:
+            return []
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
     if typ is str:
         if value is None:
             return ""
@@ -170,16 +308,35 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "", defaults: Any =
         raise ConfigError(f"unknown key '{prefix}{unknown[0]}'; valid keys under "
                           f"{prefix.rstrip('.') or 'the top level'}: {', '.join(sorted(types))}")
     defaults = defaults if defaults is not None else cls()
+    meta = {f.name: f.metadata for f in dataclasses.fields(cls)}
     kwargs = {}
     for name, typ in types.items():
-        if name in data:
-            kwargs[name] = _coerce(data[name], typ, prefix + name, getattr(defaults, name))
+        kind = meta[name].get("component")
+        if kind is None:
+            kwargs[name] = (_coerce(data[name], typ, prefix + name, getattr(defaults, name)) if name in data
+                            else getattr(defaults, name))
+        elif meta[name].get("many"):
+            items = data.get(name, getattr(defaults, name)) or []
+            if not isinstance(items, (list, tuple)):
+                raise ConfigError(f"{prefix}{name}: expected a list of {{name: ..., ...}} entries, got {items!r}")
+            kwargs[name] = [v if not isinstance(v, (Mapping, str)) else
+                            _component(v, kind, f"{prefix}{name}[{i}]", None, None) for i, v in enumerate(items)]
+        elif name == "likelihood" and "objective" in kwargs:
+            # the objective's own estimator unless named; fields kept when the name is unchanged
+            own = kwargs["objective"].default_likelihood
+            current = getattr(defaults, name)
+            keep = current if current is not None and _registry(kind).name_of(current) == own else None
+            kwargs[name] = _component(data.get(name), kind, prefix + name, keep, own) \
+                if name in data or keep is None else keep
         else:
-            kwargs[name] = getattr(defaults, name)
+            kwargs[name] = (_component(data[name], kind, prefix + name, getattr(defaults, name), None)
+                            if name in data else getattr(defaults, name))
     try:
         return cls(**kwargs)
     except ValueError as e:  # a section's own validation (e.g. SamplerConfig's divisibility checks)
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}") from None
+        field_name = next((f for f in sorted(types, key=len, reverse=True) if str(e).startswith(f)), None)
+        where = prefix + field_name if field_name else (prefix.rstrip(".") or "config")
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _merge(base: dict, over: Mapping) -> dict:
@@ -232,9 +389,50 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
         data = _merge(data, loaded)
     for item in overrides:
         data = _merge(data, parse_override(item))
+    load_plugins(_coerce(data.get("plugins", []), list, "plugins"))
     cfg = _build(RunConfig, data)
     _check_ranges(cfg)
     return cfg
+
+
+def load_plugins(specs: Sequence[str]) -> list:
+    """Import user modules so that their registrations (objectives, likelihoods, credit modules,
+    tasks) exist before the config is built. A spec is a dotted module name (importable from
+    ``sys.path``) or a path to a ``.py`` file. Importing is idempotent.
+
+    Returns:
+        The imported modules.
+
+    Raises:
+        ConfigError: naming the plugin (``plugins[i]``) when it cannot be imported.
+    """
+    import importlib
+    import importlib.util
+    import sys
+
+    modules = []
+    for i, spec in enumerate(specs):
+        try:
+            if spec.endswith(".py") or "/" in spec or "\\" in spec:
+                path = Path(spec).expanduser().resolve()
+                if not path.is_file():
+                    raise FileNotFoundError(f"no such file {path}")
+                name = "maskrl_plugin_" + path.stem + "_" + format(abs(hash(str(path))), "x")[:8]
+                if name not in sys.modules:
+                    mod_spec = importlib.util.spec_from_file_location(name, path)
+                    module = importlib.util.module_from_spec(mod_spec)
+                    sys.modules[name] = module
+                    try:
+                        mod_spec.loader.exec_module(module)
+                    except BaseException:
+                        del sys.modules[name]
+                        raise
+                modules.append(sys.modules[name])
+            else:
+                modules.append(importlib.import_module(spec))
+        except Exception as e:  # noqa: BLE001 - any import failure is the plugin's, named here
+            raise ConfigError(f"plugins[{i}]: cannot import {spec!r} ({type(e).__name__}: {e})") from None
+    return modules
 
 
 #: dotted keys that must be > 0 (``>= 0`` for those in ``_NON_NEGATIVE``)
@@ -243,8 +441,7 @@ _POSITIVE = ("model.tiny.hidden_size", "model.tiny.num_layers", "model.tiny.num_
              "train.inner_iterations", "train.lr")
 _NON_NEGATIVE = ("model.lora_rank", "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
                  "train.steps", "train.micro_batch_size", "train.weight_decay", "train.max_grad_norm",
-                 "train.warmup_steps", "train.eval_every", "train.save_every", "task.eval_limit",
-                 "objective.clip_eps", "objective.beta")
+                 "train.warmup_steps", "train.eval_every", "train.save_every", "task.eval_limit", "train.max_forward_rows")
 
 
 def _check_ranges(cfg: "RunConfig") -> None:
@@ -260,19 +457,8 @@ def _check_ranges(cfg: "RunConfig") -> None:
     for key in _NON_NEGATIVE:
         if get(key) < 0:
             raise ConfigError(f"{key}: must be >= 0, got {get(key)!r}")
-    from maskrl.likelihood import LIKELIHOODS
-    from maskrl.objectives import OBJECTIVES
-
-    def choice(key: str, valid: list[str] | tuple[str, ...]) -> None:
-        if get(key) not in valid:
-            raise ConfigError(f"{key}: unknown {get(key)!r}; valid: {', '.join(valid)}")
-
-    choice("objective.name", OBJECTIVES.names())
-    if cfg.objective.likelihood:  # empty = the objective's own estimator
-        choice("objective.likelihood", LIKELIHOODS.names())
-    choice("train.lr_scheduler", LR_SCHEDULERS)
-    if not 0.0 <= cfg.objective.p_mask_prompt <= 1.0:
-        raise ConfigError(f"objective.p_mask_prompt: must lie in [0, 1], got {cfg.objective.p_mask_prompt!r}")
+    if get("train.lr_scheduler") not in LR_SCHEDULERS:
+        raise ConfigError(f"train.lr_scheduler: unknown {get('train.lr_scheduler')!r}; valid: {', '.join(LR_SCHEDULERS)}")
     t = cfg.model.tiny
     if t.hidden_size % t.num_heads:
         raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
@@ -280,4 +466,92 @@ def _check_ranges(cfg: "RunConfig") -> None:
 
 
 def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+    """Plain data of a config (YAML/JSON-able); components as ``{name: ..., **fields}``, so that
+    ``load_config`` of the result rebuilds the same config."""
+    if not dataclasses.is_dataclass(cfg):
+        return cfg
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        kind = f.metadata.get("component")
+        if kind is not None:
+            reg = _registry(kind)
+            one = lambda c: {"name": reg.name_of(c), **dataclasses.asdict(c)}  # noqa: E731
+            out[f.name] = [one(c) for c in v] if f.metadata.get("many") else one(v)
+        elif dataclasses.is_dataclass(v):
+            out[f.name] = to_dict(v)
+        else:
+            out[f.name] = list(v) if isinstance(v, list) else v
+    return out
+
+
+_SECTIONS = {"model": ModelConfig, "model.tiny": TinyModelConfig, "task": TaskConfig, "rollout": SamplerConfig,
+             "eval": SamplerConfig, "sft": SFTConfig, "train": TrainConfig}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field descriptions from the ``Attributes:`` section of ``cls``'s docstring (Google style)."""
+    import inspect
+
+    doc = inspect.getdoc(cls) or ""
+    out: dict[str, str] = {}
+    in_attrs, current = False, None
+    for line in doc.splitlines():
+        if line.strip() == "Attributes:":
+            in_attrs = True
+            continue
+        if not in_attrs:
+            continue
+        if line and not line.startswith(" "):  # next section
+            break
+        stripped = line.strip()
+        head, sep, rest = stripped.partition(":")
+        if line.startswith("    ") and not line.startswith("     ") and sep and head.isidentifier():
+            current = head
+            out[current] = rest.strip()
+        elif current and stripped:
+            out[current] += " " + stripped
+    return out
+
+
+def _explain_class(cls: type, title: str) -> list[str]:
+    docs = field_docs(cls)
+    lines = [title]
+    default = cls()
+    for f in dataclasses.fields(cls):
+        value = getattr(default, f.name)
+        shown = to_dict(value) if dataclasses.is_dataclass(value) and f.name != "tiny" else value
+        if f.name == "tiny":
+            shown = "(section model.tiny)"
+        lines.append(f"  {f.name} = {shown!r}")
+        lines.append(f"      {docs.get(f.name, '(undocumented)')}")
+    return lines
+
+
+def explain(section: str) -> str:
+    """Text listing each field of a config section with its default and description (``maskrl config
+    --explain SECTION``). Sections: ``model``, ``model.tiny``, ``task``, ``rollout``, ``eval``, ``sft``,
+    ``train``, and the components ``objective``, ``likelihood``, ``credit`` (every registered entry;
+    ``objective.NAME`` for one).
+
+    Raises:
+        ConfigError: on an unknown section, listing the valid ones.
+    """
+    import inspect
+
+    if section in _SECTIONS:
+        return "\n".join(_explain_class(_SECTIONS[section], f"[{section}]"))
+    kind, _, name = section.partition(".")
+    if kind in ("objective", "likelihood", "credit"):
+        reg = _registry(kind)
+        names = [name] if name else reg.names()
+        out = []
+        for n in names:
+            if n not in reg:
+                raise ConfigError(f"{kind}.{n}: unknown {kind}; valid: {', '.join(reg.names())}")
+            cls = reg.get(n)
+            summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
+            out += _explain_class(cls, f"[{kind}] name: {n}\n  {summary}") + [""]
+        return "\n".join(out).rstrip() or f"(no {kind} registered)"
+    valid = sorted(_SECTIONS) + ["objective", "likelihood", "credit"]
+    raise ConfigError(f"unknown section {section!r}; valid: {', '.join(valid)}")

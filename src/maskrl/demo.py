@@ -18,6 +18,9 @@ from pathlib import Path
 
 
 from maskrl.config import RunConfig, to_dict
+from maskrl.credit import CREDITS
+from maskrl.likelihood import LIKELIHOODS
+from maskrl.objectives import OBJECTIVES
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny, save_model
 from maskrl.pipeline import load_policy, prompt_formatter, sft_from_config, task_and_data, write_json
@@ -117,8 +120,9 @@ def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
     save_model(trainer.policy_eval, out / "model")
     summary = {
         "task": task.name,
-        "method": cfg.objective.name,
-        "likelihood": trainer.objective.likelihood,
+        "method": OBJECTIVES.name_of(cfg.objective),
+        "likelihood": LIKELIHOODS.name_of(cfg.likelihood),
+        "credit": [CREDITS.name_of(c) for c in cfg.credit],
         "n_eval": len(test),
         "eval_source": source,
         "base": _pick(base),

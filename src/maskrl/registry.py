@@ -49,6 +49,18 @@ class Registry(Generic[T]):
                 f"unknown {self.kind} {name!r}; valid {self.kind}s: {', '.join(sorted(self._entries))}"
             ) from None
 
+    def name_of(self, obj: object) -> str:
+        """The name under which ``obj`` -- a registered entry, or an instance of a registered class --
+        is registered.
+
+        Raises:
+            KeyError: if neither ``obj`` nor its type is registered.
+        """
+        for name, entry in self._entries.items():
+            if entry is obj or (isinstance(entry, type) and type(obj) is entry):
+                return name
+        raise KeyError(f"{obj!r} is not a registered {self.kind}")
+
     def names(self) -> list[str]:
         return sorted(self._entries)
 

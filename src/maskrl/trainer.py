@@ -27,27 +27,51 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from maskrl.advantages import group_advantages, informative_groups
+from maskrl.advantages import informative_groups
 from maskrl.config import RunConfig, to_dict
-from maskrl.likelihood import LIKELIHOODS
+from maskrl.credit import CREDITS, CreditBatch, CreditContext, apply_credit
 from maskrl.models.adapter import ModelAdapter
-from maskrl.objectives import OBJECTIVES
 from maskrl.sampling import generate
 from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
-from maskrl.types import Rollout
+from maskrl.types import LossTerm, Rollout
 
 
 TRAINER_STATE = "trainer_state.pt"
 
 
-def mask_seed(base: int, step: int, iteration: int, micro_batch: int) -> int:
-    """Seed of the likelihood masks of (step, inner iteration, global micro-batch index).
+def mask_seed(base: int, step: int, iteration: int, micro_batch: int, term: int = 0) -> int:
+    """Seed of the likelihood masks of (step, inner iteration, global micro-batch index, loss term).
 
     The same seed is used for θ, θ_old and θ_ref, so their masks are identical within an inner
-    iteration; a new iteration or step gives a new mask (SPEC §1.4).
+    iteration; a new iteration or step gives a new mask (SPEC §1.4). Term 0 (the base objective)
+    keeps the seeds of earlier versions.
     """
-    return (base * 1_000_003 + step * 10_007 + iteration * 101 + micro_batch) % (2**63 - 1)
+    return ((base + 7919 * term) * 1_000_003 + step * 10_007 + iteration * 101 + micro_batch) % (2**63 - 1)
+
+
+def split_rows(rows: torch.Tensor, max_sequences: int = 0, max_rows: int = 0) -> list[slice]:
+    """Consecutive micro-batches of sequences under a sequence and a forward-row budget.
+
+    Args:
+        rows: ``[M]`` long, forward rows each sequence costs (a likelihood's ``rows()``).
+        max_sequences: at most this many sequences per micro-batch (0 = no limit).
+        max_rows: at most this many rows per micro-batch (0 = no limit); a sequence's rows are never
+            split, so a sequence over the budget forms a micro-batch of its own.
+
+    Returns:
+        Slices covering ``0..M-1`` in order (empty list for ``M = 0``).
+    """
+    out, start, used = [], 0, 0
+    for i, r in enumerate(rows.tolist()):
+        n = i - start
+        if n and ((max_sequences and n >= max_sequences) or (max_rows and used + r > max_rows)):
+            out.append(slice(start, i))
+            start, used = i, 0
+        used += r
+    if rows.numel():
+        out.append(slice(start, rows.numel()))
+    return out
 
 
 def all_ranks_done(acc: Accelerator) -> Callable[[bool], bool] | None:
@@ -74,14 +98,24 @@ class Batch:
     Attributes:
         rollout: the sampler's record, ``N`` rows.
         rewards: ``[N]`` float32.
-        advantages: ``[N, L]`` float32 per-token advantages (zero outside ``completion_mask``).
+        advantages: ``[N, L]`` float32 per-token advantages of the base term (zero outside
+            ``completion_mask`` unless a credit module says otherwise).
         completions: decoded texts, ``N``.
+        loss_mask: ``[N, L]`` bool, tokens the base term trains on (``completion_mask`` unless a credit
+            module narrowed it); ``None`` = ``completion_mask``.
+        base_weight: weight of the base term.
+        terms: extra loss terms from credit modules.
+        metrics: credit modules' metrics (``<module>/<key>``).
     """
 
     rollout: Rollout
     rewards: torch.Tensor
     advantages: torch.Tensor
     completions: list[str]
+    loss_mask: torch.Tensor | None = None
+    base_weight: float = 1.0
+    terms: tuple[LossTerm, ...] = ()
+    metrics: dict = dataclasses.field(default_factory=dict)
 
 
 class RLTrainer:
@@ -107,18 +141,16 @@ class RLTrainer:
             raise ValueError("RLTrainer: no training examples")
         self.cfg, self.tc = cfg, cfg.train
         self.task, self.examples, self.prompt_fn, self.eval_fn = task, list(train_examples), prompt_fn, eval_fn
-        ocfg = cfg.objective
-        obj_cls = OBJECTIVES.get(ocfg.name)
-        extra = {"likelihood": ocfg.likelihood} if ocfg.likelihood else {}
-        self.objective = obj_cls(clip_eps=ocfg.clip_eps, beta=ocfg.beta, aggregation=ocfg.aggregation,
-                                 normalize=ocfg.normalize, **extra)
-        self.likelihood = LIKELIHOODS.get(self.objective.likelihood)
+        self.objective, self.likelihood = cfg.objective, cfg.likelihood  # registered instances (config-built)
+        names = [CREDITS.name_of(c) for c in cfg.credit]
+        self.credits = [(n if names.count(n) == 1 else f"{n}.{i}", c) for i, (n, c) in enumerate(zip(names, cfg.credit))]
+        needs_reference = self.objective.needs_reference or any(c.needs_reference for _, c in self.credits)
         self.sampler = cfg.rollout
         self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
         self.device = self.acc.device
         policy.model.to(self.device)
         self.uses_peft = hasattr(policy.model, "disable_adapter")
-        if self.objective.needs_reference and reference is None and not self.uses_peft:
+        if needs_reference and reference is None and not self.uses_peft:
             ref_model = copy.deepcopy(policy.model).eval()
             for p in ref_model.parameters():
                 p.requires_grad_(False)
@@ -150,84 +182,154 @@ class RLTrainer:
 
     @torch.no_grad()
     def collect(self, examples: Sequence[Example] | None = None) -> Batch:
-        """Rollout G completions per prompt, score them and compute per-token advantages."""
+        """Rollout G completions per prompt, score them, compute advantages and fold them through the
+        credit modules (ARCHITECTURE.md data flow)."""
         examples = list(examples) if examples is not None else self.sample_prompts()
         g = self.tc.group_size
         rows = [ex for ex in examples for _ in range(g)]
         group_ids = torch.arange(len(examples)).repeat_interleave(g)
         ids, mask = encode_prompts(self.policy.tokenizer, [self.prompt_fn(ex.prompt) for ex in rows])
         self.policy_eval.model.eval()
+        observers = [o for _, c in self.credits for o in c.observers(self.sampler)]
         rollout = generate(self.policy_eval, ids, mask, self.sampler, generator=self.rollout_gen, group_ids=group_ids,
-                           all_done=self.all_done)
+                           all_done=self.all_done, observers=observers)
         completions = decode_completions(self.policy.tokenizer, rollout.completion_ids, rollout.completion_mask)
         rewards = torch.tensor(self.task.score_examples(rows, completions), dtype=torch.float32, device=self.device)
-        adv = group_advantages(rewards, rollout.group_ids, self.objective.normalize)  # [N]
-        token_adv = adv[:, None] * rollout.completion_mask.float()  # [N, L]; credit modules reshape this
-        return Batch(rollout=rollout, rewards=rewards, advantages=token_adv, completions=completions)
+        adv = self.objective.advantages(rewards, rollout.group_ids)  # [N]
+        valid = rollout.completion_mask
+        cb = CreditBatch(rollout=rollout, rewards=rewards, advantages=adv[:, None] * valid.float(),  # [N, L]
+                         loss_mask=valid.clone())
+        if self.credits:
+            contexts = [self._credit_context(rows, rewards, rollout.group_ids, adv, i) for i in range(len(self.credits))]
+            cb = apply_credit(self.credits, cb, contexts)
+        return Batch(rollout=rollout, rewards=rewards, advantages=cb.advantages, completions=completions,
+                     loss_mask=cb.loss_mask, base_weight=cb.base_weight, terms=cb.terms, metrics=dict(cb.metrics))
 
-    def _micro_batches(self, n: int) -> list[slice]:
-        mb = self.tc.micro_batch_size or n
-        return [slice(s, min(s + mb, n)) for s in range(0, n, mb)]
+    def _credit_context(self, rows: list[Example], rewards: torch.Tensor, group_ids: torch.Tensor, adv: torch.Tensor,
+                        index: int) -> CreditContext:
+        """The narrow context of credit module ``index`` for this step's batch (examples ``rows``)."""
+        adapter = self.policy_eval
 
-    def _loglik(self, adapter: ModelAdapter, rollout: Rollout, seed: int) -> torch.Tensor:
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        return self.likelihood(adapter, rollout, gen, p_mask_prompt=self.cfg.objective.p_mask_prompt)
+        def score(idx: torch.Tensor, completion_ids: torch.Tensor) -> torch.Tensor:
+            stop = adapter.is_stop(completion_ids).long()
+            valid = (stop.cumsum(-1) - stop) == 0  # up to and including the first stop token
+            texts = decode_completions(adapter.tokenizer, completion_ids, valid)
+            picked = [rows[i] for i in torch.as_tensor(idx).tolist()]
+            return torch.tensor(self.task.score_examples(picked, texts), dtype=torch.float32, device=self.device)
+
+        def reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+            if op not in ("sum", "mean"):
+                raise ValueError(f"reduce op {op!r} is not 'sum' or 'mean'")
+            return t if self.acc.num_processes == 1 else self.acc.reduce(t.clone(), reduction=op)
+
+        gen = torch.Generator().manual_seed(mask_seed(self.tc.seed + 1 + index, self.step_count, 0, self.acc.process_index))
+        return CreditContext(rewards=rewards, group_ids=group_ids, sequence_advantages=adv, score=score, reduce=reduce,
+                             generator=gen, policy=adapter, objective=self.objective, likelihood=self.likelihood,
+                             step=self.step_count, num_processes=self.acc.num_processes)
+
+    def loss_terms(self, batch: Batch) -> list[LossTerm]:
+        """The weighted terms ``optimize`` sums: the base objective on the batch, then the credit
+        modules' terms (ARCHITECTURE.md, "Loss terms")."""
+        ro = batch.rollout
+        mask = ro.completion_mask if batch.loss_mask is None else batch.loss_mask & ro.completion_mask
+        base = LossTerm(name="base", weight=batch.base_weight, rollout=ro, advantages=batch.advantages, mask=mask,
+                        objective=self.objective, likelihood=self.likelihood)
+        return [base, *batch.terms]
+
+    def _global_offset(self, count: int) -> int:
+        """Sum of ``count`` over the processes before this one (global micro-batch numbering)."""
+        if self.acc.num_processes == 1:
+            return 0
+        counts = self.acc.gather(torch.tensor([count], device=self.device)).tolist()
+        return int(sum(counts[: self.acc.process_index]))
 
     def optimize(self, batch: Batch) -> dict:
-        """μ inner iterations of the objective on one batch; one optimizer step per iteration.
+        """μ inner iterations over the loss terms of one batch; one optimizer step per iteration.
 
-        Gradients are accumulated over micro-batches; the token-mean normaliser is the token count of
-        the whole global batch (all processes), so the update equals a single-process one.
+        Each term is split into micro-batches under ``train.micro_batch_size`` sequences and
+        ``train.max_forward_rows`` forward rows (its likelihood's ``rows()``); gradients accumulate
+        over all of them. Each term's normaliser is its token (or sequence) count over the whole
+        global batch, so the update equals a single-process, single-micro-batch one. Metrics follow
+        one rule: objectives report shares (:mod:`maskrl.objectives.base`), summed over micro-batches,
+        averaged over iterations and processes, and namespaced ``<term>/<key>``.
         """
         mu = self.tc.inner_iterations
-        ro = batch.rollout
-        mbs = self._micro_batches(ro.batch_size)
-        first_mb = self.acc.process_index * len(mbs)  # global micro-batch index offset of this rank
-        mask = ro.completion_mask
-        n_tok = mask.sum().float()
-        n_seq = torch.tensor(float(ro.batch_size), device=self.device)
-        tot_tok, tot_seq = self.acc.reduce(torch.stack([n_tok, n_seq]), reduction="sum")
+        terms = self.loss_terms(batch)
+        counts = []
+        for t in terms:
+            counts += [t.mask.sum().float(), torch.tensor(float(t.rollout.batch_size), device=self.device)]
+        totals = self.acc.reduce(torch.stack(counts), reduction="sum").tolist()
         world = self.acc.num_processes
-        normalizer = (tot_tok if self.objective.aggregation == "token_mean" else tot_seq).item() / world
-        seeds = [[mask_seed(self.tc.seed, self.step_count, k, first_mb + j) for j in range(len(mbs))] for k in range(mu)]
+        plans = []  # (term index, term, normaliser, [(global micro-batch, slice, rows)])
+        for ti, t in enumerate(terms):
+            agg = getattr(t.objective, "aggregation", "token_mean")
+            normalizer = (totals[2 * ti] if agg == "token_mean" else totals[2 * ti + 1]) / world
+            rows = t.likelihood.rows(t.rollout, t.mask)  # [M]
+            splits = split_rows(rows, self.tc.micro_batch_size, self.tc.max_forward_rows)
+            first = self._global_offset(len(splits))
+            work = [(first + j, sl, int(rows[sl].sum())) for j, sl in enumerate(splits)]
+            plans.append((ti, t, normalizer, [w for w in work if w[2] > 0]))  # nothing to score: no forward
+
+        def seed(ti: int, k: int, mb: int) -> int:
+            return mask_seed(self.tc.seed, self.step_count, k, mb, ti)
+
         old, ref = {}, {}
         with torch.no_grad():
             self.policy_eval.model.eval()
             for k in range(mu):
-                for j, sl in enumerate(mbs):
-                    sub = ro.select(sl)
-                    if mu > 1:
-                        old[k, j] = self._loglik(self.policy_eval, sub, seeds[k][j])
-                    if self.objective.needs_reference:
-                        ref[k, j] = self._ref_loglik(sub, seeds[k][j])
+                for ti, t, _, work in plans:
+                    for mb, sl, _ in work:
+                        sub, need = t.rollout.select(sl), t.mask[sl]
+                        if mu > 1 and t.objective.uses_ratio:
+                            old[ti, k, mb] = self._loglik(t, self.policy_eval, sub, seed(ti, k, mb), need)
+                        if t.objective.needs_reference:
+                            ref[ti, k, mb] = self._ref_loglik(t, sub, seed(ti, k, mb), need)
         self.policy.model.train()
         sums: dict[str, float] = {}
+        flat = [(ti, t, normalizer, mb, sl) for ti, t, normalizer, work in plans for mb, sl, _ in work]
         for k in range(mu):
             self.optimizer.zero_grad(set_to_none=True)
-            for j, sl in enumerate(mbs):
-                sub = ro.select(sl)
-                sync = j == len(mbs) - 1
+            for w, (ti, t, normalizer, mb, sl) in enumerate(flat):
+                sub, need = t.rollout.select(sl), t.mask[sl]
+                sync = w == len(flat) - 1
                 ctx = self.acc.no_sync(self.policy.model) if not sync else contextlib.nullcontext()
                 with ctx:
-                    logp = self._loglik(self.policy, sub, seeds[k][j])
-                    logp_old = old.get((k, j), logp.detach())
-                    out = self.objective(logp, logp_old, ref.get((k, j)), batch.advantages[sl], mask[sl], normalizer=normalizer)
-                    self.acc.backward(out.loss)
+                    logp = self._loglik(t, self.policy, sub, seed(ti, k, mb), need)
+                    logp_old = old.get((ti, k, mb), logp.detach())
+                    out = t.objective(logp, logp_old, ref.get((ti, k, mb)), t.advantages[sl], need,
+                                      normalizer=normalizer)
+                    self.acc.backward(t.weight * out.loss)
                 for name, v in out.metrics.items():
-                    sums[name] = sums.get(name, 0.0) + v / (mu * len(mbs))
+                    key = f"{t.name}/{name}"
+                    sums[key] = sums.get(key, 0.0) + v / mu
             if self.tc.max_grad_norm > 0:
                 gn = self.acc.clip_grad_norm_(self.policy.model.parameters(), self.tc.max_grad_norm)
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(gn) / mu
             self.optimizer.step()
             self.scheduler.step()
         self.policy.model.eval()
-        return sums
+        return self._mean_over_processes(sums)
 
-    def _ref_loglik(self, rollout: Rollout, seed: int) -> torch.Tensor:
+    def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Average each metric over the processes (a key missing on a process counts as 0 there)."""
+        if self.acc.num_processes == 1:
+            return metrics
+        from accelerate.utils import gather_object
+
+        keys = sorted(set(k for ks in gather_object([sorted(metrics)]) for k in ks))
+        vals = torch.tensor([metrics.get(k, 0.0) for k in keys], dtype=torch.float64, device=self.device)
+        return dict(zip(keys, self.acc.reduce(vals, reduction="mean").tolist()))
+
+    def _loglik(self, term: LossTerm, adapter: ModelAdapter, rollout: Rollout, seed: int,
+                need: torch.Tensor) -> torch.Tensor:
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        return term.likelihood(adapter, rollout, gen, need)
+
+    def _ref_loglik(self, term: LossTerm, rollout: Rollout, seed: int, need: torch.Tensor) -> torch.Tensor:
         if self.reference is not None:
-            return self._loglik(self.reference, rollout, seed)
+            return self._loglik(term, self.reference, rollout, seed, need)
         with self.policy_eval.reference() as ref:
-            return self._loglik(ref, rollout, seed)
+            return self._loglik(term, ref, rollout, seed, need)
 
     def step(self) -> dict:
         """One RL step: collect a batch, optimise on it, return the step's metrics."""
@@ -236,6 +338,7 @@ class RLTrainer:
         batch = self.collect()
         t1 = time.time()
         metrics = self.optimize(batch)
+        metrics.update({f"credit/{k}": v for k, v in batch.metrics.items()})
         rewards = self.acc.gather(batch.rewards)
         self.step_count += 1
         metrics.update({
@@ -267,7 +370,7 @@ class RLTrainer:
             if self.step_count % max(1, self.tc.log_every) == 0:
                 self.log(m)
             bar.update(1)
-            bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m.get('kl', 0.0):.4f}", s_per_step=f"{m['seconds']:.2f}")
+            bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m.get('base/kl', 0.0):.4f}", s_per_step=f"{m['seconds']:.2f}")
             if self.tc.save_every and self.step_count % self.tc.save_every == 0:
                 self.save_checkpoint(self.out_dir / "checkpoints" / f"step_{self.step_count}")
         bar.close()

@@ -89,3 +89,46 @@ class LossOutput:
 
     loss: torch.Tensor
     metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """One weighted term of the RL loss (ARCHITECTURE.md, "Loss terms").
+
+    The trainer's ``optimize()`` sums ``weight · objective(ℓ, ℓ_old, ℓ_ref, advantages, mask)`` over
+    its terms; each term has its own rows, likelihood estimator, objective and global normaliser
+    (the count of its ``mask`` tokens, or of its sequences, over all processes). The base objective
+    is the term named ``"base"``; credit modules add others (DiSPO's step loss, wd1+SML's second
+    term).
+
+    Attributes:
+        name: metric namespace (``"base"``, ``"step"``, ...); unique within a step.
+        weight: scalar weight of the term in the summed loss.
+        rollout: the term's rows (``M`` sequences; may be built from the batch's states).
+        advantages: ``[M, L]`` float32 per-token advantages.
+        mask: ``[M, L]`` bool, the tokens the term trains on; only these are scored.
+        objective: a registered objective instance (:mod:`maskrl.objectives`).
+        likelihood: a registered likelihood instance (:mod:`maskrl.likelihood`).
+    """
+
+    name: str
+    weight: float
+    rollout: Rollout
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    objective: Any
+    likelihood: Any
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.rollout.completion_ids.shape)
+        for field_name in ("advantages", "mask"):
+            t = getattr(self, field_name)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"loss term {self.name!r}: {field_name} must be a tensor of the rollout's shape "
+                                 f"{shape}, got {got}")
+            if t.device != self.rollout.completion_ids.device:
+                raise ValueError(f"loss term {self.name!r}: {field_name} is on {t.device}, the rollout on "
+                                 f"{self.rollout.completion_ids.device}")
+        if not self.advantages.is_floating_point():
+            raise ValueError(f"loss term {self.name!r}: advantages must be floating point, got {self.advantages.dtype}")

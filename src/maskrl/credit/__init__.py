@@ -1,0 +1,12 @@
+"""Credit-assignment modules (SPEC §2–§4), registered by name in :data:`CREDITS`.
+
+Protocol and seam: :mod:`maskrl.credit.base`. A new method is one file with a registered frozen
+dataclass; the trainer knows no module by name. A user's own module lives in the user's package and
+is loaded with ``plugins: [my_package.my_credit]`` in the YAML (or ``--plugin``).
+"""
+from maskrl.credit.base import CreditBatch, CreditContext, CreditModule, apply_credit, check_credit_batch
+from maskrl.registry import Registry
+
+CREDITS: Registry = Registry("credit module")
+
+__all__ = ["CREDITS", "CreditBatch", "CreditContext", "CreditModule", "apply_credit", "check_credit_batch"]

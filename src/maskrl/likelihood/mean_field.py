@@ -7,10 +7,15 @@ the same state see the same mask.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from maskrl.models.adapter import ModelAdapter
+from maskrl.likelihood.base import needed, scatter_scores, score_positions
+from maskrl.models.adapter import ModelAdapter, token_log_probs
 from maskrl.types import Rollout
+
+__all__ = ["MeanField", "mask_prompt", "mean_field", "token_log_probs"]
 
 
 def mask_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, mask_id: int, p: float,
@@ -34,36 +39,54 @@ def mask_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, mask_id: in
     return torch.where((u < p) & prompt_mask.bool(), mask_id, prompt_ids)
 
 
-def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``log softmax(logits)[target]`` in float32.
-
-    Args:
-        logits: ``[N, L, V]`` any float dtype.
-        targets: ``[N, L]`` long.
-    Returns:
-        ``[N, L]`` float32.
-    """
-    logits = logits.float()
-    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
 def mean_field(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | None,
-               p_mask_prompt: float = 0.15) -> torch.Tensor:
+               p_mask_prompt: float = 0.15, need: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token mean-field log-probs of ``rollout.completion_ids`` (SPEC §1.4).
 
     Args:
         adapter: the policy (its grad mode is the caller's).
         rollout: needs ``prompt_ids [N, P]``, ``prompt_mask [N, P]``, ``completion_ids [N, L]``.
-        generator: draws the prompt mask; pass one in the same state for θ, θ_old and θ_ref.
+        generator: draws the prompt mask (for all N rows, whatever ``need`` says); pass one in the
+            same state for θ, θ_old and θ_ref.
         p_mask_prompt: prompt masking probability **[choice]** (default 0.15, d1).
+        need: ``[N, L]`` bool, positions to score (default all); rows with none are not run.
 
     Returns:
-        ``[N, L]`` float32 log-probabilities (padding positions included; mask them downstream).
+        ``[N, L]`` float32 log-probabilities, 0 where ``need`` is False (padding positions are
+        scored when needed; mask them downstream).
     """
-    n, p_len = rollout.prompt_ids.shape
-    L = rollout.completion_ids.shape[1]
+    need = needed(rollout, need)
+    n, L = rollout.completion_ids.shape
     prompt = mask_prompt(rollout.prompt_ids, rollout.prompt_mask, adapter.mask_id, p_mask_prompt, generator)
-    x = torch.cat([prompt, torch.full((n, L), adapter.mask_id, dtype=torch.long, device=prompt.device)], 1)
-    attn = torch.cat([rollout.prompt_mask.bool(), torch.ones((n, L), dtype=torch.bool, device=prompt.device)], 1)
-    logits = adapter.logits(x, attn)[:, p_len:]  # [N, L, V]
-    return token_log_probs(logits, rollout.completion_ids)
+    n_idx, i_idx = need.nonzero(as_tuple=True)  # [M]
+    if n_idx.numel() == 0:
+        return torch.zeros((n, L), dtype=torch.float32, device=prompt.device)
+    run, row_of = torch.unique(n_idx, return_inverse=True)  # [R] rows that have a needed position
+    completion = torch.full((run.numel(), L), adapter.mask_id, dtype=torch.long, device=prompt.device)
+    lp = score_positions(adapter, prompt[run], rollout.prompt_mask[run], completion, row_of, i_idx,
+                         rollout.completion_ids[n_idx, i_idx])  # [M]
+    return scatter_scores(lp, n_idx, i_idx, (n, L))
+
+
+@dataclass(frozen=True)
+class MeanField:
+    """Registered as ``mean_field`` (SPEC §1.4; d1): every token scored from the all-masked state.
+
+    Attributes:
+        p_mask_prompt: probability of masking each real prompt token **[choice]** (d1: 0.15).
+    """
+
+    p_mask_prompt: float = 0.15
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p_mask_prompt <= 1.0:
+            raise ValueError(f"p_mask_prompt (={self.p_mask_prompt}) must lie in [0, 1]")
+
+    def rows(self, rollout: Rollout, need: torch.Tensor | None = None) -> torch.Tensor:
+        """``[N]`` long: 1 per sequence with a needed position (one forward row), else 0."""
+        return needed(rollout, need).any(-1).long()
+
+    def __call__(self, adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | None,
+                 need: torch.Tensor | None = None) -> torch.Tensor:
+        """See :func:`mean_field`; returns ``[N, L]`` float32."""
+        return mean_field(adapter, rollout, generator, self.p_mask_prompt, need)

@@ -8,15 +8,19 @@ completion position with ``commit_step >= t`` set to ``[M]``, earlier commits vi
 log-probability of the rollout's token choices given its unmasking order (the order itself, which
 low-confidence remasking picks from θ's confidences, is not scored).
 
-Cost: one forward row per distinct (sequence, commit step) pair, i.e. ``N·T`` rows for the fixed
-schedule (T denoising steps) instead of ``N`` for ``mean_field``; lower ``train.micro_batch_size`` to
-bound memory.
+Cost: one forward row per distinct (sequence, commit step) pair among the positions asked for,
+i.e. ``N·T`` rows for the fixed schedule (T denoising steps) instead of ``N`` for ``mean_field``;
+``train.max_forward_rows`` bounds the rows of one forward. The output layer runs only on the tokens
+committed at each state (about ``L/T`` per row), so the scores cost as much memory as mean-field's.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from maskrl.likelihood.mean_field import mask_prompt, token_log_probs
+from maskrl.likelihood.base import needed, scatter_scores, score_positions
+from maskrl.likelihood.mean_field import mask_prompt
 from maskrl.models.adapter import ModelAdapter
 from maskrl.types import Rollout
 
@@ -52,14 +56,35 @@ def commit_states(commit_step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return uniq // n_steps, uniq % n_steps, index
 
 
+def _needed_states(rollout: Rollout, need: torch.Tensor | None):
+    """Validated commit states restricted to the needed positions.
+
+    Returns ``(rows [R], steps [R], state_of [M], n_idx [M], i_idx [M])``: the R states that hold at
+    least one needed position, and for each needed position (n_idx, i_idx) its state (0..R-1).
+    """
+    cs = rollout.commit_step
+    if cs.shape != rollout.completion_ids.shape:
+        raise ValueError(f"rollout.commit_step has shape {tuple(cs.shape)}, completion_ids "
+                         f"{tuple(rollout.completion_ids.shape)}; the state likelihood needs one step per position")
+    try:
+        rows, steps, index = commit_states(cs)  # all states
+    except ValueError as e:
+        raise ValueError(f"rollout.{e}") from None
+    need = needed(rollout, need)
+    n_idx, i_idx = need.nonzero(as_tuple=True)  # [M]
+    used, state_of = torch.unique(index[n_idx, i_idx], return_inverse=True)  # [R'] states actually needed
+    return rows[used], steps[used], state_of, n_idx, i_idx
+
+
 def state(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | None,
-          p_mask_prompt: float = 0.15) -> torch.Tensor:
+          p_mask_prompt: float = 0.15, need: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token log-probs of ``rollout.completion_ids``, each at the state where it was committed.
 
     The prompt is masked as in ``mean_field`` (one draw per sequence from ``generator``, shared by
     all of that sequence's states), so θ, θ_old and θ_ref called with generators in the same state
     see identical inputs. Tokens committed at step 0 are scored from the all-masked state and equal
-    ``mean_field``'s values.
+    ``mean_field``'s values. Only states holding a needed position are run, and the output layer is
+    applied only to the needed positions committed at each state.
 
     Args:
         adapter: the policy (its grad mode is the caller's).
@@ -67,29 +92,48 @@ def state(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | 
             ``commit_step [N, L]`` as recorded by :func:`maskrl.sampling.generate`.
         generator: draws the prompt mask.
         p_mask_prompt: prompt masking probability **[choice]** (default 0.15, as ``mean_field``).
+        need: ``[N, L]`` bool, positions to score (default all).
 
     Returns:
-        ``[N, L]`` float32 log-probabilities (padding positions included; mask them downstream).
+        ``[N, L]`` float32 log-probabilities, 0 where ``need`` is False.
 
     Raises:
         ValueError: as :func:`commit_states` for a bad ``commit_step`` (prefixed ``rollout.``), or if
             its shape differs from ``completion_ids``'.
     """
     cs = rollout.commit_step
-    if cs.shape != rollout.completion_ids.shape:
-        raise ValueError(f"rollout.commit_step has shape {tuple(cs.shape)}, completion_ids "
-                         f"{tuple(rollout.completion_ids.shape)}; the state likelihood needs one step per position")
-    try:
-        rows, steps, index = commit_states(cs)  # R states
-    except ValueError as e:
-        raise ValueError(f"rollout.{e}") from None
+    rows, steps, state_of, n_idx, i_idx = _needed_states(rollout, need)
+    prompt = mask_prompt(rollout.prompt_ids, rollout.prompt_mask, adapter.mask_id, p_mask_prompt, generator)
     if rows.numel() == 0:  # no sequences or no positions
         return torch.zeros(cs.shape, dtype=torch.float32, device=cs.device)
-    p_len = rollout.prompt_ids.shape[1]
-    prompt = mask_prompt(rollout.prompt_ids, rollout.prompt_mask, adapter.mask_id, p_mask_prompt, generator)
     completion = rollout.completion_ids[rows]  # [R, L]
     hidden = cs[rows].long() >= steps[:, None]  # [R, L]: still masked in state x_t
-    x = torch.cat([prompt[rows], torch.where(hidden, adapter.mask_id, completion)], 1)  # [R, P+L]
-    attn = torch.cat([rollout.prompt_mask.bool()[rows], torch.ones_like(hidden)], 1)
-    lp = token_log_probs(adapter.logits(x, attn)[:, p_len:], completion)  # [R, L]
-    return lp.gather(0, index)  # [N, L]: row index[n, i] holds position i of sequence n's commit state
+    x_comp = torch.where(hidden, adapter.mask_id, completion)
+    lp = score_positions(adapter, prompt[rows], rollout.prompt_mask[rows], x_comp, state_of, i_idx,
+                         rollout.completion_ids[n_idx, i_idx])  # [M]
+    return scatter_scores(lp, n_idx, i_idx, cs.shape)
+
+
+@dataclass(frozen=True)
+class State:
+    """Registered as ``state`` (SPEC §1.4; RLDF, DTCA, DiSPO): each token scored at its commit state.
+
+    Attributes:
+        p_mask_prompt: probability of masking each real prompt token **[choice]** (default 0.15).
+    """
+
+    p_mask_prompt: float = 0.15
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p_mask_prompt <= 1.0:
+            raise ValueError(f"p_mask_prompt (={self.p_mask_prompt}) must lie in [0, 1]")
+
+    def rows(self, rollout: Rollout, need: torch.Tensor | None = None) -> torch.Tensor:
+        """``[N]`` long: distinct commit steps among each sequence's needed positions."""
+        rows = _needed_states(rollout, need)[0]
+        return torch.bincount(rows, minlength=rollout.batch_size)
+
+    def __call__(self, adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | None,
+                 need: torch.Tensor | None = None) -> torch.Tensor:
+        """See :func:`state`; returns ``[N, L]`` float32."""
+        return state(adapter, rollout, generator, self.p_mask_prompt, need)

@@ -30,6 +30,19 @@ def bidirectional_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torc
     return out.masked_fill(~keep, torch.finfo(dtype).min)
 
 
+def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log softmax(logits)[target]`` in float32, without materialising the log-softmax.
+
+    Args:
+        logits: ``[..., V]`` any float dtype.
+        targets: ``[...]`` long.
+    Returns:
+        ``[...]`` float32.
+    """
+    logits = logits.float()
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
 @dataclass
 class ModelAdapter:
     """A masked diffusion LM behind one interface (SPEC §1.1).
@@ -65,6 +78,19 @@ class ModelAdapter:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    def _raw_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The model's own output (``.logits``) of a full-attention forward, before any re-alignment."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
+        attention_mask = attention_mask.bool()
+        if self.attention == "4d":
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # [N, T]
+            mask = bidirectional_mask(attention_mask, self.dtype)
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+        else:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask.long())
+        return out.logits if hasattr(out, "logits") else out[0]
+
     def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Position-aligned logits of a full-attention forward.
 
@@ -75,20 +101,62 @@ class ModelAdapter:
         Returns:
             ``[N, T, V]`` logits in the model's dtype; ``[:, i]`` predicts the token at ``i``.
         """
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
-        attention_mask = attention_mask.bool()
-        if self.attention == "4d":
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # [N, T]
-            mask = bidirectional_mask(attention_mask, self.dtype)
-            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
-        else:
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask.long())
-        logits = out.logits if hasattr(out, "logits") else out[0]
+        logits = self._raw_logits(input_ids, attention_mask)
         if self.shift:
             # Dream: logits[i] predicts token i+1; re-align so that position i's row predicts i.
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return logits
+
+    def output_layer(self) -> torch.nn.Module | None:
+        """The model's output layer (``get_output_embeddings()`` of the unwrapped model), or ``None``."""
+        from accelerate.utils import extract_model_from_parallel
+
+        get = getattr(extract_model_from_parallel(self.model), "get_output_embeddings", None)
+        return get() if callable(get) else None
+
+    def log_probs_at(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, rows: torch.Tensor,
+                     cols: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """``log p_θ(targets[m] | input_ids[rows[m]], position cols[m])`` for M chosen positions only.
+
+        The transformer runs on the whole ``[R, T]`` input, but the output layer is applied only to
+        the hidden states of the M positions asked for (a forward pre-hook on
+        :meth:`output_layer` selects them, so the call still goes through the model's -- and any
+        DDP / FSDP wrapper's -- own ``forward``). No ``[R, T, V]`` logits or log-softmax are built:
+        memory for the scores is ``M·V`` (ARCHITECTURE.md, "score only scored positions").
+
+        Args:
+            input_ids: ``[R, T]`` long.
+            attention_mask: ``[R, T]`` bool, True on real tokens (``None``: all real).
+            rows: ``[M]`` long, row of each scored position.
+            cols: ``[M]`` long, position (0..T-1, in the full sequence) of each scored token.
+            targets: ``[M]`` long, the token ids to score.
+
+        Returns:
+            ``[M]`` float32 log-probabilities (the logit shift of the family is applied).
+
+        Raises:
+            ValueError: if ``rows``, ``cols`` and ``targets`` are not equal 1-D shapes.
+        """
+        if not (rows.dim() == 1 and rows.shape == cols.shape == targets.shape):
+            raise ValueError(f"rows {tuple(rows.shape)}, cols {tuple(cols.shape)} and targets "
+                             f"{tuple(targets.shape)} must be equal [M] shapes")
+        src = (cols - 1).clamp(min=0) if self.shift else cols  # Dream: the row left of i predicts i
+        layer = self.output_layer()
+        if layer is None:  # no separable output layer: full logits, then pick (correct, not lean)
+            logits = self._raw_logits(input_ids, attention_mask)[rows, src]  # [M, V]
+            return token_log_probs(logits, targets)
+        flat = rows * input_ids.shape[1] + src  # [M] index into the [R*T] hidden states
+
+        def select(_module, args):
+            hidden = args[0]  # [R, T, H]
+            return (hidden.reshape(-1, hidden.shape[-1])[flat],) + tuple(args[1:])
+
+        handle = layer.register_forward_pre_hook(select)
+        try:
+            logits = self._raw_logits(input_ids, attention_mask)  # [M, V]
+        finally:
+            handle.remove()
+        return token_log_probs(logits, targets)
 
     def is_stop(self, ids: torch.Tensor) -> torch.Tensor:
         """Bool tensor of ``ids``' shape: True where the id ends a completion (eos or a stop id)."""

@@ -1,7 +1,27 @@
-"""What every objective shares: token-loss aggregation and the KL estimator (SPEC §1.5)."""
+"""What every objective shares: the protocol, token-loss aggregation and the KL estimator (SPEC §1.5).
+
+An objective is a frozen dataclass registered in :data:`maskrl.objectives.OBJECTIVES`; its fields
+are its hyper-parameters with its own defaults (the YAML section ``objective: {name: ..., **fields}``).
+It is called on tensors only::
+
+    objective(logp, logp_old, logp_ref, advantages [N, L], mask [N, L], normalizer) -> LossOutput
+
+and, through :class:`Objective`, declares what the trainer must provide: its default likelihood
+estimator, whether it reads θ_old (a ratio) or a reference (a KL term), and how sequence rewards
+become advantages (SPEC §1.3).
+
+**Metrics are shares.** Every value in ``LossOutput.metrics`` is computed with the same
+``normalizer`` as the loss, so the batch value is the *sum* over its micro-batches (and the mean over
+processes, whose normalisers are the global count divided by the number of processes). That is the
+one metric rule of the trainer (issue "plug-in seams", item 4).
+"""
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
+
+from maskrl.advantages import group_advantages
 
 AGGREGATIONS = ("token_mean", "seq_mean")
 
@@ -36,3 +56,34 @@ def kl3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     """Per-token ``k3`` KL estimate ``exp(ℓ_ref − ℓ) − (ℓ_ref − ℓ) − 1`` (≥ 0), SPEC §1.5."""
     d = logp_ref - logp
     return torch.exp(d) - d - 1.0
+
+
+class Objective:
+    """Mixin giving a registered objective dataclass the trainer-facing declarations.
+
+    Class attributes (override in a subclass):
+        default_likelihood: registry name of the SPEC §1.4 estimator used when the YAML has no
+            ``likelihood`` section.
+        uses_ratio: True when the loss reads ``logp_old`` (θ_old's log-probs are then computed for
+            μ > 1; with μ = 1 ``logp_old`` is ``logp.detach()``).
+
+    A subclass with a ``normalize`` field gets group-relative advantages with it; one with a
+    ``beta`` field needs a reference when ``beta > 0``.
+    """
+
+    default_likelihood: ClassVar[str] = "mean_field"
+    uses_ratio: ClassVar[bool] = True
+
+    @property
+    def needs_reference(self) -> bool:
+        """True when the loss reads ``logp_ref`` (a KL term with weight > 0)."""
+        return getattr(self, "beta", 0.0) > 0
+
+    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """Sequence advantages ``[N]`` float32 from rewards ``[N]`` and group ids ``[N]`` (SPEC §1.3),
+        with this objective's ``normalize`` (default ``"mean"``)."""
+        return group_advantages(rewards, group_ids, getattr(self, "normalize", "mean"))
+
+    def share(self, values: torch.Tensor, mask: torch.Tensor, normalizer: float | None) -> float:
+        """A per-token metric aggregated like the loss (a share of the batch value; see module doc)."""
+        return aggregate(values.detach().float(), mask, getattr(self, "aggregation", "token_mean"), normalizer).item()

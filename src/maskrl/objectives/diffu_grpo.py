@@ -5,29 +5,29 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.objectives.base import AGGREGATIONS, aggregate, kl3
+from maskrl.advantages import NORMALIZE
+from maskrl.objectives.base import AGGREGATIONS, Objective, aggregate, kl3
 from maskrl.types import LossOutput
 
 
 @dataclass(frozen=True)
-class DiffuGRPO:
+class DiffuGRPO(Objective):
     """``L = −agg[min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε) A_i)] + β·agg[KL3_i]``, ``ρ_i = exp(ℓ_i − ℓ_i^old)``.
 
     Attributes:
         clip_eps: ε (default 0.5, d1).
         beta: β, KL weight (default 0.04); 0 skips the reference entirely.
         aggregation: **[choice]** token-loss reduction, see :func:`maskrl.objectives.base.aggregate`.
-        normalize: advantage normalisation this base uses by default (SPEC §1.3).
-        likelihood: the SPEC §1.4 estimator of ℓ (registry name): ``"mean_field"`` as in d1 (default),
-            or ``"state"`` (each token at its commit state; what the Sudoku demo uses). Config:
-            ``objective.likelihood``.
+        normalize: group advantage normalisation **[choice]** (SPEC §1.3; d1: ``"mean"``).
+
+    Its default likelihood is ``mean_field`` as in d1; the YAML section ``likelihood: {name: state}``
+    scores each token at its commit state instead (what the Sudoku demo uses).
     """
 
     clip_eps: float = 0.5
     beta: float = 0.04
     aggregation: str = "token_mean"
     normalize: str = "mean"
-    likelihood: str = "mean_field"
 
     def __post_init__(self) -> None:
         if self.clip_eps < 0:
@@ -36,10 +36,8 @@ class DiffuGRPO:
             raise ValueError(f"beta (={self.beta}) must be >= 0")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation {self.aggregation!r} is not one of {AGGREGATIONS}")
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.beta > 0
+        if self.normalize not in NORMALIZE:
+            raise ValueError(f"normalize {self.normalize!r} is not one of {NORMALIZE}")
 
     def __call__(self, logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None,
                  advantages: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> LossOutput:
@@ -54,7 +52,8 @@ class DiffuGRPO:
             normalizer: see :func:`aggregate` (micro-batching).
 
         Returns:
-            :class:`LossOutput` with metrics ``policy_loss``, ``kl``, ``clip_frac``, ``ratio_mean``.
+            :class:`LossOutput` with metrics ``policy_loss``, ``kl`` (when β > 0), ``clip_frac`` and
+            ``ratio_mean``, all shares aggregated like the loss (:mod:`maskrl.objectives.base`).
         """
         ratio = torch.exp(logp - logp_old)  # [N, L]
         unclipped = ratio * advantages
@@ -62,17 +61,13 @@ class DiffuGRPO:
         policy = -torch.minimum(unclipped, clipped)  # [N, L]
         policy_loss = aggregate(policy, mask, self.aggregation, normalizer)
         loss = policy_loss
-        metrics = {}
+        metrics = {"policy_loss": policy_loss.item()}
         if self.beta > 0:
             if logp_ref is None:
                 raise ValueError("beta > 0 needs logp_ref")
             kl = aggregate(kl3(logp, logp_ref), mask, self.aggregation, normalizer)
             loss = loss + self.beta * kl
             metrics["kl"] = kl.item()
-        with torch.no_grad():
-            m = mask.bool()
-            n_tok = m.sum().clamp(min=1)
-            metrics["clip_frac"] = (((ratio - 1).abs() > self.clip_eps) & m).sum().item() / n_tok.item()
-            metrics["ratio_mean"] = (ratio * m).sum().item() / n_tok.item()
-            metrics["policy_loss"] = policy_loss.item()
+        metrics["clip_frac"] = self.share(((ratio - 1).abs() > self.clip_eps).float(), mask, normalizer)
+        metrics["ratio_mean"] = self.share(ratio, mask, normalizer)
         return LossOutput(loss=loss, metrics=metrics)

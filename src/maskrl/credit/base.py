@@ -1,0 +1,156 @@
+"""The credit-module seam (ARCHITECTURE.md, "Seams for credit modules").
+
+A credit module is a frozen dataclass registered in :data:`maskrl.credit.CREDITS`; its fields are its
+hyper-parameters (one YAML entry ``credit: [{name: ..., **fields}, ...]``). It
+
+1. names the sampler observers it needs for a sampler config (:meth:`CreditModule.observers`); the
+   trainer passes every module's observers to :func:`maskrl.sampling.generate`, and their results
+   land in ``rollout.step_stats``;
+2. maps a collected :class:`CreditBatch` to a new one (``module(batch, ctx) -> CreditBatch``): it may
+   reshape the per-token advantages ``[N, L]``, narrow the base term's loss mask (a step choice),
+   scale the base term, add :class:`~maskrl.types.LossTerm` s, and report metrics.
+
+Modules are applied in the order of the YAML list (composable). They receive a narrow
+:class:`CreditContext`, never the trainer. :func:`apply_credit` checks every module's output at the
+seam, so a shape or device mistake fails there, naming the module.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+import torch
+
+from maskrl.types import LossTerm, Rollout
+
+
+@dataclass(frozen=True)
+class CreditBatch:
+    """What credit modules transform: one collected batch (this process's rows).
+
+    Attributes:
+        rollout: the sampler's record, N rows (modules must not replace it).
+        rewards: ``[N]`` float32 sequence rewards.
+        advantages: ``[N, L]`` float32 per-token advantages of the base term; starts as the
+            objective's sequence advantage ``A`` broadcast over ``completion_mask`` (SPEC §1.5).
+        loss_mask: ``[N, L]`` bool, the tokens the base term trains on; starts as ``completion_mask``.
+        base_weight: weight of the base term in the summed loss (DiSPO's α_base); starts at 1.
+        terms: extra loss terms added by modules.
+        metrics: floats to log; the trainer prefixes them with ``credit/``.
+    """
+
+    rollout: Rollout
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    base_weight: float = 1.0
+    terms: tuple[LossTerm, ...] = ()
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CreditContext:
+    """The narrow view of the run a credit module gets.
+
+    Attributes:
+        rewards: ``[N]`` float32 sequence rewards (this process's rows).
+        group_ids: ``[N]`` long, the prompt of each row.
+        sequence_advantages: ``[N]`` float32, the base objective's advantages (SPEC §1.3).
+        score: ``score(rows [M] long, completion_ids [M, L] long) -> rewards [M] float32``: the task's
+            reward of new completions for the prompts of batch rows ``rows`` (e.g. DiSPO's fillings),
+            in one batched reward call. A completion ends at its first stop token.
+        reduce: ``reduce(tensor, op) -> tensor`` with ``op`` in ``"sum" | "mean"``, over all
+            processes (identity on one): batch statistics "over the batch" mean the global batch.
+        generator: this module's own ``torch.Generator`` (CPU), seeded from ``train.seed``, its
+            position in the list and the step; never the global RNG.
+        policy: the rollout policy (eval mode); call it only under ``torch.no_grad()``.
+        objective: the base objective instance.
+        likelihood: the base likelihood instance.
+        step: index of the RL step (0-based).
+        num_processes: number of training processes.
+    """
+
+    rewards: torch.Tensor
+    group_ids: torch.Tensor
+    sequence_advantages: torch.Tensor
+    score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    reduce: Callable[[torch.Tensor, str], torch.Tensor]
+    generator: torch.Generator
+    policy: Any
+    objective: Any
+    likelihood: Any
+    step: int = 0
+    num_processes: int = 1
+
+
+class CreditModule:
+    """Mixin for registered credit dataclasses: defaults for the optional parts of the protocol.
+
+    Class attributes:
+        needs_reference: True when a term the module adds reads a reference policy (the trainer
+            then keeps one even if the base objective has β = 0).
+    """
+
+    needs_reference: ClassVar[bool] = False
+
+    def observers(self, sampler: Any) -> Sequence[Any]:
+        """Sampler observers (:class:`maskrl.sampling.StepObserver`) this module needs for the
+        sampler config ``sampler``; their results are in ``rollout.step_stats``. Default: none."""
+        return ()
+
+    def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+
+def check_credit_batch(out: Any, before: CreditBatch, who: str) -> CreditBatch:
+    """Validate a module's output at the seam.
+
+    Raises:
+        TypeError: the module did not return a :class:`CreditBatch`.
+        ValueError: a replaced rollout or rewards, a wrong shape / dtype / device, non-finite
+            advantages, or a duplicate term name; the message names the module (``who``).
+    """
+    if not isinstance(out, CreditBatch):
+        raise TypeError(f"credit module {who} returned {type(out).__name__}, expected a CreditBatch")
+    if out.rollout is not before.rollout or out.rewards is not before.rewards:
+        raise ValueError(f"credit module {who} replaced the rollout or the rewards; return a batch with the same "
+                         "ones (dataclasses.replace(batch, advantages=...))")
+    shape = tuple(before.rollout.completion_ids.shape)
+    device = before.rollout.completion_ids.device
+    for name in ("advantages", "loss_mask"):
+        t = getattr(out, name)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"credit module {who}: {name} must be [N, L] = {shape}, got {got}")
+        if t.device != device:
+            raise ValueError(f"credit module {who}: {name} is on {t.device}, the rollout on {device}")
+    if out.advantages.dtype != torch.float32:
+        raise ValueError(f"credit module {who}: advantages must be float32, got {out.advantages.dtype}")
+    if out.loss_mask.dtype != torch.bool:
+        raise ValueError(f"credit module {who}: loss_mask must be bool, got {out.loss_mask.dtype}")
+    if not torch.isfinite(out.advantages).all():
+        bad = (~torch.isfinite(out.advantages)).any(-1).nonzero().squeeze(-1).tolist()
+        raise ValueError(f"credit module {who}: non-finite advantages in rows {bad[:8]}")
+    if not math.isfinite(float(out.base_weight)):
+        raise ValueError(f"credit module {who}: base_weight {out.base_weight!r} is not finite")
+    names = [t.name for t in out.terms]
+    for t in out.terms:
+        if not isinstance(t, LossTerm):
+            raise TypeError(f"credit module {who}: terms must be LossTerm, got {type(t).__name__}")
+    if "base" in names or len(set(names)) != len(names):
+        raise ValueError(f"credit module {who}: loss term names must be unique and not 'base', got {names}")
+    return out
+
+
+def apply_credit(modules: Sequence[tuple[str, Any]], batch: CreditBatch, contexts: Sequence[CreditContext]) -> CreditBatch:
+    """Fold ``batch`` through ``modules`` (``(name, module)`` pairs, in order), each with its context,
+    checking every output (:func:`check_credit_batch`); module metrics are namespaced
+    ``<name>/<key>``."""
+    for (name, module), ctx in zip(modules, contexts):
+        out = check_credit_batch(module(dataclasses.replace(batch, metrics={}), ctx), batch, name)
+        merged = dict(batch.metrics)
+        merged.update({f"{name}/{k}": float(v) for k, v in out.metrics.items()})
+        batch = dataclasses.replace(out, metrics=merged)
+    return batch
