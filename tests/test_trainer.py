@@ -169,3 +169,67 @@ def test_bad_lr_scheduler_is_a_config_error(tmp_path):
 
     with pytest.raises(ConfigError, match="train.lr_scheduler: unknown 'cosin'; valid: .*cosine"):
         _cfg(tmp_path, **{"train.lr_scheduler": "cosin"})
+
+
+@pytest.mark.parametrize("likelihood", ["mean_field", "state"])
+def test_metrics_do_not_depend_on_micro_batching(tmp_path, likelihood):
+    """One metric rule (shares summed over micro-batches): the logged loss metrics of one batch are
+    the same for micro-batch sizes 0 (whole batch), 4 and 1 and for a forward-row budget, and equal
+    the objective's value on the whole batch. (p_mask_prompt = 0 so that every split sees the same
+    inputs; the masks' seeds are per micro-batch.)"""
+    init = _tiny()
+    over = {"train.inner_iterations": 1, "likelihood.name": likelihood, "likelihood.p_mask_prompt": 0.0,
+            "train.prompts_per_step": 3}  # N = 9: micro-batches of 4 leave a remainder of 1
+    splits = [{"train.micro_batch_size": 0}, {"train.micro_batch_size": 4}, {"train.micro_batch_size": 1},
+              {"train.max_forward_rows": 7}]
+    trainers = [RLTrainer(_cfg(tmp_path / str(i), **over, **s), copy.deepcopy(init), CountA(), _examples())
+                for i, s in enumerate(splits)]
+    batch = trainers[0].collect()
+    assert batch.advantages.abs().sum() > 0
+    metrics = [tr.optimize(batch) for tr in trainers]
+    keys = {"base/policy_loss", "base/kl", "base/clip_frac", "base/ratio_mean", "grad_norm"}
+    assert keys <= metrics[0].keys()
+    for m in metrics[1:]:
+        assert m.keys() == metrics[0].keys()
+        for k in keys:
+            assert m[k] == pytest.approx(metrics[0][k], rel=1e-4, abs=1e-8), k
+    # the whole batch's value: ratio 1 at μ = 1, so ratio_mean is exactly 1 and clip_frac 0
+    assert metrics[2]["base/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics[2]["base/clip_frac"] == 0.0
+    # KL of the whole batch, recomputed in one call with the initial weights (the first step's input)
+    tr = RLTrainer(_cfg(tmp_path / "ref", **over), copy.deepcopy(init), CountA(), _examples())
+    with torch.no_grad():
+        ro, mask = batch.rollout, batch.rollout.completion_mask
+        lp = tr.likelihood(tr.policy_eval, ro, None, mask)
+        ref = tr.likelihood(tr.reference, ro, None, mask)
+        whole = tr.objective(lp, lp, ref, batch.advantages, mask)
+    assert metrics[1]["base/kl"] == pytest.approx(whole.metrics["kl"], rel=1e-4, abs=1e-8)
+
+
+def test_split_rows_respects_sequence_and_row_budgets():
+    from maskrl.trainer import split_rows
+
+    rows = torch.tensor([3, 1, 4, 1, 5])
+    assert split_rows(rows) == [slice(0, 5)]
+    assert split_rows(rows, max_sequences=2) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    assert split_rows(rows, max_rows=5) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    assert split_rows(rows, max_rows=2) == [slice(0, 1), slice(1, 2), slice(2, 3), slice(3, 4), slice(4, 5)]
+    assert split_rows(rows, max_sequences=2, max_rows=100) == split_rows(rows, max_sequences=2)
+    assert split_rows(torch.zeros(0, dtype=torch.long), max_rows=3) == []
+
+
+def test_row_budget_gives_the_same_update(tmp_path):
+    """train.max_forward_rows splits the state likelihood's rows (one per commit step) into several
+    forwards; the accumulated gradient equals the whole batch's."""
+    init = _tiny()
+    over = {"train.inner_iterations": 1, "likelihood.name": "state", "likelihood.p_mask_prompt": 0.0}
+    a = RLTrainer(_cfg(tmp_path / "a", **over), copy.deepcopy(init), CountA(), _examples())
+    b = RLTrainer(_cfg(tmp_path / "b", **over, **{"train.max_forward_rows": 5}), copy.deepcopy(init), CountA(),
+                  _examples())
+    batch = a.collect()
+    rows = b.likelihood.rows(batch.rollout, batch.rollout.completion_mask)
+    assert len(__import__("maskrl.trainer", fromlist=["split_rows"]).split_rows(rows, 0, 5)) > 1
+    a.optimize(batch)
+    b.optimize(batch)
+    for (n, p), q in zip(a.policy_eval.model.named_parameters(), b.policy_eval.model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=n)

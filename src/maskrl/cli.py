@@ -1,4 +1,4 @@
-"""Command line: ``maskrl sft | train | eval | generate | score | demo``.
+"""Command line: ``maskrl sft | train | eval | generate | score | demo | config``.
 
 Every command that trains reads YAML files from ``configs/`` (``--config``, repeatable, later files
 win) plus ``--set key.sub=value`` overrides; an unknown key or a bad value is an error naming the key
@@ -20,13 +20,20 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", action="append", default=[], help="YAML config file (repeatable; later files win)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.lr=1e-5 (repeatable)")
+    p.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE",
+                   help="import a module (dotted name or .py file) that registers objectives, likelihoods, "
+                        "credit modules or tasks before the config is built (repeatable; adds to `plugins:`)")
+
+
+def _config(args):
+    return load_config(args.config, args.overrides, plugins=args.plugins)
 
 
 def cmd_sft(args) -> int:
     from maskrl.models import save_model
     from maskrl.pipeline import load_policy, sft_from_config, task_and_data, write_json
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = _config(args)
     task, _, source, train = task_and_data(cfg)
     adapter = load_policy(cfg)
     t0 = time.time()
@@ -44,7 +51,7 @@ def cmd_train(args) -> int:
     from maskrl.pipeline import load_policy, prompt_formatter, task_and_data, write_json
     from maskrl.trainer import RLTrainer, latest_checkpoint
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = _config(args)
     task, _, _, train = task_and_data(cfg)
     if not cfg.model.path:
         print("maskrl train: model.path is empty, so RL starts from a randomly initialised tiny model. "
@@ -114,8 +121,23 @@ def cmd_score(args) -> int:
 def cmd_demo(args) -> int:
     from maskrl.demo import run_demo
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = _config(args)
     run_demo(cfg, force_sft=args.force_sft)
+    return 0
+
+
+def cmd_config(args) -> int:
+    """Print the resolved config as YAML, or with ``--explain SECTION`` each field of a section with
+    its default and description."""
+    import yaml
+
+    from maskrl.config import explain, load_plugins
+
+    if args.explain:
+        load_plugins(args.plugins)
+        print(explain(args.explain))
+        return 0
+    print(yaml.safe_dump(to_dict(_config(args)), sort_keys=False, allow_unicode=True), end="")
     return 0
 
 
@@ -177,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--force-sft", action="store_true", help="ignore the cached SFT model")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("config", help="print the resolved config, or explain a section's fields")
+    _add_config_args(p)
+    p.add_argument("--explain", metavar="SECTION",
+                   help="model, model.tiny, task, rollout, eval, sft, train, objective[.NAME], likelihood[.NAME], "
+                        "credit[.NAME]")
+    p.set_defaults(func=cmd_config)
     return parser
 
 

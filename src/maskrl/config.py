@@ -368,8 +368,12 @@ def parse_override(item: str) -> dict:
     return out
 
 
-def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ()) -> RunConfig:
+def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = (),
+                plugins: Sequence[str] = ()) -> RunConfig:
     """Build a :class:`RunConfig` from YAML files (later ones win) and ``key=value`` overrides.
+
+    The ``plugins`` list of the result (modules imported before the config is built, see
+    :func:`load_plugins`) is the YAML's followed by ``plugins`` (the command line's ``--plugin``).
 
     Raises:
         ConfigError: on an unknown key (naming it and the valid ones) or a mistyped value.
@@ -389,6 +393,8 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = ())
         data = _merge(data, loaded)
     for item in overrides:
         data = _merge(data, parse_override(item))
+    if plugins:
+        data["plugins"] = _coerce(data.get("plugins", []), list, "plugins") + list(plugins)
     load_plugins(_coerce(data.get("plugins", []), list, "plugins"))
     cfg = _build(RunConfig, data)
     _check_ranges(cfg)
@@ -406,6 +412,7 @@ def load_plugins(specs: Sequence[str]) -> list:
     Raises:
         ConfigError: naming the plugin (``plugins[i]``) when it cannot be imported.
     """
+    import hashlib
     import importlib
     import importlib.util
     import sys
@@ -417,7 +424,7 @@ def load_plugins(specs: Sequence[str]) -> list:
                 path = Path(spec).expanduser().resolve()
                 if not path.is_file():
                     raise FileNotFoundError(f"no such file {path}")
-                name = "maskrl_plugin_" + path.stem + "_" + format(abs(hash(str(path))), "x")[:8]
+                name = "maskrl_plugin_" + path.stem + "_" + hashlib.sha1(str(path).encode()).hexdigest()[:8]
                 if name not in sys.modules:
                     mod_spec = importlib.util.spec_from_file_location(name, path)
                     module = importlib.util.module_from_spec(mod_spec)

@@ -21,12 +21,12 @@ def bidirectional_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torc
         dtype: float dtype of the model's activations.
 
     Returns:
-        ``[N, 1, T, T]`` tensor of ``dtype``: 0 where attending is allowed, ``finfo.min`` on padded
-        keys. Given as-is to a transformers decoder (which then applies no causal mask).
+        ``[N, 1, 1, T]`` tensor of ``dtype`` (broadcast over heads and queries): 0 where attending is
+        allowed, ``finfo.min`` on padded keys. Given as-is to a transformers decoder (which then
+        applies no causal mask). Memory is ``N·T``, not ``N·T²``: the same for every query.
     """
     keep = attention_mask.bool()[:, None, None, :]  # [N, 1, 1, T]
-    n, t = attention_mask.shape
-    out = torch.zeros((n, 1, t, t), dtype=dtype, device=attention_mask.device)
+    out = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
     return out.masked_fill(~keep, torch.finfo(dtype).min)
 
 

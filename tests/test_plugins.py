@@ -1,0 +1,246 @@
+"""The plug-in promise (issue "plug-in seams"): a user's likelihood, objective and credit module,
+registered in a file outside ``src/`` and named in YAML, run in the trainer with no edit to maskrl;
+every registered component honours its protocol; the seam catches a module's shape mistakes."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from maskrl.config import ConfigError, load_config, to_dict
+from maskrl.credit import CREDITS, CreditBatch, CreditContext, CreditModule, apply_credit
+from maskrl.likelihood import LIKELIHOODS
+from maskrl.models import build_tiny
+from maskrl.objectives import OBJECTIVES
+from maskrl.sampling import SamplerConfig, generate
+from maskrl.tasks.base import Example, Task
+from maskrl.text import encode_prompts
+from maskrl.trainer import RLTrainer
+
+PLUGIN = Path(__file__).resolve().parent / "plugins" / "toy_plugin.py"
+
+
+class OddChars(Task):
+    name = "odd_chars_plugin"
+
+    def reward(self, prompts, completions, **_):
+        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
+
+
+def _examples():
+    return [Example(id=i, prompt=f"say {i}") for i in range(4)]
+
+
+def _tiny():
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    a.model.eval()
+    return a
+
+
+def _plugin_module():
+    return next(m for name, m in sys.modules.items() if name.startswith("maskrl_plugin_toy_plugin"))
+
+
+def test_plugin_components_run_from_yaml_without_editing_maskrl(tmp_path):
+    y = tmp_path / "run.yaml"
+    y.write_text(f"""
+plugins: ["{PLUGIN}"]
+output_dir: {tmp_path / 'out'}
+rollout: {{gen_length: 8, block_length: 4, steps: 4, temperature: 1.0}}
+objective: {{name: toy_obj}}
+credit:
+  - {{name: toy_credit, scale: 2.0, extra_weight: 0.5}}
+train: {{steps: 1, prompts_per_step: 2, group_size: 3, inner_iterations: 2, lr: 1.0e-3}}
+""")
+    cfg = load_config([y])
+    toy = _plugin_module()
+    # the objective's own defaults stand (not diffu-GRPO's), and so does its own likelihood
+    assert (cfg.objective.clip_eps, cfg.objective.beta) == (0.3, 0.0)
+    assert type(cfg.likelihood).__name__ == "ToyLikelihood"
+    assert cfg.credit[0].scale == 2.0
+    for k in toy.CALLS:
+        toy.CALLS[k] = 0
+    toy.SEEN.clear()
+    tr = RLTrainer(cfg, _tiny(), OddChars(), _examples())
+    assert tr.reference is None  # β = 0 in the toy objective and no term needs one
+    m = tr.step()
+    assert toy.CALLS["observer"] > 0 and toy.CALLS["credit"] == 1
+    assert toy.CALLS["likelihood"] >= 2 and toy.CALLS["objective"] >= 2  # μ = 2 iterations
+    # the credit module changed the advantages the objective saw: position weights 1 + 2 i / L
+    L = 8
+    w = 1 + 2.0 * torch.arange(L) / L
+    torch.testing.assert_close(toy.SEEN["advantages"], toy.SEEN["before"] * w)
+    assert not torch.allclose(toy.SEEN["advantages"], toy.SEEN["before"])
+    # the score callback reproduces the task's rewards of the rollout's own completions
+    assert toy.SEEN["rescored"].shape == (6,)
+    # metrics: the base term, the module's extra term and the module's own metric, namespaced
+    assert {"base/policy_loss", "extra/policy_loss", "extra/clip_frac"} <= m.keys()
+    assert m["credit/toy_credit/weight_mean"] == pytest.approx(w.mean().item())
+    assert "base/kl" not in m
+    # the config round-trips through plain data
+    assert load_config([], [f"plugins={[str(PLUGIN)]}"]).plugins == [str(PLUGIN)]
+    again = to_dict(cfg)
+    assert again["objective"] == {"name": "toy_obj", "clip_eps": 0.3, "beta": 0.0, "aggregation": "token_mean",
+                                  "normalize": "mean"}
+    assert again["credit"] == [{"name": "toy_credit", "scale": 2.0, "extra_weight": 0.5}]
+
+
+def test_plugin_errors_name_the_plugin(tmp_path):
+    with pytest.raises(ConfigError, match=r"plugins\[0\]: cannot import 'no_such_maskrl_plugin'"):
+        load_config([], ["plugins=[no_such_maskrl_plugin]"])
+    bad = tmp_path / "broken_plugin.py"
+    bad.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ConfigError, match=r"plugins\[0\].*RuntimeError: boom"):
+        load_config([], plugins=[str(bad)])
+    with pytest.raises(ConfigError, match=r"credit\[0\]\.name: unknown credit 'nope'"):
+        load_config([], ["credit=[{name: nope}]"])
+    load_config([], plugins=[str(PLUGIN)])
+    with pytest.raises(ConfigError, match=r"unknown key 'credit\[0\]\.lam'; valid keys under credit\[0\]: "
+                                          r"extra_weight, scale"):
+        load_config([], ["credit=[{name: toy_credit, lam: 1}]"], plugins=[str(PLUGIN)])
+
+
+# ----------------------------------------------------------------------------------- protocols
+def _rollout(adapter, schedule="fixed"):
+    ids, mask = encode_prompts(adapter.tokenizer, ["ab", "a longer prompt", "c"])
+    cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0, schedule=schedule)
+    return generate(adapter, ids, mask, cfg, generator=torch.Generator().manual_seed(0),
+                    group_ids=torch.tensor([0, 0, 1]))
+
+
+@pytest.mark.parametrize("name", LIKELIHOODS.names())
+def test_every_registered_likelihood_honours_its_protocol(tiny, name):
+    est = LIKELIHOODS.get(name)()
+    ro = _rollout(tiny)
+    N, L = ro.completion_ids.shape
+    need = torch.rand(N, L, generator=torch.Generator().manual_seed(1)) < 0.5
+    need[1] = False  # a row with nothing to score
+    rows = est.rows(ro, need)
+    assert rows.shape == (N,) and rows.dtype == torch.long and rows[1] == 0 and (rows[need.any(-1)] > 0).all()
+    out = est(tiny, ro, torch.Generator().manual_seed(2), need)
+    assert out.shape == (N, L) and out.dtype == torch.float32 and out.device == ro.completion_ids.device
+    assert (out[~need] == 0).all() and (out[need] < 0).all()
+    full = est(tiny, ro, torch.Generator().manual_seed(2))
+    torch.testing.assert_close(out[need], full[need], rtol=1e-5, atol=1e-6)  # scoring a subset changes nothing
+
+
+@pytest.mark.parametrize("name", OBJECTIVES.names())
+def test_every_registered_objective_honours_its_protocol(name):
+    obj = OBJECTIVES.get(name)()
+    assert obj.default_likelihood in LIKELIHOODS
+    g = torch.Generator().manual_seed(0)
+    N, L = 6, 5
+    logp = (-torch.rand(N, L, generator=g)).requires_grad_()
+    old, ref = logp.detach() - 0.1, logp.detach() + 0.1
+    adv = obj.advantages(torch.rand(N, generator=g), torch.tensor([0, 0, 0, 1, 1, 1]))
+    assert adv.shape == (N,) and adv.dtype == torch.float32
+    mask = torch.ones(N, L, dtype=torch.bool)
+    out = obj(logp, old, ref if obj.needs_reference else None, adv[:, None].expand(N, L), mask)
+    assert out.loss.dim() == 0 and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert logp.grad is not None and all(isinstance(v, float) for v in out.metrics.values())
+    # metrics are shares: two halves with the whole batch's normaliser sum to the whole-batch value
+    halves = [obj(logp.detach()[s], old[s], ref[s] if obj.needs_reference else None, adv[s, None].expand(-1, L),
+                  mask[s], normalizer=float(N * L)) for s in (slice(0, 3), slice(3, 6))]
+    for k, v in out.metrics.items():
+        assert halves[0].metrics[k] + halves[1].metrics[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+
+
+# ----------------------------------------------------------------------------------- the seam
+def _credit_batch(adapter):
+    ro = _rollout(adapter)
+    rewards = torch.tensor([1.0, 0.0, 0.5])
+    adv = torch.tensor([0.5, -0.5, 0.0])
+    return CreditBatch(rollout=ro, rewards=rewards, advantages=adv[:, None] * ro.completion_mask.float(),
+                       loss_mask=ro.completion_mask.clone())
+
+
+def _ctx(batch):
+    return CreditContext(rewards=batch.rewards, group_ids=batch.rollout.group_ids, sequence_advantages=batch.rewards,
+                         score=lambda r, c: torch.zeros(len(r)), reduce=lambda t, op="sum": t,
+                         generator=torch.Generator(), policy=None, objective=None, likelihood=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bad(CreditModule):
+    what: str = "shape"
+
+    def __call__(self, batch, ctx):
+        if self.what == "shape":
+            return dataclasses.replace(batch, advantages=batch.advantages[:, :3])
+        if self.what == "dtype":
+            return dataclasses.replace(batch, advantages=batch.advantages.double())
+        if self.what == "nan":
+            adv = batch.advantages.clone()
+            adv[2, 1] = float("nan")
+            return dataclasses.replace(batch, advantages=adv)
+        if self.what == "mask":
+            return dataclasses.replace(batch, loss_mask=batch.loss_mask.float())
+        if self.what == "rollout":
+            return dataclasses.replace(batch, rollout=batch.rollout.select(slice(0, 2)))
+        if self.what == "term":
+            from maskrl.likelihood import MeanField
+            from maskrl.objectives import DiffuGRPO
+            from maskrl.types import LossTerm
+            return dataclasses.replace(batch, terms=(LossTerm("base", 1.0, batch.rollout, batch.advantages,
+                                                              batch.loss_mask, DiffuGRPO(), MeanField()),))
+        return None
+
+
+@pytest.mark.parametrize("what, match", [
+    ("shape", r"credit module bad: advantages must be \[N, L\] = \(3, 8\), got \(3, 3\)"),
+    ("dtype", "advantages must be float32"),
+    ("nan", r"non-finite advantages in rows \[2\]"),
+    ("mask", "loss_mask must be bool"),
+    ("rollout", "replaced the rollout"),
+    ("term", "loss term names must be unique and not 'base'"),
+    ("none", "returned NoneType"),
+])
+def test_the_seam_names_the_module_that_broke_its_output(tiny, what, match):
+    batch = _credit_batch(tiny)
+    with pytest.raises((ValueError, TypeError), match=match):
+        apply_credit([("bad", _Bad(what))], batch, [_ctx(batch)])
+
+
+def test_loss_term_checks_shapes_and_devices(tiny):
+    from maskrl.likelihood import MeanField
+    from maskrl.objectives import DiffuGRPO
+    from maskrl.types import LossTerm
+
+    b = _credit_batch(tiny)
+    with pytest.raises(ValueError, match=r"loss term 'step': mask must be a tensor of the rollout's shape \(3, 8\)"):
+        LossTerm("step", 1.0, b.rollout, b.advantages, b.loss_mask[:2], DiffuGRPO(), MeanField())
+    with pytest.raises(ValueError, match="advantages must be floating point"):
+        LossTerm("step", 1.0, b.rollout, b.loss_mask.long(), b.loss_mask, DiffuGRPO(), MeanField())
+
+
+def test_credit_modules_compose_in_order(tiny):
+    @dataclasses.dataclass(frozen=True)
+    class Add(CreditModule):
+        x: float = 1.0
+
+        def __call__(self, batch, ctx):
+            return dataclasses.replace(batch, advantages=batch.advantages + self.x, metrics={"x": self.x})
+
+    @dataclasses.dataclass(frozen=True)
+    class Mul(CreditModule):
+        x: float = 2.0
+
+        def __call__(self, batch, ctx):
+            return dataclasses.replace(batch, advantages=batch.advantages * self.x)
+
+    b = _credit_batch(tiny)
+    out = apply_credit([("add", Add()), ("mul", Mul())], b, [_ctx(b), _ctx(b)])
+    torch.testing.assert_close(out.advantages, (b.advantages + 1) * 2)
+    out2 = apply_credit([("mul", Mul()), ("add", Add())], b, [_ctx(b), _ctx(b)])
+    torch.testing.assert_close(out2.advantages, b.advantages * 2 + 1)
+    assert out.metrics == {"add/x": 1.0}
+
+
+def test_credit_registry_is_importable_and_names_are_unique():
+    assert isinstance(CREDITS.names(), list)
+    with pytest.raises(ValueError, match="already registered"):
+        OBJECTIVES.register("diffu_grpo")(object)
