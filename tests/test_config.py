@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from maskrl.cli import main
@@ -69,3 +71,76 @@ def test_partial_section_keeps_the_run_defaults():
     cfg = load_config([], ["rollout.temperature=0.5"])
     assert (cfg.rollout.gen_length, cfg.rollout.block_length, cfg.rollout.temperature) == (16, 16, 0.5)
     assert cfg.eval.temperature == 0.0
+
+
+# ------------------------------------------------------------------ components own their config
+@pytest.mark.parametrize("item, where", [
+    ("objective.likelihood=state", "likelihood.name"),
+    ("objective.p_mask_prompt=0.3", "likelihood.p_mask_prompt"),
+])
+def test_old_flat_keys_say_where_they_moved(item, where):
+    with pytest.raises(ConfigError, match=rf"{item.split('=')[0]} has moved to {where}"):
+        load_config([], [item])
+
+
+def test_components_are_built_from_their_sections():
+    from maskrl.likelihood import MeanField, State
+    from maskrl.objectives import DiffuGRPO
+
+    cfg = load_config([], [])
+    assert cfg.objective == DiffuGRPO() and cfg.likelihood == MeanField() and cfg.credit == []
+    cfg = load_config([], ["likelihood=state", "objective.beta=0"])  # a bare name is a section
+    assert cfg.likelihood == State() and cfg.objective == DiffuGRPO(beta=0.0)
+    # a section without a name keeps the run's component and changes only its fields
+    assert load_config([], ["likelihood.p_mask_prompt=0.3"]).likelihood == MeanField(p_mask_prompt=0.3)
+    # YAML 1.1 reads 1e-4 as a string: coerced by the field's type, as in every section
+    assert load_config([], ["objective.clip_eps=2e-1"]).objective.clip_eps == pytest.approx(0.2)
+    with pytest.raises(ConfigError, match=r"unknown key 'objective\.lr'; valid keys under objective: aggregation, "
+                                          r"beta, clip_eps, normalize"):
+        load_config([], ["objective.lr=1"])
+    with pytest.raises(ConfigError, match=r"objective\.name: unknown objective 'grpo'; valid: diffu_grpo"):
+        load_config([], ["objective.name=grpo"])
+    with pytest.raises(ConfigError, match=r"objective\.normalize: normalize 'median' is not one of"):
+        load_config([], ["objective.normalize=median"])
+    with pytest.raises(ConfigError, match=r"objective\.beta: expected a number, got 'high'"):
+        load_config([], ["objective.beta=high"])
+    with pytest.raises(ConfigError, match=r"credit: expected a list"):
+        load_config([], ["credit=dps"])
+
+
+def test_config_round_trips_through_plain_data(tmp_path):
+    import yaml
+
+    from maskrl.config import to_dict
+
+    cfg = load_config([Path(__file__).resolve().parents[1] / "configs" / "demo_sudoku.yaml"])
+    y = tmp_path / "again.yaml"
+    y.write_text(yaml.safe_dump(to_dict(cfg)))
+    assert load_config([y]) == cfg
+    assert to_dict(cfg)["likelihood"] == {"name": "state", "p_mask_prompt": 0.15}
+
+
+def test_config_explain_lists_every_field_with_its_doc(capsys):
+    import dataclasses
+
+    from maskrl.config import _SECTIONS, explain, field_docs
+    from maskrl.likelihood import LIKELIHOODS
+    from maskrl.objectives import OBJECTIVES
+
+    # every field of every section and registered component is documented
+    classes = list(_SECTIONS.values()) + [OBJECTIVES.get(n) for n in OBJECTIVES.names()] + \
+        [LIKELIHOODS.get(n) for n in LIKELIHOODS.names()]
+    for cls in classes:
+        docs = field_docs(cls)
+        missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
+        assert missing == [], f"{cls.__name__}: undocumented fields {missing}"
+    text = explain("train")
+    assert "max_forward_rows = 0" in text and "forward rows" in text
+    assert "clip_eps = 0.5" in explain("objective.diffu_grpo")
+    assert main(["config", "--explain", "likelihood"]) == 0
+    out = capsys.readouterr().out
+    assert "name: state" in out and "p_mask_prompt = 0.15" in out
+    assert main(["config", "--explain", "nope"]) == 2
+    assert "valid:" in capsys.readouterr().err
+    assert main(["config", "--set", "likelihood=state"]) == 0
+    assert "name: state" in capsys.readouterr().out

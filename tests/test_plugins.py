@@ -244,3 +244,22 @@ def test_credit_registry_is_importable_and_names_are_unique():
     assert isinstance(CREDITS.names(), list)
     with pytest.raises(ValueError, match="already registered"):
         OBJECTIVES.register("diffu_grpo")(object)
+
+
+def test_trainer_names_a_likelihood_that_returns_the_wrong_shape(tmp_path):
+    @dataclasses.dataclass(frozen=True)
+    class Short:
+        def rows(self, rollout, need=None):
+            return torch.ones(rollout.batch_size, dtype=torch.long)
+
+        def __call__(self, adapter, rollout, generator, need=None):
+            return torch.zeros(rollout.batch_size, 2)
+
+    cfg = load_config([], [f"output_dir={tmp_path}", "rollout.gen_length=8", "rollout.block_length=8",
+                           "rollout.steps=8", "rollout.temperature=1.0", "train.prompts_per_step=1",
+                           "train.group_size=2", "train.inner_iterations=1"])
+    cfg.likelihood = Short()
+    tr = RLTrainer(cfg, _tiny(), OddChars(), _examples())
+    with pytest.raises(ValueError, match=r"loss term 'base': likelihood Short returned \(\(2, 2\), 'cpu'\); "
+                                         r"expected \[N, L\] = \(2, 8\)"):
+        tr.optimize(tr.collect())

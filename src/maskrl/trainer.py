@@ -298,6 +298,9 @@ class RLTrainer:
                     logp_old = old.get((ti, k, mb), logp.detach())
                     out = t.objective(logp, logp_old, ref.get((ti, k, mb)), t.advantages[sl], need,
                                       normalizer=normalizer)
+                    if out.loss.dim() != 0:
+                        raise ValueError(f"loss term {t.name!r}: objective {type(t.objective).__name__} returned a "
+                                         f"loss of shape {tuple(out.loss.shape)}; expected a scalar")
                     self.acc.backward(t.weight * out.loss)
                 for name, v in out.metrics.items():
                     key = f"{t.name}/{name}"
@@ -323,7 +326,12 @@ class RLTrainer:
     def _loglik(self, term: LossTerm, adapter: ModelAdapter, rollout: Rollout, seed: int,
                 need: torch.Tensor) -> torch.Tensor:
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        return term.likelihood(adapter, rollout, gen, need)
+        out = term.likelihood(adapter, rollout, gen, need)
+        if not isinstance(out, torch.Tensor) or out.shape != need.shape or out.device != need.device:
+            got = (tuple(out.shape), str(out.device)) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"loss term {term.name!r}: likelihood {type(term.likelihood).__name__} returned {got}; "
+                             f"expected [N, L] = {tuple(need.shape)} on {need.device}")
+        return out
 
     def _ref_loglik(self, term: LossTerm, rollout: Rollout, seed: int, need: torch.Tensor) -> torch.Tensor:
         if self.reference is not None:
