@@ -23,7 +23,7 @@ def resolve_device(name: str) -> torch.device:
 
 def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
     """The model of a run: ``path`` (or ``cfg.model.path``) loaded with :func:`maskrl.models.load`,
-    else a freshly initialised tiny model; then LoRA and gradient checkpointing as configured."""
+    else a freshly initialised tiny model (cast to ``model.dtype``); then LoRA and gradient checkpointing as configured."""
     from maskrl.models import load
 
     mc = cfg.model
@@ -34,6 +34,9 @@ def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
         t = mc.tiny
         adapter = build_tiny(hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
                              intermediate_size=t.intermediate_size, seed=t.seed)
+        from maskrl.models.loading import parse_dtype
+
+        adapter.model.to(parse_dtype(mc.dtype))  # model.dtype applies to the built-in model too
     if adapter.tokenizer is None:
         raise ValueError(f"model {path!r} has no tokenizer files; maskrl needs one to encode prompts")
     if mc.gradient_checkpointing:

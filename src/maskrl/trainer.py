@@ -17,6 +17,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +30,11 @@ from transformers import get_scheduler
 
 from maskrl.advantages import group_advantages, informative_groups
 from maskrl.config import RunConfig, to_dict
+from maskrl.health import NonFiniteError, NonFiniteLogits, check_rewards, collapse_message, nonfinite_rows, \
+    rollout_diagnostics
 from maskrl.likelihood import LIKELIHOODS
 from maskrl.models.adapter import ModelAdapter
+from maskrl.models.scale import rl_train_mode
 from maskrl.objectives import OBJECTIVES
 from maskrl.sampling import generate
 from maskrl.tasks.base import Example, Task
@@ -39,6 +43,7 @@ from maskrl.types import Rollout
 
 
 TRAINER_STATE = "trainer_state.pt"
+log = logging.getLogger(__name__)
 
 
 def mask_seed(base: int, step: int, iteration: int, micro_batch: int) -> int:
@@ -140,6 +145,9 @@ class RLTrainer:
         self.out_dir = Path(cfg.output_dir)
         self._writer = None
         self._metrics_fh = None
+        self.nonfinite_skips = 0  # steps skipped under train.on_nonfinite: skip (maskrl.health)
+        self._skip_reason: str | None = None
+        self._collapse_warned = False
 
     # ------------------------------------------------------------------ stages
     def sample_prompts(self) -> list[Example]:
@@ -157,13 +165,44 @@ class RLTrainer:
         group_ids = torch.arange(len(examples)).repeat_interleave(g)
         ids, mask = encode_prompts(self.policy.tokenizer, [self.prompt_fn(ex.prompt) for ex in rows])
         self.policy_eval.model.eval()
+        guard = NonFiniteLogits(self.policy.mask_id)
         rollout = generate(self.policy_eval, ids, mask, self.sampler, generator=self.rollout_gen, group_ids=group_ids,
-                           all_done=self.all_done)
+                           all_done=self.all_done, observers=[guard])
+        if guard.step is not None:
+            self._nonfinite("logits", guard.rows, f" (sampler step {guard.step})")
+        self._check("commit_prob", rollout.commit_prob)
         completions = decode_completions(self.policy.tokenizer, rollout.completion_ids, rollout.completion_mask)
-        rewards = torch.tensor(self.task.score_examples(rows, completions), dtype=torch.float32, device=self.device)
+        scores = check_rewards(self.task.score_examples(rows, completions), self.task.name, [ex.id for ex in rows],
+                               completions)
+        rewards = torch.tensor(scores, dtype=torch.float32, device=self.device)
         adv = group_advantages(rewards, rollout.group_ids, self.objective.normalize)  # [N]
         token_adv = adv[:, None] * rollout.completion_mask.float()  # [N, L]; credit modules reshape this
+        self._check("advantages", token_adv)
         return Batch(rollout=rollout, rewards=rewards, advantages=token_adv, completions=completions)
+
+    # ------------------------------------------------------------------ health (maskrl.health)
+    def _nonfinite(self, stage: str, rows: list[int], detail: str = "") -> None:
+        """A non-finite ``stage`` in ``rows``: raise (``train.on_nonfinite: error``) or remember it so that
+        this step makes no update (``skip``)."""
+        err = NonFiniteError(stage, self.step_count + 1, rows, detail)
+        if self.tc.on_nonfinite == "error":
+            raise err
+        if self._skip_reason is None:
+            self._skip_reason = str(err)
+
+    def _check(self, stage: str, x: torch.Tensor, detail: str = "") -> bool:
+        """True when ``x`` is all finite; else :meth:`_nonfinite` and False."""
+        rows = nonfinite_rows(x)
+        if rows:
+            self._nonfinite(stage, rows if x.dim() else [], detail)
+        return not rows
+
+    def _any_rank(self, flag: bool) -> bool:
+        """``flag`` or-ed over processes, so that every rank skips the same updates."""
+        if self.acc.num_processes == 1:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        return self.acc.reduce(t, reduction="sum").item() > 0
 
     def _micro_batches(self, n: int) -> list[slice]:
         mb = self.tc.micro_batch_size or n
@@ -198,11 +237,18 @@ class RLTrainer:
                     sub = ro.select(sl)
                     if mu > 1:
                         old[k, j] = self._loglik(self.policy_eval, sub, seeds[k][j])
+                        self._check("log-probs (θ_old)", old[k, j], f" (micro-batch {j})")
                     if self.objective.needs_reference:
                         ref[k, j] = self._ref_loglik(sub, seeds[k][j])
-        self.policy.model.train()
+                        self._check("log-probs (reference)", ref[k, j], f" (micro-batch {j})")
+        rl_train_mode(self.policy.model, dropout=self.tc.dropout)
         sums: dict[str, float] = {}
         for k in range(mu):
+            if self._any_rank(self._skip_reason is not None):  # train.on_nonfinite: skip
+                self.optimizer.zero_grad(set_to_none=True)
+                for _ in range(k, mu):
+                    self.scheduler.step()  # the schedule stays tied to the step count
+                break
             self.optimizer.zero_grad(set_to_none=True)
             for j, sl in enumerate(mbs):
                 sub = ro.select(sl)
@@ -210,14 +256,23 @@ class RLTrainer:
                 ctx = self.acc.no_sync(self.policy.model) if not sync else contextlib.nullcontext()
                 with ctx:
                     logp = self._loglik(self.policy, sub, seeds[k][j])
+                    self._check("log-probs (θ)", logp, f" (micro-batch {j}, inner iteration {k})")
                     logp_old = old.get((k, j), logp.detach())
                     out = self.objective(logp, logp_old, ref.get((k, j)), batch.advantages[sl], mask[sl], normalizer=normalizer)
+                    self._check("loss", out.loss.detach(), f" (micro-batch {j}, inner iteration {k})")
                     self.acc.backward(out.loss)
                 for name, v in out.metrics.items():
                     sums[name] = sums.get(name, 0.0) + v / (mu * len(mbs))
+            # max_norm inf: the norm without clipping, for the finiteness check
+            gn = self.acc.clip_grad_norm_(self.policy.model.parameters(), self.tc.max_grad_norm or float("inf"))
             if self.tc.max_grad_norm > 0:
-                gn = self.acc.clip_grad_norm_(self.policy.model.parameters(), self.tc.max_grad_norm)
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(gn) / mu
+            self._check("grad norm", torch.as_tensor(gn), f" (inner iteration {k})")
+            if self._any_rank(self._skip_reason is not None):
+                self.optimizer.zero_grad(set_to_none=True)
+                for _ in range(k, mu):
+                    self.scheduler.step()
+                break
             self.optimizer.step()
             self.scheduler.step()
         self.policy.model.eval()
@@ -232,12 +287,28 @@ class RLTrainer:
     def step(self) -> dict:
         """One RL step: collect a batch, optimise on it, return the step's metrics."""
         t0 = time.time()
-        lr = self.scheduler.get_last_lr()[0]  # the rate of this step's first optimizer step
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate of this step's first optimizer step
+        self._skip_reason = None
         batch = self.collect()
         t1 = time.time()
-        metrics = self.optimize(batch)
+        if self._any_rank(self._skip_reason is not None):  # train.on_nonfinite: skip, at the rollout
+            for _ in range(self.tc.inner_iterations):
+                self.scheduler.step()
+            metrics = {}
+        else:
+            metrics = self.optimize(batch)
+        if self._any_rank(self._skip_reason is not None):
+            self.nonfinite_skips += 1
+            log.warning("step skipped (train.on_nonfinite: skip): %s", self._skip_reason or "on another process")
         rewards = self.acc.gather(batch.rewards)
         self.step_count += 1
+        diag = rollout_diagnostics(batch.rollout.completion_ids, batch.rollout.completion_mask, batch.rollout.commit_prob)
+        metrics.update(diag)
+        metrics["nonfinite_skips"] = self.nonfinite_skips
+        warning = collapse_message(diag, self.step_count)
+        if warning and not self._collapse_warned:
+            log.warning(warning)
+        self._collapse_warned = warning is not None
         metrics.update({
             "step": self.step_count,
             "reward": rewards.mean().item(),
@@ -267,7 +338,8 @@ class RLTrainer:
             if self.step_count % max(1, self.tc.log_every) == 0:
                 self.log(m)
             bar.update(1)
-            bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m.get('kl', 0.0):.4f}", s_per_step=f"{m['seconds']:.2f}")
+            bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m.get('kl', 0.0):.4f}", nll=f"{m['commit_nll']:.3f}",
+                            distinct=f"{m['distinct_frac']:.2f}", s_per_step=f"{m['seconds']:.2f}")
             if self.tc.save_every and self.step_count % self.tc.save_every == 0:
                 self.save_checkpoint(self.out_dir / "checkpoints" / f"step_{self.step_count}")
         bar.close()
@@ -323,6 +395,30 @@ class RLTrainer:
         self.step_count = int(state["step"])
         self.data_gen.set_state(state["data_gen"])
         self.rollout_gen.set_state(state["rollout_gen"])
+        self._follow_schedule(state.get("config", {}).get("train", {}))
+
+    def _follow_schedule(self, saved: dict) -> None:
+        """After a resume, make the learning rate that of *this* run's schedule at the restored step.
+
+        The optimizer state restores the last rate of the saved run (0.0 at the end of a ``linear``
+        schedule) and the scheduler's counter, while the schedule function is this run's (its
+        ``train.steps``, ``warmup_steps``, ``lr``, ``lr_scheduler``). Without this, the first resumed
+        step would run at the saved run's last rate (issue 13 item 3). The schedule's base rate is set
+        to this run's ``train.lr``; a change of these settings is logged.
+        """
+        inner = getattr(self.scheduler, "scheduler", self.scheduler)  # accelerate's wrapper holds it
+        inner.base_lrs = [self.tc.lr for _ in inner.base_lrs]
+        inner.last_epoch = self.step_count * self.tc.inner_iterations  # μ scheduler steps per RL step
+        for group, base, fn in zip(self.optimizer.param_groups, inner.base_lrs, inner.lr_lambdas):
+            group["initial_lr"] = base
+            group["lr"] = base * fn(inner.last_epoch)
+        changed = [f"train.{k} {saved[k]!r} -> {getattr(self.tc, k)!r}"
+                   for k in ("steps", "lr", "lr_scheduler", "warmup_steps", "inner_iterations")
+                   if k in saved and saved[k] != getattr(self.tc, k)]
+        if changed and self.acc.is_main_process:
+            log.warning("resumed at step %d with other schedule settings (%s): the learning rate follows this "
+                        "run's schedule from step %d (lr %.3g)", self.step_count, "; ".join(changed),
+                        self.step_count + 1, self.optimizer.param_groups[0]["lr"])
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

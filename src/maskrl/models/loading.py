@@ -131,10 +131,7 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
             tensor of the wrong shape (named), or no mask token for a masked LM.
         NotImplementedError: a config value the native class cannot express (the key is named).
     """
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"load(): dtype must be a torch.dtype or its name, got {dtype!r}")
+    dtype = parse_dtype(dtype)
     folder = resolve(path_or_id, revision=revision)
     cfg = read_config(folder)
     family = detect_family(cfg, folder)
@@ -181,6 +178,29 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
         if getattr(adapter, name) is None:
             raise ValueError(f"load({str(path_or_id)!r}): no {name} in config.json or tokenizer; pass {name}=...")
     return adapter
+
+
+#: names accepted for a parameter dtype (``--dtype``, ``model.dtype``), with their common aliases
+DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+               "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+               "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A floating ``torch.dtype`` from itself or its name (``"bfloat16"``, ``"bf16"``, ``"torch.float32"``, ...).
+
+    Raises:
+        ValueError: naming the value given and listing the valid names (for an unknown name, a
+            non-floating dtype or another type).
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPE_NAMES.values():
+            return dtype
+    elif isinstance(dtype, str):
+        key = dtype.strip().lower().removeprefix("torch.")
+        if key in DTYPE_NAMES:
+            return DTYPE_NAMES[key]
+    raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
 
 
 # ----------------------------------------------------------------------------------------------
