@@ -194,19 +194,43 @@ def _merge(base: dict, over: Mapping) -> dict:
     return out
 
 
-def parse_override(item: str) -> dict:
+def _key_type(parts: Sequence[str], root: type) -> Any:
+    """Declared type of the dotted key ``parts`` under the dataclass ``root``; ``None`` when unknown."""
+    typ: Any = root
+    for p in parts:
+        if not dataclasses.is_dataclass(typ):
+            return None
+        typ = _field_types(typ).get(p)
+    return typ
+
+
+def parse_override(item: str, root: type | None = None) -> dict:
     """``"a.b=3"`` -> ``{"a": {"b": 3}}``; the value is parsed as YAML (``true``, ``1e-5``, ``[1,2]``).
 
+    For a key whose declared type under ``root`` (default :class:`RunConfig`) is ``str``, the text after
+    ``=`` is the value as typed (``task.prompt_template={puzzle}=`` is the string ``{puzzle}=``, not
+    YAML); only a YAML-quoted string (``'"a b"'``) is unquoted.
+
     Raises:
-        ConfigError: when the item has no ``=``.
+        ConfigError: when the item has no ``=``, or a non-string value is not valid YAML (naming the key).
     """
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like key.sub=value")
     key, raw = item.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    parts = key.strip().split(".")
+    is_str = _key_type(parts, root or RunConfig) is str
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        if not is_str:
+            first = str(e).strip().splitlines()[0]
+            raise ConfigError(f"{key.strip()}: the value {raw!r} is not valid YAML ({first}); quote it, "
+                              f"e.g. --set '{key.strip()}=\"...\"'") from None
+        value = raw
+    if is_str and not isinstance(value, str):
+        value = raw  # "{puzzle}" would be a YAML mapping, "true" a bool: keep the text
     out: dict = {}
     cur = out
-    parts = key.strip().split(".")
     for p in parts[:-1]:
         cur = cur.setdefault(p, {})
     cur[parts[-1]] = value
