@@ -271,6 +271,7 @@ def resolve_prompt_settings(model, task_name: str, gen_lengths=None, block_lengt
 
     lengths = pick("gen_lengths", gen_lengths, [es["gen_length"]] if "gen_length" in es else None,
                    list(DEFAULT_GEN_LENGTHS))
+    lengths = out["gen_lengths"]["value"] = parse_gen_lengths(lengths)
     block = pick("block_length", block_length, es.get("block_length"), DEFAULT_BLOCK_LENGTH)
     same = card is not None and parse_gen_lengths(lengths) == [es.get("gen_length")] and block == es.get("block_length")
     pick("steps", steps, es.get("steps") if same else None, 0)
