@@ -198,8 +198,9 @@ class RLTrainer:
         return not rows
 
     def _any_rank(self, flag: bool) -> bool:
-        """``flag`` or-ed over processes, so that every rank skips the same updates."""
-        if self.acc.num_processes == 1:
+        """``flag`` or-ed over processes, so that every rank skips the same updates (a collective only
+        under ``on_nonfinite: skip``; under ``error`` a bad value has raised already)."""
+        if self.acc.num_processes == 1 or self.tc.on_nonfinite != "skip":
             return flag
         t = torch.tensor([1.0 if flag else 0.0], device=self.device)
         return self.acc.reduce(t, reduction="sum").item() > 0
@@ -244,7 +245,7 @@ class RLTrainer:
         rl_train_mode(self.policy.model, dropout=self.tc.dropout)
         sums: dict[str, float] = {}
         for k in range(mu):
-            if self._any_rank(self._skip_reason is not None):  # train.on_nonfinite: skip
+            if k == 0 and self._any_rank(self._skip_reason is not None):  # θ_old / reference (on_nonfinite: skip)
                 self.optimizer.zero_grad(set_to_none=True)
                 for _ in range(k, mu):
                     self.scheduler.step()  # the schedule stays tied to the step count
@@ -265,9 +266,10 @@ class RLTrainer:
                     sums[name] = sums.get(name, 0.0) + v / (mu * len(mbs))
             # max_norm inf: the norm without clipping, for the finiteness check
             gn = self.acc.clip_grad_norm_(self.policy.model.parameters(), self.tc.max_grad_norm or float("inf"))
-            if self.tc.max_grad_norm > 0:
+            if self.tc.max_grad_norm > 0 and gn is not None:
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(gn) / mu
-            self._check("grad norm", torch.as_tensor(gn), f" (inner iteration {k})")
+            if gn is not None:  # (accelerate's DeepSpeed path clips inside the engine and returns None)
+                self._check("grad norm", torch.as_tensor(gn), f" (inner iteration {k})")
             if self._any_rank(self._skip_reason is not None):
                 self.optimizer.zero_grad(set_to_none=True)
                 for _ in range(k, mu):
