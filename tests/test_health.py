@@ -336,3 +336,12 @@ def test_model_dtype_applies_to_the_builtin_model():
     frozen = {p.dtype for p in a.model.parameters() if not p.requires_grad}
     trained = {p.dtype for p in a.model.parameters() if p.requires_grad}
     assert frozen == {torch.bfloat16} and trained == {torch.float32}
+
+
+@pytest.mark.parametrize("value", [None, float("inf")])
+def test_reward_that_is_not_a_number_in_evaluation_names_task_and_row(value):
+    from maskrl.evaluate import evaluate_examples
+    from maskrl.sampling import SamplerConfig
+
+    with pytest.raises(ValueError, match=r"task 'bad_reward': reward of row 4 \(example id 104\)"):
+        evaluate_examples(_tiny(), BadReward(value), _examples(), SamplerConfig(gen_length=4, block_length=4, steps=4))

@@ -53,7 +53,10 @@ def evaluate_examples(adapter: ModelAdapter, task: Task, examples: Sequence[Exam
                                generator, progress, desc=f"eval {task.name}")
     finally:
         adapter.model.train(was_training)
-    rewards = task.score_examples(examples, completions)
+    from maskrl.health import check_rewards
+
+    rewards = check_rewards(task.score_examples(examples, completions), task.name, [ex.id for ex in examples],
+                            completions)
     return EvalResult(completions, rewards, task.metrics(examples, completions, rewards))
 
 
@@ -359,6 +362,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
         KeyError: unknown task (listing the valid ones).
         FileNotFoundError: missing model or data file.
     """
+    from maskrl.health import check_rewards
     from maskrl.models import load
     from maskrl.pipeline import prompt_formatter, resolve_device, write_json
     from maskrl.scoring import file_source
@@ -426,7 +430,8 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
                     batch = pending[s:s + batch_size]
                     completions = complete(adapter, [prompts[ex.id] for ex in batch], sampler,
                                            batch_size=len(batch))
-                    rewards = [float(r) for r in task.score_examples(batch, completions)]
+                    rewards = check_rewards(task.score_examples(batch, completions), task.name,
+                                            [ex.id for ex in batch], completions)
                     for ex, c, r in zip(batch, completions, rewards):
                         row = {"id": ex.id, "gen_length": L, "prompt": prompts[ex.id], "completion": c,
                                "reward": r, "correct": bool(task.is_correct(r))}
