@@ -218,9 +218,36 @@ def test_rollout_diagnostics_hand_computed():
     assert d["commit_nll"] == pytest.approx((7 * math.log(2)) / n_tok)
     assert d["distinct_frac"] == pytest.approx((2 / 5 + 1 + 1 / 2) / 3)
     assert d["longest_run"] == pytest.approx((4 + 1 + 2) / 3)
-    assert d["degenerate_frac"] == pytest.approx(1 / 3)
+    assert d["degenerate_frac"] == pytest.approx(1 / 3) and d["empty_frac"] == 0.0
     assert collapse_message(d, 3) is None
     assert "collapsed" in collapse_message({**d, "degenerate_frac": 0.9}, 3)
+
+
+def test_loops_and_empty_completions_are_degenerate():
+    ids = torch.tensor([[3, 4, 3, 4, 3, 4, 3, 4],    # "abab..." loop: run 1 but 2 distinct over 8 tokens
+                        [9, 2, 2, 2, 2, 2, 2, 2],    # only the stop token (2) is valid: empty
+                        [1, 2, 3, 4, 5, 6, 7, 8]])   # healthy
+    mask = torch.tensor([[1] * 8, [1] + [0] * 7, [1] * 8], dtype=torch.bool)
+    d = rollout_diagnostics(ids, mask, torch.ones(3, 8))
+    assert d["degenerate_frac"] == pytest.approx(2 / 3) and d["empty_frac"] == pytest.approx(1 / 3)
+    assert collapse_message(d, 1) is not None
+
+
+@pytest.mark.parametrize("token", ["!", "1", "<eos>"])
+def test_collapse_towards_any_token_is_flagged(tmp_path, caplog, token):
+    a = _tiny()
+    tid = a.eos_id if token == "<eos>" else a.tokenizer.convert_tokens_to_ids(token)
+
+    def bias(module, args, out):
+        out = out.clone()
+        out[..., tid] += 50.0
+        return out
+
+    a.model.lm_head.register_forward_hook(bias)
+    with caplog.at_level(logging.WARNING, logger="maskrl.trainer"):
+        m = RLTrainer(_cfg(tmp_path), a, OddChars(), _examples()).step()
+    assert m["degenerate_frac"] == 1.0
+    assert any("collapsed" in r.getMessage() for r in caplog.records)
 
 
 def test_collapsed_policy_is_flagged_in_metrics_and_warned(tmp_path, caplog):

@@ -170,16 +170,19 @@ def rollout_diagnostics(completion_ids: torch.Tensor, completion_mask: torch.Ten
         completion_mask: ``[N, L]`` bool, the valid tokens (up to and including the first stop token).
         commit_prob: ``[N, L]`` float32, noise-free probability of each committed token at its commit
             step (``Rollout.commit_prob``).
-        min_tokens: a row counts as *degenerate* only if it has at least this many valid tokens.
-        run_frac: ... and one token repeated back to back covers at least this fraction of them.
+        min_tokens: a row of at least this many valid tokens is *degenerate* when one token repeated
+            back to back covers at least ``run_frac`` of them; a row of at least ``2 * min_tokens``
+            valid tokens is degenerate when it uses at most 2 distinct tokens (a short loop such as
+            "abab…"); a row that is only its stop token (``L > 1``) is degenerate (empty).
+        run_frac: see ``min_tokens``.
 
     Returns:
         ``commit_nll``: mean over valid tokens of ``−log commit_prob`` (nats; the model's surprise at
         what it committed; → 0 when every token is committed with probability 1);
         ``distinct_frac``: mean over rows of (distinct valid tokens / valid tokens);
         ``longest_run``: mean over rows of the longest run of one repeated token, in tokens;
-        ``degenerate_frac``: fraction of rows with ``>= min_tokens`` valid tokens whose longest run
-        covers ``>= run_frac`` of them.
+        ``empty_frac``: fraction of rows that are only a stop token;
+        ``degenerate_frac``: fraction of degenerate rows (see ``min_tokens``; empty rows included).
         Rows without valid tokens are left out of the row means; an empty batch gives zeros.
     """
     if completion_ids.shape != completion_mask.shape or completion_ids.shape != commit_prob.shape:
@@ -190,27 +193,32 @@ def rollout_diagnostics(completion_ids: torch.Tensor, completion_mask: torch.Ten
     nll = (-(commit_prob.float().clamp(min=1e-12).log()) * m).sum().item() / max(n_tok, 1)
     ids = completion_ids.tolist()
     valid = m.tolist()
-    distinct, runs, degenerate, rows = 0.0, 0.0, 0, 0
+    length = completion_ids.shape[1] if completion_ids.dim() == 2 else 0
+    distinct, runs, degenerate, empty, rows = 0.0, 0.0, 0, 0, 0
     for row, keep in zip(ids, valid):
         toks = [t for t, k in zip(row, keep) if k]
         if not toks:
             continue
         rows += 1
-        run = _longest_run(toks)
-        distinct += len(set(toks)) / len(toks)
+        run, n_distinct = _longest_run(toks), len(set(toks))
+        distinct += n_distinct / len(toks)
         runs += run
-        degenerate += int(len(toks) >= min_tokens and run >= run_frac * len(toks))
+        is_empty = len(toks) == 1 and length > 1  # the first token is already the stop token
+        empty += int(is_empty)
+        degenerate += int(is_empty or (len(toks) >= min_tokens and run >= run_frac * len(toks))
+                          or (len(toks) >= 2 * min_tokens and n_distinct <= 2))
     rows_ = max(rows, 1)
     return {"commit_nll": nll, "distinct_frac": distinct / rows_, "longest_run": runs / rows_,
-            "degenerate_frac": degenerate / rows_}
+            "empty_frac": empty / rows_, "degenerate_frac": degenerate / rows_}
 
 
 def collapse_message(diag: dict[str, float], step: int, threshold: float = 0.5) -> str | None:
     """A warning text when at least ``threshold`` of the rows are degenerate (one token repeated over
-    half the completion, see :func:`rollout_diagnostics`), else ``None``."""
+    half the completion, a two-token loop, or only a stop token; see :func:`rollout_diagnostics`),
+    else ``None``."""
     if diag.get("degenerate_frac", 0.0) < threshold:
         return None
     return (f"RL step {step}: the rollouts look collapsed: {diag['degenerate_frac']:.0%} of the completions are "
-            f"one token repeated (longest run {diag['longest_run']:.1f} tokens, distinct-token fraction "
+            f"one token repeated, a loop of two tokens or empty ({diag.get('empty_frac', 0.0):.0%} empty; longest run {diag['longest_run']:.1f} tokens, distinct-token fraction "
             f"{diag['distinct_frac']:.2f}, mean -log commit_prob {diag['commit_nll']:.3f}). A reward near 0 here "
             "is a broken policy, not a hard task: check the model, prompt format and learning rate.")
