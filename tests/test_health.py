@@ -306,6 +306,25 @@ def test_resume_with_other_lr_and_mu_uses_this_runs_schedule(tmp_path):
     assert tr2.step()["lr"] == pytest.approx(5e-4 * (1 - 2 / 4))
 
 
+@pytest.mark.parametrize("sched,warmup", [("linear", 0), ("cosine", 0), ("constant_with_warmup", 4), ("linear", 2)])
+def test_resumed_lr_equals_a_fresh_run_of_the_new_schedule(tmp_path, sched, warmup):
+    over = {"train.lr_scheduler": sched, "train.warmup_steps": warmup}
+    tr = RLTrainer(_cfg(tmp_path, **over, **{"train.steps": 3}), _tiny(), OddChars(), _examples())
+    tr.train(progress=False)
+    ck = tr.save_checkpoint(tmp_path / "ck")
+    resumed = RLTrainer(_cfg(tmp_path, **over, **{"train.steps": 8}), _tiny(), OddChars(), _examples())
+    resumed.load_checkpoint(ck)
+    fresh = RLTrainer(_cfg(tmp_path, **over, **{"train.steps": 8}), _tiny(), OddChars(), _examples())
+    want = []
+    for s in range(8):
+        want.append(fresh.optimizer.param_groups[0]["lr"])
+        for _ in range(2):  # μ = 2 scheduler steps per RL step
+            fresh.optimizer.step()
+            fresh.scheduler.step()
+    got = [h["lr"] for h in resumed.train(progress=False)]
+    assert got == pytest.approx(want[3:], rel=1e-9, abs=1e-15)
+
+
 # ---------------------------------------------------------------- item 4: dropout in the RL forward
 def _lora_with_trained_b(dropout):
     a = apply_lora(_tiny(), rank=4, dropout=dropout)
@@ -327,6 +346,19 @@ def test_dropout_kept_on_request_moves_the_ratio(tmp_path):
     cfg = _cfg(tmp_path, **{"train.lr": 1e-30, "objective.beta": 0.0, "train.dropout": True})
     m = RLTrainer(cfg, _lora_with_trained_b(0.3), OddChars(), _examples()).step()
     assert abs(m["ratio_mean"] - 1.0) > 1e-5
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_attention_dropout_of_full_finetuning(tmp_path, keep):
+    a = _tiny()
+    for layer in a.model.model.layers:
+        layer.self_attn.attention_dropout = 0.3  # the model's own (functional) attention dropout
+    cfg = _cfg(tmp_path, **{"train.lr": 1e-30, "objective.beta": 0.0, "train.dropout": keep})
+    m = RLTrainer(cfg, a, OddChars(), _examples()).step()
+    if keep:
+        assert abs(m["ratio_mean"] - 1.0) > 1e-5
+    else:
+        assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and m["clip_frac"] == 0.0
 
 
 def test_rl_train_mode_keeps_checkpointing_layers_training():
