@@ -12,7 +12,7 @@ import torch
 import maskrl.models
 from maskrl.cli import main
 from maskrl.config import ConfigError, load_config, parse_override
-from maskrl.models import build_tiny, load, save_model
+from maskrl.models import build_tiny, save_model
 from maskrl.models.loading import parse_dtype
 from maskrl.pipeline import PROMPT_CARD, read_prompt_card, save_prompt_card
 from maskrl.sampling import SamplerConfig

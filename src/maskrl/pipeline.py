@@ -121,7 +121,6 @@ def sft_from_config(cfg: RunConfig, adapter: ModelAdapter, task: Task, train: li
                    prompt_fn=prompt_formatter(adapter, cfg.model.chat_template), progress=progress)
 
 
-
 #: the file in a saved model folder that records how the model was trained to be prompted and evaluated
 PROMPT_CARD = "maskrl_prompt.json"
 
