@@ -17,6 +17,7 @@ def test_sft_train_resume_eval_generate(tmp_path, capsys):
     run = tmp_path / "run"
     assert (run / "checkpoints" / "step_2" / "trainer_state.pt").is_file()
     assert (run / "model" / "model.safetensors").is_file()
+    assert json.loads((run / "model" / "maskrl_prompt.json").read_text())["task"] == "countdown"  # prompt card
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
     assert main(["train", *train, "--set", "train.steps=3", "--resume"]) == 0

@@ -261,7 +261,7 @@ def test_llada_wrong_shape_is_refused(tmp_path):
         load(folder)
 
 
-@pytest.mark.parametrize("key,value", [("include_bias", True), ("weight_tying", True), ("block_type", "sequential"),
+@pytest.mark.parametrize("key,value", [("include_bias", True), ("block_type", "sequential"),
                                        ("attention_layer_norm", True), ("activation_type", "swiglu")])
 def test_llada_unsupported_config_is_refused(tmp_path, key, value):
     folder = write_folder(tmp_path / "m", dict(LLADA_CFG, **{key: value}), llada_weights())
@@ -464,3 +464,64 @@ def test_hub_failure_gives_a_clear_error(monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(OSError, match=r"'GSAI-ML/LLaDA-8B-Instruct' is not a local folder.*no network.*--local-dir"):
         load("GSAI-ML/LLaDA-8B-Instruct")
+
+
+# --------------------------------------------------------------------------------------------------
+# tied output layers (issue 13 item 7)
+# --------------------------------------------------------------------------------------------------
+def _tied_reference_logits(adapter, emb):
+    """Logits recomputed with the output layer replaced by the embedding (h @ E^T)."""
+    ids = _ids()
+    model = adapter.model
+    with torch.no_grad():
+        mask = bidirectional_mask(torch.ones_like(ids, dtype=torch.bool), torch.float32)
+        hidden = model.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        raw = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    return raw, hidden @ emb.T
+
+
+@pytest.mark.parametrize("with_head", [False, True])
+def test_dream_tied_checkpoint_loads_tied(tmp_path, with_head):
+    w = dream_weights()
+    if not with_head:
+        del w["lm_head.weight"]  # small Qwen2 conversions store no output layer
+    adapter = load(write_folder(tmp_path / "dream", dict(DREAM_CFG, tie_word_embeddings=True), w))
+    m = adapter.model
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    assert torch.equal(m.lm_head.weight, w["model.embed_tokens.weight"])
+    raw, ref = _tied_reference_logits(adapter, w["model.embed_tokens.weight"])
+    assert _maxdiff(raw, ref) < TOL
+
+
+def test_llada_weight_tying_loads_tied(tmp_path):
+    w = llada_weights()
+    del w["model.transformer.ff_out.weight"]
+    adapter = load(write_folder(tmp_path / "llada", dict(LLADA_CFG, weight_tying=True), w))
+    m = adapter.model
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    raw, ref = _tied_reference_logits(adapter, w["model.transformer.wte.weight"])
+    assert _maxdiff(raw, ref) < TOL
+
+
+def test_untied_checkpoint_without_head_is_still_refused(tmp_path):
+    w = dream_weights()
+    del w["lm_head.weight"]
+    with pytest.raises(ValueError, match="missing tensors: lm_head.weight"):
+        load(write_folder(tmp_path / "dream", DREAM_CFG, w))
+
+
+def test_tied_tiny_and_masked_lm_folders_load_tied(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    tiny = build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32)
+    tiny.model.config.tie_word_embeddings = True
+    tiny.model.tie_weights()
+    save_model(tiny, tmp_path / "tiny")
+    a = load(tmp_path / "tiny")
+    assert a.model.lm_head.weight is a.model.model.embed_tokens.weight
+    config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=48, max_position_embeddings=32, pad_token_id=0, mask_token_id=3,
+                        sep_token_id=2, tie_word_embeddings=True)
+    BertForMaskedLM(config).save_pretrained(tmp_path / "bert")
+    b = load(tmp_path / "bert")
+    assert b.model.get_output_embeddings().weight is b.model.get_input_embeddings().weight

@@ -31,7 +31,7 @@ def _config(args):
 
 def cmd_sft(args) -> int:
     from maskrl.models import save_model
-    from maskrl.pipeline import load_policy, sft_from_config, task_and_data, write_json
+    from maskrl.pipeline import load_policy, save_prompt_card, sft_from_config, task_and_data, write_json
 
     cfg = _config(args)
     task, _, source, train = task_and_data(cfg)
@@ -40,6 +40,7 @@ def cmd_sft(args) -> int:
     hist = sft_from_config(cfg, adapter, task, train)
     out = Path(args.out or Path(cfg.output_dir) / "model")
     save_model(adapter, out)
+    save_prompt_card(out, task, cfg.model.chat_template, cfg.eval)
     write_json(out / "maskrl_sft.json", {"config": to_dict(cfg), "history": hist, "train_rows": len(train),
                                          "held_out_source": source, "seconds": time.time() - t0})
     print(f"saved SFT model to {out}")
@@ -48,7 +49,7 @@ def cmd_sft(args) -> int:
 
 def cmd_train(args) -> int:
     from maskrl.models import save_model
-    from maskrl.pipeline import load_policy, prompt_formatter, task_and_data, write_json
+    from maskrl.pipeline import load_policy, prompt_formatter, save_prompt_card, task_and_data, write_json
     from maskrl.trainer import RLTrainer, latest_checkpoint
 
     cfg = _config(args)
@@ -70,6 +71,7 @@ def cmd_train(args) -> int:
     trainer.save_checkpoint(Path(cfg.output_dir) / "checkpoints" / f"step_{trainer.step_count}")
     if trainer.acc.is_main_process:
         save_model(trainer.policy_eval, Path(cfg.output_dir) / "model")
+        save_prompt_card(Path(cfg.output_dir) / "model", task, cfg.model.chat_template, cfg.eval)
         print(f"model saved to {Path(cfg.output_dir) / 'model'}; metrics in {Path(cfg.output_dir) / 'metrics.jsonl'}")
     trainer.close()
     return 0
@@ -81,7 +83,7 @@ def cmd_eval(args) -> int:
     summary = run_harness(model=args.model, task_name=args.task, gen_lengths=args.gen_length, limit=args.limit,
                           out_dir=args.out, data_path=args.data, block_length=args.block_length,
                           steps=args.steps, batch_size=args.batch_size, resume=args.resume, device=args.device,
-                          dtype=args.dtype, prompt_template=args.prompt_template, chat_template=not args.no_chat_template)
+                          dtype=args.dtype, prompt_template=args.prompt_template, chat_template=args.chat_template)
     print(summary["markdown"])
     return 0
 
@@ -89,22 +91,47 @@ def cmd_eval(args) -> int:
 def cmd_generate(args) -> int:
     from maskrl.evaluate import complete
     from maskrl.models import load
-    from maskrl.pipeline import prompt_formatter, resolve_device
+    from maskrl.models.loading import parse_dtype
+    from maskrl.pipeline import prompt_formatter, read_prompt_card, resolve_device
     from maskrl.sampling import SamplerConfig
     import torch
 
-    adapter = load(args.model, dtype=args.dtype, device=resolve_device(args.device))
-    fmt = prompt_formatter(adapter, not args.no_chat_template)
-    sampler = SamplerConfig(gen_length=args.gen_length, block_length=args.block_length,
-                            steps=args.steps or args.gen_length // 2 or 1, temperature=args.temperature,
-                            schedule=args.schedule, threshold=args.threshold)
-    gen = torch.Generator(device=adapter.device).manual_seed(args.seed)
+    # every flag is checked before the model is loaded
+    card = read_prompt_card(args.model)
+    es = card["eval_sampler"] if card else {}
+    used = []
+
+    def pick(name, flag, from_card, default):
+        value, where = (flag, "flag") if flag is not None else \
+            (from_card, "model card") if from_card is not None else (default, "default")
+        used.append(f"{name} {value} ({where})")
+        return value
+
+    gen_length = pick("gen_length", args.gen_length, es.get("gen_length"), 64)
+    block_length = pick("block_length", args.block_length, es.get("block_length"), 32)
+    same = card is not None and gen_length == es.get("gen_length") and block_length == es.get("block_length")
+    steps = pick("steps", args.steps, es.get("steps") if same else None, max(1, gen_length // 2))
+    chat = pick("chat_template", args.chat_template, card["chat_template"] if card else None, True)
+    try:
+        dtype = parse_dtype(args.dtype)
+    except ValueError as e:
+        raise ValueError(f"--dtype: {e}") from None
+    try:
+        sampler = SamplerConfig(gen_length=gen_length, block_length=block_length, steps=steps,
+                                temperature=args.temperature, schedule=args.schedule, threshold=args.threshold)
+    except ValueError as e:
+        raise ValueError(f"--gen-length / --block-length / --steps / --temperature / --threshold: {e}") from None
     prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:
         raise ValueError("no prompt: pass --prompt TEXT (repeatable) or lines on stdin")
     empty = [i for i, p in enumerate(prompts) if not p.strip()]
     if empty:
         raise ValueError(f"prompt {empty[0]} is empty")
+    print("maskrl generate: " + "; ".join(used) + (f"; prompt card {Path(args.model) / 'maskrl_prompt.json'}"
+          if card else "; no prompt card") + " (prompts are used as given: no task template)", file=sys.stderr)
+    adapter = load(args.model, dtype=dtype, device=resolve_device(args.device))
+    fmt = prompt_formatter(adapter, chat)
+    gen = torch.Generator(device=adapter.device).manual_seed(args.seed)
     for p, c in zip(prompts, complete(adapter, [fmt(p) for p in prompts], sampler, generator=gen)):
         print(json.dumps({"prompt": p, "completion": c}, ensure_ascii=False))
     return 0
@@ -159,16 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="benchmark a model folder on a task (greedy, same sampler as training)")
     p.add_argument("--model", required=True, help="model folder or hub id")
     p.add_argument("--task", required=True)
-    p.add_argument("--gen-length", default="128,256,512", help="comma-separated completion lengths in tokens")
-    p.add_argument("--block-length", type=int, default=32)
-    p.add_argument("--steps", type=int, default=0, help="denoising steps (0: gen_length/2)")
+    p.add_argument("--gen-length", default=None,
+                   help="comma-separated completion lengths in tokens (default: the model's prompt card, else 128,256,512)")
+    p.add_argument("--block-length", type=int, default=None, help="default: the model's prompt card, else 32")
+    p.add_argument("--steps", type=int, default=None,
+                   help="denoising steps (0: gen_length/2; default: the model's prompt card, else gen_length/2)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--limit", type=int, default=0, help="first N rows only (0: all)")
     p.add_argument("--data", help="data file or folder (default: $MASKRL_DATA_DIR or ../shared/data)")
     p.add_argument("--out", help="output folder (default: runs/eval/<task>)")
     p.add_argument("--resume", action="store_true", help="skip samples already in the output JSONL")
-    p.add_argument("--prompt-template", help="replace the task's prompt template, e.g. '{puzzle}=' for the tiny model")
-    p.add_argument("--no-chat-template", action="store_true", help="feed the task prompts without the chat template")
+    p.add_argument("--prompt-template", help="replace the task's prompt template, e.g. '{puzzle}=' for the tiny model "
+                   "(default: the model's prompt card, else the task's own)")
+    p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
+                   help="apply the tokenizer's chat template (default: the model's prompt card, else on)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
     p.set_defaults(func=cmd_eval)
@@ -176,14 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="complete prompts with a model")
     p.add_argument("--model", required=True)
     p.add_argument("--prompt", action="append", help="prompt text (repeatable; default: lines on stdin)")
-    p.add_argument("--gen-length", type=int, default=64)
-    p.add_argument("--block-length", type=int, default=32)
-    p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--gen-length", type=int, default=None, help="default: the model's prompt card, else 64")
+    p.add_argument("--block-length", type=int, default=None, help="default: the model's prompt card, else 32")
+    p.add_argument("--steps", type=int, default=None, help="default: the model's prompt card, else gen_length/2")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--schedule", default="fixed", choices=["fixed", "threshold"])
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
+                   help="apply the tokenizer's chat template (default: the model's prompt card, else on)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
     p.set_defaults(func=cmd_generate)

@@ -1,7 +1,9 @@
 """The main job (``make demo``): SFT the tiny model, evaluate, run RL, evaluate again.
 
-Writes ``<output_dir>/summary.json`` (base and final metrics with 95 % intervals, steps, wall time,
-where the evaluation rows came from) and ``<output_dir>/curves.png`` (rollout reward and evaluation
+Writes ``<output_dir>/summary.json`` (base and final metrics with 95 % intervals, a paired comparison of
+the two on the same rows -- exact McNemar p-value and paired bootstrap 95 % interval of the accuracy
+gain --, steps, wall time, where the evaluation rows came from), the per-row results of both
+evaluations (``eval_base.jsonl``, ``eval_final.jsonl``) and ``<output_dir>/curves.png`` (rollout reward and evaluation
 accuracy against RL steps), and prints a small table. The SFT model is cached under
 ``<output_dir>/sft-cache/<hash of the settings it depends on>`` and reused by later runs.
 
@@ -19,11 +21,12 @@ from pathlib import Path
 
 from maskrl.config import RunConfig, to_dict
 from maskrl.credit import CREDITS
+from maskrl.evaluate import EvalResult, evaluate_examples
 from maskrl.likelihood import LIKELIHOODS
 from maskrl.objectives import OBJECTIVES
-from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny, save_model
-from maskrl.pipeline import load_policy, prompt_formatter, sft_from_config, task_and_data, write_json
+from maskrl.pipeline import load_policy, prompt_formatter, save_prompt_card, sft_from_config, task_and_data, write_json
+from maskrl.stats import paired_comparison
 from maskrl.trainer import RLTrainer
 
 METRIC_KEYS = ("accuracy", "accuracy_ci95", "cell_accuracy", "cell_accuracy_ci95", "mean_reward", "mean_reward_ci95", "n")
@@ -71,6 +74,18 @@ def plot_curves(history: list[dict], base_acc: float, path: Path) -> None:
     plt.close(fig)
 
 
+#: bootstrap resamples of the paired accuracy-gain interval
+PAIRED_RESAMPLES = 10_000
+
+
+def write_per_item(path: Path, task, examples, result: EvalResult) -> None:
+    """One JSON line per evaluation row: ``{"id", "completion", "reward", "correct"}``, in row order."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for ex, c, r in zip(examples, result.completions, result.rewards):
+            fh.write(json.dumps({"id": ex.id, "completion": c, "reward": float(r), "correct": bool(task.is_correct(r))},
+                                ensure_ascii=False) + "\n")
+
+
 def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
     """Run the main job; returns the summary dict (also written to ``summary.json``)."""
     t_start = time.time()
@@ -101,23 +116,31 @@ def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
     fmt = prompt_formatter(policy, cfg.model.chat_template)
     ev_sampler = cfg.eval
 
-    def evaluate(adapter) -> dict:
-        return evaluate_examples(adapter, task, test, ev_sampler, batch_size=250, prompt_fn=fmt).metrics
+    def evaluate(adapter) -> EvalResult:
+        return evaluate_examples(adapter, task, test, ev_sampler, batch_size=250, prompt_fn=fmt)
 
-    base = evaluate(policy)
+    base_res = evaluate(policy)
+    base = base_res.metrics
     print(f"[demo] base accuracy {base['accuracy']:.3f} on {len(test)} rows ({source})")
 
     # 3. RL
     t1 = time.time()
     trainer = RLTrainer(cfg, policy, task, train, prompt_fn=fmt,
-                        eval_fn=lambda step: _pick(evaluate(trainer.policy_eval)))
+                        eval_fn=lambda step: _pick(evaluate(trainer.policy_eval).metrics))
     history = trainer.train()
     trainer.close()
     rl_seconds = time.time() - t1
 
     # 4. final evaluation (the last step's model; no selection on the evaluation rows)
-    final = evaluate(trainer.policy_eval)
+    final_res = evaluate(trainer.policy_eval)
+    final = final_res.metrics
     save_model(trainer.policy_eval, out / "model")
+    save_prompt_card(out / "model", task, cfg.model.chat_template, ev_sampler)  # maskrl eval / generate read it
+    write_per_item(out / "eval_base.jsonl", task, test, base_res)
+    write_per_item(out / "eval_final.jsonl", task, test, final_res)
+    paired = paired_comparison([task.is_correct(r) for r in base_res.rewards],
+                               [task.is_correct(r) for r in final_res.rewards], resamples=PAIRED_RESAMPLES,
+                               seed=cfg.train.seed)
     summary = {
         "task": task.name,
         "method": OBJECTIVES.name_of(cfg.objective),
@@ -128,6 +151,9 @@ def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
         "base": _pick(base),
         "final": _pick(final),
         "improvement": {"accuracy": final["accuracy"] - base["accuracy"]},
+        # base = "first", final = "second": first_only = rows only the base solved
+        "paired": paired,
+        "per_item": {"base": "eval_base.jsonl", "final": "eval_final.jsonl"},
         "train_steps": trainer.step_count,
         "train_rows": len(train),
         "sft_cached": sft_cached,
@@ -159,5 +185,11 @@ def _print_table(s: dict) -> None:
     print("|-------|------------------------|---------------|")
     print(row("base", s["base"]))
     print(row("final", s["final"]))
+    p = s.get("paired")
+    if p:
+        lo, hi = p["gain_ci95"]
+        print(f"paired on the same {p['n']} rows: accuracy gain {p['gain']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
+              f"(paired bootstrap 95% CI, {p['bootstrap']['resamples']} resamples); exact McNemar p = "
+              f"{p['mcnemar_p']:.3g} (solved only by base {p['first_only']}, only by final {p['second_only']})")
     print(f"RL steps {s['train_steps']}, wall time {s['wall_seconds']:.0f} s "
           f"(SFT {s['sft_seconds']:.0f} s{' cached' if s['sft_cached'] else ''}, RL {s['rl_seconds']:.0f} s)")

@@ -53,7 +53,10 @@ def evaluate_examples(adapter: ModelAdapter, task: Task, examples: Sequence[Exam
                                generator, progress, desc=f"eval {task.name}")
     finally:
         adapter.model.train(was_training)
-    rewards = task.score_examples(examples, completions)
+    from maskrl.health import check_rewards
+
+    rewards = check_rewards(task.score_examples(examples, completions), task.name, [ex.id for ex in examples],
+                            completions)
     return EvalResult(completions, rewards, task.metrics(examples, completions, rewards))
 
 
@@ -226,16 +229,84 @@ def harness_markdown(summary: dict) -> str:
               f"- sampler: greedy (τ = 0), {first['schedule']} schedule, {first['remasking']} remasking, "
               f"block {first['block_length']}; chat template: {'applied' if summary['chat_template'] else 'none'}; "
               f"{summary['dtype']} on {summary['device']}",
+              f"- prompt template {summary['prompt_template']!r}; settings: {describe_settings(summary['settings_used'])}",
               "- samples: " + ", ".join(f"`{r['samples']}`" for r in summary["results"]),
               "- seconds: generation time of this invocation (resumed rows excluded)", ""]
     return "\n".join(lines)
 
 
+def resolve_prompt_settings(model, task_name: str, gen_lengths=None, block_length: int | None = None,
+                            steps: int | None = None, prompt_template: str | None = None,
+                            chat_template: bool | None = None) -> dict[str, dict]:
+    """Each prompt / sampler setting of an evaluation and where it comes from: the argument (a flag)
+    when it is not ``None``, else the model folder's prompt card (``maskrl_prompt.json``, written when
+    the model was trained; used only when it is for ``task_name``), else the default (SPEC §5 lengths
+    128,256,512, block 32, steps ``L/2``, the task's own template, chat template on).
+
+    Returns:
+        ``{name: {"value": v, "from": "flag" | "model card" | "default"}}`` for ``gen_lengths``,
+        ``block_length``, ``steps``, ``prompt_template`` (``None`` = the task's default) and
+        ``chat_template``; plus ``"card"``: ``{"value": path or None, "from": why}``.
+
+    Raises:
+        ValueError: an unreadable prompt card.
+    """
+    from maskrl.pipeline import PROMPT_CARD, read_prompt_card
+
+    card = read_prompt_card(model)
+    note = "none"
+    if card is not None:
+        note = str(Path(model) / PROMPT_CARD)
+        if card["task"] != task_name:
+            note += f" (for task {card['task']!r}: ignored)"
+            card = None
+    es = card["eval_sampler"] if card else {}
+    out: dict[str, dict] = {"card": {"value": note, "from": "model folder"}}
+
+    def pick(name, flag, from_card, default):
+        if flag is not None:
+            out[name] = {"value": flag, "from": "flag"}
+        elif from_card is not None:
+            out[name] = {"value": from_card, "from": "model card"}
+        else:
+            out[name] = {"value": default, "from": "default"}
+        return out[name]["value"]
+
+    lengths = pick("gen_lengths", gen_lengths, [es["gen_length"]] if "gen_length" in es else None,
+                   list(DEFAULT_GEN_LENGTHS))
+    lengths = out["gen_lengths"]["value"] = parse_gen_lengths(lengths)
+    block = pick("block_length", block_length, es.get("block_length"), DEFAULT_BLOCK_LENGTH)
+    same = card is not None and parse_gen_lengths(lengths) == [es.get("gen_length")] and block == es.get("block_length")
+    pick("steps", steps, es.get("steps") if same else None, 0)
+    pick("prompt_template", prompt_template, card["prompt_template"] if card else None, None)
+    pick("chat_template", chat_template, card["chat_template"] if card else None, True)
+    return out
+
+
+def describe_settings(used: dict[str, dict]) -> str:
+    """One line saying which prompt and sampler settings an evaluation used and where each came from."""
+    parts = []
+    for name, d in used.items():
+        if name == "card":
+            continue
+        v = d["value"]
+        if name == "prompt_template" and v is None:
+            v = "the task's default"
+        elif name == "steps" and v == 0:
+            v = "gen_length/2"
+        elif name == "chat_template":
+            v = "on" if v else "off"
+        elif name == "prompt_template":
+            v = repr(v)
+        parts.append(f"{name} {v} ({d['from']})")
+    return "; ".join(parts) + f"; prompt card: {used['card']['value']}"
+
+
 def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_lengths: str | int | Sequence[int]
-                = DEFAULT_GEN_LENGTHS, limit: int | None = 0, out_dir: str | os.PathLike | None = None,
-                data_path: str | os.PathLike | None = None, block_length: int = DEFAULT_BLOCK_LENGTH,
-                steps: int = 0, batch_size: int = 16, resume: bool = False, device: str = "auto",
-                dtype: str = "float32", chat_template: bool = True, progress: bool = True,
+                | None = None, limit: int | None = 0, out_dir: str | os.PathLike | None = None,
+                data_path: str | os.PathLike | None = None, block_length: int | None = None,
+                steps: int | None = None, batch_size: int = 16, resume: bool = False, device: str = "auto",
+                dtype: str = "float32", chat_template: bool | None = None, progress: bool = True,
                 prompt_template: str | None = None) -> dict:
     """Benchmark a model on a task at several completion lengths: the body of ``maskrl eval`` (SPEC §5).
 
@@ -255,6 +326,12 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
       interval, mean reward with a normal 95 % interval, ``n``, the task's extra metrics, sampler
       settings and generation seconds;
     - ``summary.md``: a Markdown table, one row per ``L`` (cells as in ``maskrl score``).
+
+    Settings left ``None`` (``gen_lengths``, ``block_length``, ``steps``, ``prompt_template``,
+    ``chat_template``) come from the model folder's prompt card when it has one for this task (how the
+    model was trained: :func:`maskrl.pipeline.save_prompt_card`), else the defaults; see
+    :func:`resolve_prompt_settings`. What was used, and from where, is in ``summary["settings_used"]``
+    and in ``summary.md``.
 
     Args:
         model: model folder or Hub id (loaded with :func:`maskrl.models.load`), or a loaded adapter.
@@ -285,13 +362,24 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
         KeyError: unknown task (listing the valid ones).
         FileNotFoundError: missing model or data file.
     """
+    from maskrl.health import check_rewards
     from maskrl.models import load
     from maskrl.pipeline import prompt_formatter, resolve_device, write_json
     from maskrl.scoring import file_source
     from maskrl.tasks import get_task
 
+    from maskrl.models.loading import parse_dtype
+
     t_start = time.time()
+    used = resolve_prompt_settings(model, task_name, gen_lengths, block_length, steps, prompt_template, chat_template)
+    gen_lengths, block_length, steps, prompt_template, chat_template = (
+        used[k]["value"] for k in ("gen_lengths", "block_length", "steps", "prompt_template", "chat_template"))
     samplers = harness_samplers(gen_lengths, block_length, steps)
+    if not isinstance(model, ModelAdapter):
+        try:
+            parse_dtype(dtype)
+        except ValueError as e:
+            raise ValueError(f"--dtype: {e}") from None
     if not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size (--batch-size) must be a positive integer, got {batch_size!r}")
     if limit is not None and (not isinstance(limit, int) or limit < 0):
@@ -342,7 +430,8 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
                     batch = pending[s:s + batch_size]
                     completions = complete(adapter, [prompts[ex.id] for ex in batch], sampler,
                                            batch_size=len(batch))
-                    rewards = [float(r) for r in task.score_examples(batch, completions)]
+                    rewards = check_rewards(task.score_examples(batch, completions), task.name,
+                                            [ex.id for ex in batch], completions)
                     for ex, c, r in zip(batch, completions, rewards):
                         row = {"id": ex.id, "gen_length": L, "prompt": prompts[ex.id], "completion": c,
                                "reward": r, "correct": bool(task.is_correct(r))}
@@ -366,6 +455,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
         "n_data_rows": len(all_examples), "limit": limit or None, "chat_template": templated,
         "device": str(adapter.device), "dtype": settings["dtype"], "batch_size": batch_size,
         "results": results, "seconds": time.time() - t_start,
+        "prompt_template": task.prompt_template, "settings_used": used,
     }
     write_json(out / "summary.json", summary)
     markdown = harness_markdown(summary)

@@ -23,7 +23,7 @@ def resolve_device(name: str) -> torch.device:
 
 def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
     """The model of a run: ``path`` (or ``cfg.model.path``) loaded with :func:`maskrl.models.load`,
-    else a freshly initialised tiny model; then LoRA and gradient checkpointing as configured."""
+    else a freshly initialised tiny model (cast to ``model.dtype``); then LoRA and gradient checkpointing as configured."""
     from maskrl.models import load
 
     mc = cfg.model
@@ -34,6 +34,9 @@ def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
         t = mc.tiny
         adapter = build_tiny(hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
                              intermediate_size=t.intermediate_size, seed=t.seed)
+        from maskrl.models.loading import parse_dtype
+
+        adapter.model.to(parse_dtype(mc.dtype))  # model.dtype applies to the built-in model too
     if adapter.tokenizer is None:
         raise ValueError(f"model {path!r} has no tokenizer files; maskrl needs one to encode prompts")
     if mc.gradient_checkpointing:
@@ -117,3 +120,44 @@ def sft_from_config(cfg: RunConfig, adapter: ModelAdapter, task: Task, train: li
                    max_grad_norm=sc.max_grad_norm, seed=sc.seed, log_every=sc.log_every,
                    prompt_fn=prompt_formatter(adapter, cfg.model.chat_template), progress=progress)
 
+
+#: the file in a saved model folder that records how the model was trained to be prompted and evaluated
+PROMPT_CARD = "maskrl_prompt.json"
+
+
+def save_prompt_card(folder: str | Path, task: Task, chat_template: bool, eval_sampler) -> Path:
+    """Write ``folder/maskrl_prompt.json``: the task, its prompt template as used in training, whether the
+    chat template was applied, and the evaluation sampler (a :class:`~maskrl.sampling.SamplerConfig`).
+
+    ``maskrl eval`` and ``maskrl generate`` read it (:func:`read_prompt_card`) and use it unless a flag
+    says otherwise, so a saved model is evaluated the way it was trained (issue 13 item 8).
+    """
+    import dataclasses
+
+    path = Path(folder) / PROMPT_CARD
+    write_json(path, {"task": task.name, "prompt_template": task.prompt_template, "chat_template": bool(chat_template),
+                      "eval_sampler": dataclasses.asdict(eval_sampler)})
+    return path
+
+
+def read_prompt_card(model) -> dict | None:
+    """The :data:`PROMPT_CARD` of a model folder, or ``None`` (no such file, a Hub id, an in-memory model).
+
+    Raises:
+        ValueError: the file exists but is not a JSON object with the keys :func:`save_prompt_card` writes.
+    """
+    import json
+
+    if not isinstance(model, (str, Path)):
+        return None
+    path = Path(model) / PROMPT_CARD
+    if not path.is_file():
+        return None
+    try:
+        card = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable ({e})") from None
+    need = ("task", "prompt_template", "chat_template", "eval_sampler")
+    if not isinstance(card, dict) or any(k not in card for k in need) or not isinstance(card["eval_sampler"], dict):
+        raise ValueError(f"{path}: expected an object with keys {', '.join(need)}")
+    return card

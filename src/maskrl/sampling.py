@@ -68,6 +68,9 @@ class SamplerConfig:
         if self.schedule == "fixed" and (self.steps <= 0 or self.steps % self.num_blocks):
             raise ValueError(f"steps (={self.steps}) must be a positive multiple of the number of blocks "
                              f"gen_length/block_length = {self.num_blocks}")
+        if self.schedule == "fixed" and self.steps > self.gen_length:
+            raise ValueError(f"steps (={self.steps}) must be <= gen_length (={self.gen_length}): each step commits "
+                             "at least one token, so more steps than tokens cannot run")
         if self.temperature < 0:
             raise ValueError(f"temperature (={self.temperature}) must be >= 0")
         if not 0.0 < self.threshold <= 1.0:

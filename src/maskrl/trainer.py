@@ -17,6 +17,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,10 @@ from transformers import get_scheduler
 from maskrl.advantages import informative_groups
 from maskrl.config import RunConfig, to_dict
 from maskrl.credit import CREDITS, CreditBatch, CreditContext, apply_credit
+from maskrl.health import NonFiniteError, NonFiniteLogits, check_rewards, collapse_message, nonfinite_rows, \
+    rollout_diagnostics
 from maskrl.models.adapter import ModelAdapter
+from maskrl.models.scale import rl_train_mode
 from maskrl.sampling import generate
 from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
@@ -38,6 +42,7 @@ from maskrl.types import LossTerm, Rollout
 
 
 TRAINER_STATE = "trainer_state.pt"
+log = logging.getLogger(__name__)
 
 
 def mask_seed(base: int, step: int, iteration: int, micro_batch: int, term: int = 0) -> int:
@@ -172,6 +177,9 @@ class RLTrainer:
         self.out_dir = Path(cfg.output_dir)
         self._writer = None
         self._metrics_fh = None
+        self.nonfinite_skips = 0  # steps skipped under train.on_nonfinite: skip (maskrl.health)
+        self._skip_reason: str | None = None
+        self._collapse_warned = False
 
     # ------------------------------------------------------------------ stages
     def sample_prompts(self) -> list[Example]:
@@ -190,11 +198,17 @@ class RLTrainer:
         group_ids = torch.arange(len(examples)).repeat_interleave(g)
         ids, mask = encode_prompts(self.policy.tokenizer, [self.prompt_fn(ex.prompt) for ex in rows])
         self.policy_eval.model.eval()
-        observers = [o for _, c in self.credits for o in c.observers(self.sampler)]
+        guard = NonFiniteLogits(self.policy.mask_id)
+        observers = [guard] + [o for _, c in self.credits for o in c.observers(self.sampler)]
         rollout = generate(self.policy_eval, ids, mask, self.sampler, generator=self.rollout_gen, group_ids=group_ids,
                            all_done=self.all_done, observers=observers)
+        if guard.step is not None:
+            self._nonfinite("logits", guard.rows, f" (sampler step {guard.step})")
+        self._check("commit_prob", rollout.commit_prob)
         completions = decode_completions(self.policy.tokenizer, rollout.completion_ids, rollout.completion_mask)
-        rewards = torch.tensor(self.task.score_examples(rows, completions), dtype=torch.float32, device=self.device)
+        scores = check_rewards(self.task.score_examples(rows, completions), self.task.name, [ex.id for ex in rows],
+                               completions)
+        rewards = torch.tensor(scores, dtype=torch.float32, device=self.device)
         adv = self.objective.advantages(rewards, rollout.group_ids)  # [N]
         valid = rollout.completion_mask
         cb = CreditBatch(rollout=rollout, rewards=rewards, advantages=adv[:, None] * valid.float(),  # [N, L]
@@ -202,8 +216,34 @@ class RLTrainer:
         if self.credits:
             contexts = [self._credit_context(rows, rewards, rollout.group_ids, adv, i) for i in range(len(self.credits))]
             cb = apply_credit(self.credits, cb, contexts)
+        self._check("advantages", cb.advantages)
         return Batch(rollout=rollout, rewards=rewards, advantages=cb.advantages, completions=completions,
                      loss_mask=cb.loss_mask, base_weight=cb.base_weight, terms=cb.terms, metrics=dict(cb.metrics))
+
+    # ------------------------------------------------------------------ health (maskrl.health)
+    def _nonfinite(self, stage: str, rows: list[int], detail: str = "") -> None:
+        """A non-finite ``stage`` in ``rows``: raise (``train.on_nonfinite: error``) or remember it so that
+        this step makes no update (``skip``)."""
+        err = NonFiniteError(stage, self.step_count + 1, rows, detail)
+        if self.tc.on_nonfinite == "error":
+            raise err
+        if self._skip_reason is None:
+            self._skip_reason = str(err)
+
+    def _check(self, stage: str, x: torch.Tensor, detail: str = "") -> bool:
+        """True when ``x`` is all finite; else :meth:`_nonfinite` and False."""
+        rows = nonfinite_rows(x)
+        if rows:
+            self._nonfinite(stage, rows if x.dim() else [], detail)
+        return not rows
+
+    def _any_rank(self, flag: bool) -> bool:
+        """``flag`` or-ed over processes, so that every rank skips the same updates (a collective only
+        under ``on_nonfinite: skip``; under ``error`` a bad value has raised already)."""
+        if self.acc.num_processes == 1 or self.tc.on_nonfinite != "skip":
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        return self.acc.reduce(t, reduction="sum").item() > 0
 
     def _credit_context(self, rows: list[Example], rewards: torch.Tensor, group_ids: torch.Tensor, adv: torch.Tensor,
                         index: int) -> CreditContext:
@@ -280,38 +320,60 @@ class RLTrainer:
                 for ti, t, _, work in plans:
                     for mb, sl, _ in work:
                         sub, need = t.rollout.select(sl), t.mask[sl]
+                        where = f" (term {t.name}, micro-batch {mb})"
                         if mu > 1 and t.objective.uses_ratio:
                             old[ti, k, mb] = self._loglik(t, self.policy_eval, sub, seed(ti, k, mb), need)
+                            self._check("log-probs (θ_old)", old[ti, k, mb], where)
                         if t.objective.needs_reference:
                             ref[ti, k, mb] = self._ref_loglik(t, sub, seed(ti, k, mb), need)
-        self.policy.model.train()
+                            self._check("log-probs (reference)", ref[ti, k, mb], where)
+        rl_train_mode(self.policy.model, dropout=self.tc.dropout)
         sums: dict[str, float] = {}
         flat = [(ti, t, normalizer, mb, sl) for ti, t, normalizer, work in plans for mb, sl, _ in work]
         for k in range(mu):
+            if k == 0 and self._any_rank(self._skip_reason is not None):  # θ_old / reference (on_nonfinite: skip)
+                self._skip_update(k, mu)
+                break
             self.optimizer.zero_grad(set_to_none=True)
             for w, (ti, t, normalizer, mb, sl) in enumerate(flat):
                 sub, need = t.rollout.select(sl), t.mask[sl]
                 sync = w == len(flat) - 1
                 ctx = self.acc.no_sync(self.policy.model) if not sync else contextlib.nullcontext()
                 with ctx:
+                    where = f" (term {t.name}, micro-batch {mb}, inner iteration {k})"
                     logp = self._loglik(t, self.policy, sub, seed(ti, k, mb), need)
+                    self._check("log-probs (θ)", logp, where)
                     logp_old = old.get((ti, k, mb), logp.detach())
                     out = t.objective(logp, logp_old, ref.get((ti, k, mb)), t.advantages[sl], need,
                                       normalizer=normalizer)
                     if out.loss.dim() != 0:
                         raise ValueError(f"loss term {t.name!r}: objective {type(t.objective).__name__} returned a "
                                          f"loss of shape {tuple(out.loss.shape)}; expected a scalar")
+                    self._check("loss", out.loss.detach(), where)
                     self.acc.backward(t.weight * out.loss)
                 for name, v in out.metrics.items():
                     key = f"{t.name}/{name}"
                     sums[key] = sums.get(key, 0.0) + v / mu
-            if self.tc.max_grad_norm > 0:
-                gn = self.acc.clip_grad_norm_(self.policy.model.parameters(), self.tc.max_grad_norm)
+            # max_norm inf: the norm without clipping, for the finiteness check
+            gn = self.acc.clip_grad_norm_(self.policy.model.parameters(), self.tc.max_grad_norm or float("inf"))
+            if self.tc.max_grad_norm > 0 and gn is not None:
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(gn) / mu
+            if gn is not None:  # (accelerate's DeepSpeed path clips inside the engine and returns None)
+                self._check("grad norm", torch.as_tensor(gn), f" (inner iteration {k})")
+            if self._any_rank(self._skip_reason is not None):
+                self._skip_update(k, mu)
+                break
             self.optimizer.step()
             self.scheduler.step()
         self.policy.model.eval()
         return self._mean_over_processes(sums)
+
+    def _skip_update(self, k: int, mu: int) -> None:
+        """Drop this step's update from inner iteration ``k`` on (``on_nonfinite: skip``); the schedule
+        still advances by the remaining iterations, so it stays tied to the step count."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for _ in range(k, mu):
+            self.scheduler.step()
 
     def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
         """Average each metric over the processes (a key missing on a process counts as 0 there)."""
@@ -342,13 +404,28 @@ class RLTrainer:
     def step(self) -> dict:
         """One RL step: collect a batch, optimise on it, return the step's metrics."""
         t0 = time.time()
-        lr = self.scheduler.get_last_lr()[0]  # the rate of this step's first optimizer step
+        lr = self.optimizer.param_groups[0]["lr"]  # the rate of this step's first optimizer step
+        self._skip_reason = None
         batch = self.collect()
         t1 = time.time()
-        metrics = self.optimize(batch)
+        if self._any_rank(self._skip_reason is not None):  # train.on_nonfinite: skip, at the rollout
+            self._skip_update(0, self.tc.inner_iterations)
+            metrics = {}
+        else:
+            metrics = self.optimize(batch)
+        if self._any_rank(self._skip_reason is not None):
+            self.nonfinite_skips += 1
+            log.warning("step skipped (train.on_nonfinite: skip): %s", self._skip_reason or "on another process")
         metrics.update({f"credit/{k}": v for k, v in batch.metrics.items()})
         rewards = self.acc.gather(batch.rewards)
         self.step_count += 1
+        diag = rollout_diagnostics(batch.rollout.completion_ids, batch.rollout.completion_mask, batch.rollout.commit_prob)
+        metrics.update(diag)
+        metrics["nonfinite_skips"] = self.nonfinite_skips
+        warning = collapse_message(diag, self.step_count)
+        if warning and not self._collapse_warned:
+            log.warning(warning)
+        self._collapse_warned = warning is not None
         metrics.update({
             "step": self.step_count,
             "reward": rewards.mean().item(),
@@ -378,7 +455,8 @@ class RLTrainer:
             if self.step_count % max(1, self.tc.log_every) == 0:
                 self.log(m)
             bar.update(1)
-            bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m.get('base/kl', 0.0):.4f}", s_per_step=f"{m['seconds']:.2f}")
+            bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m.get('base/kl', 0.0):.4f}", nll=f"{m['commit_nll']:.3f}",
+                            distinct=f"{m['distinct_frac']:.2f}", s_per_step=f"{m['seconds']:.2f}")
             if self.tc.save_every and self.step_count % self.tc.save_every == 0:
                 self.save_checkpoint(self.out_dir / "checkpoints" / f"step_{self.step_count}")
         bar.close()
@@ -434,6 +512,30 @@ class RLTrainer:
         self.step_count = int(state["step"])
         self.data_gen.set_state(state["data_gen"])
         self.rollout_gen.set_state(state["rollout_gen"])
+        self._follow_schedule(state.get("config", {}).get("train", {}))
+
+    def _follow_schedule(self, saved: dict) -> None:
+        """After a resume, make the learning rate that of *this* run's schedule at the restored step.
+
+        The optimizer state restores the last rate of the saved run (0.0 at the end of a ``linear``
+        schedule) and the scheduler's counter, while the schedule function is this run's (its
+        ``train.steps``, ``warmup_steps``, ``lr``, ``lr_scheduler``). Without this, the first resumed
+        step would run at the saved run's last rate (issue 13 item 3). The schedule's base rate is set
+        to this run's ``train.lr``; a change of these settings is logged.
+        """
+        inner = getattr(self.scheduler, "scheduler", self.scheduler)  # accelerate's wrapper holds it
+        inner.base_lrs = [self.tc.lr for _ in inner.base_lrs]
+        inner.last_epoch = self.step_count * self.tc.inner_iterations  # μ scheduler steps per RL step
+        for group, base, fn in zip(self.optimizer.param_groups, inner.base_lrs, inner.lr_lambdas):
+            group["initial_lr"] = base
+            group["lr"] = base * fn(inner.last_epoch)
+        changed = [f"train.{k} {saved[k]!r} -> {getattr(self.tc, k)!r}"
+                   for k in ("steps", "lr", "lr_scheduler", "warmup_steps", "inner_iterations")
+                   if k in saved and saved[k] != getattr(self.tc, k)]
+        if changed and self.acc.is_main_process:
+            log.warning("resumed at step %d with other schedule settings (%s): the learning rate follows this "
+                        "run's schedule from step %d (lr %.3g)", self.step_count, "; ".join(changed),
+                        self.step_count + 1, self.optimizer.param_groups[0]["lr"])
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

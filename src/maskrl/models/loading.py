@@ -42,7 +42,14 @@ Families and what is converted
         model.transformer.ff_out.weight                 -> lm_head.weight
 
     Refused (``NotImplementedError`` naming the key): any config value above that the Llama class
-    cannot express (biases, QK-norm, ALiBi, tied output, non-SiLU / non-Llama blocks, ...).
+    cannot express (biases, QK-norm, ALiBi, non-SiLU / non-Llama blocks, ...). ``weight_tying: true``
+    becomes ``tie_word_embeddings=True``: the output layer is the embedding and no ``ff_out`` is read.
+
+Tied output layers (every family): a config with ``tie_word_embeddings: true`` (LLaDA:
+``weight_tying: true``) needs no ``lm_head.weight`` in the checkpoint; the output layer is tied to the
+embedding with ``PreTrainedModel.tie_weights()``, as ``from_pretrained`` does (a stored copy is not
+read, also as in transformers). ``masked_lm`` and maskrl folders load through ``from_pretrained``,
+which ties them itself.
 
 ``dream`` (``model_type: "Dream"``, e.g. ``Dream-org/Dream-v0-Instruct-7B``)
     Qwen2 config keys and Qwen2 weight names (q/k/v with bias, o_proj without), loaded into
@@ -131,10 +138,7 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
             tensor of the wrong shape (named), or no mask token for a masked LM.
         NotImplementedError: a config value the native class cannot express (the key is named).
     """
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"load(): dtype must be a torch.dtype or its name, got {dtype!r}")
+    dtype = parse_dtype(dtype)
     folder = resolve(path_or_id, revision=revision)
     cfg = read_config(folder)
     family = detect_family(cfg, folder)
@@ -181,6 +185,29 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
         if getattr(adapter, name) is None:
             raise ValueError(f"load({str(path_or_id)!r}): no {name} in config.json or tokenizer; pass {name}=...")
     return adapter
+
+
+#: names accepted for a parameter dtype (``--dtype``, ``model.dtype``), with their common aliases
+DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+               "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+               "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A floating ``torch.dtype`` from itself or its name (``"bfloat16"``, ``"bf16"``, ``"torch.float32"``, ...).
+
+    Raises:
+        ValueError: naming the value given and listing the valid names (for an unknown name, a
+            non-floating dtype or another type).
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPE_NAMES.values():
+            return dtype
+    elif isinstance(dtype, str):
+        key = dtype.strip().lower().removeprefix("torch.")
+        if key in DTYPE_NAMES:
+            return DTYPE_NAMES[key]
+    raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,7 +275,7 @@ def llada_config(cfg: dict):
     from transformers import LlamaConfig
 
     expected = {"block_type": "llama", "activation_type": "silu", "layer_norm_type": "rms", "rope": True,
-                "alibi": False, "weight_tying": False, "include_bias": False, "include_qkv_bias": False,
+                "alibi": False, "include_bias": False, "include_qkv_bias": False,
                 "attention_layer_norm": False, "input_emb_norm": False, "scale_logits": False,
                 "bias_for_layer_norm": False, "layer_norm_with_affine": True, "clip_qkv": None,
                 "multi_query_attention": None}
@@ -271,7 +298,8 @@ def llada_config(cfg: dict):
         rms_norm_eps=float(cfg.get("rms_norm_eps", cfg.get("layer_norm_eps", 1e-5))),
         rope_parameters={"rope_type": "default", "rope_theta": float(cfg.get("rope_theta", 10000.0))},
         max_position_embeddings=int(cfg.get("max_sequence_length", 4096)), attention_bias=False, mlp_bias=False,
-        attention_dropout=float(cfg.get("attention_dropout", 0.0)), tie_word_embeddings=False, use_cache=False,
+        attention_dropout=float(cfg.get("attention_dropout", 0.0)), use_cache=False,
+        tie_word_embeddings=bool(cfg.get("weight_tying")),  # OLMo: logits = h @ wte.weight^T, no ff_out
         mask_token_id=cfg.get("mask_token_id", LLADA_MASK_ID), eos_token_id=cfg.get("eos_token_id", LLADA_EOS_ID),
         pad_token_id=None, bos_token_id=cfg.get("bos_token_id"),  # pad: see _NO_PADDING_IDX
     )
@@ -410,9 +438,17 @@ def _build_and_load(config, folder: Path, to_native: Callable[[str], str | None]
     with init_empty_weights(include_buffers=False):  # parameters on "meta", RoPE buffers real
         model = model_cls(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    # tied output layer (config tie_word_embeddings / LLaDA weight_tying): transformers' state_dict lists
+    # lm_head.weight although it *is* the embedding; the checkpoint need not hold it (small Qwen2
+    # conversions do not) and, as in transformers, a stored copy is not used
+    tied = _tied_keys(model)
+    for k in tied:
+        expected.pop(k, None)
 
     files = checkpoint_files(folder)
     native = {name: to_native(name) for name in files}
+    files = {name: f for name, f in files.items() if native[name] not in tied}
+    native = {name: n for name, n in native.items() if n not in tied}
     unexpected = [name for name, n in native.items() if n is None or n not in expected]
     missing = [k for k in expected if k not in set(native.values())]
     if missing or unexpected:
@@ -429,8 +465,21 @@ def _build_and_load(config, folder: Path, to_native: Callable[[str], str | None]
              if tuple(v.shape) != expected[k]]
     if wrong:
         raise ValueError(f"checkpoint {str(folder)!r}: tensors of the wrong shape for the config: {_listing(wrong)}")
-    model.load_state_dict(state, strict=True, assign=True)
+    result = model.load_state_dict(state, strict=False, assign=True)
+    left = [k for k in result.missing_keys if k not in tied]
+    if left or result.unexpected_keys:  # pragma: no cover - excluded by the name check above
+        raise ValueError(f"checkpoint {str(folder)!r}: missing {left}, unexpected {result.unexpected_keys}")
+    if tied:
+        model.tie_weights()  # transformers' public API: lm_head.weight is embed_tokens.weight again
     return model.to(device or "cpu").eval()
+
+
+def _tied_keys(model: torch.nn.Module) -> set[str]:
+    """State-dict names that the model ties to the input embedding: ``{"lm_head.weight"}`` when its
+    config says ``tie_word_embeddings`` (Llama / Qwen2 name the output layer ``lm_head``), else empty."""
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return set()
+    return {"lm_head.weight"} & set(model.state_dict())
 
 
 def _load_masked_lm(folder: Path, dtype: torch.dtype, device) -> torch.nn.Module:

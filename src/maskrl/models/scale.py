@@ -114,3 +114,27 @@ def chat_prompt(tokenizer: Any, user_text: str) -> str:
         return user_text
     return tokenizer.apply_chat_template([{"role": "user", "content": user_text}],
                                          add_generation_prompt=True, tokenize=False)
+
+
+def rl_train_mode(model: torch.nn.Module, dropout: bool = False) -> torch.nn.Module:
+    """Put ``model`` in the mode of the policy's RL forward (the one with gradients).
+
+    With ``dropout=False`` (the default, config ``train.dropout: false``) every module is put in
+    ``eval()`` mode -- dropout of every kind off (``nn.Dropout``, LoRA dropout, the attention
+    probabilities' functional dropout) -- except the layers with gradient checkpointing switched
+    on, which keep ``training = True`` (non-recursively) because transformers checkpoints a layer only
+    in training mode. θ then computes the same function as θ_old and the rollout policy (which run in
+    ``eval()``), so the importance ratio is exactly 1 while the weights have not moved
+    (issue 13 item 4). ``dropout=True`` is plain ``model.train()``.
+
+    Returns ``model`` (modified in place).
+    """
+    if dropout:
+        return model.train()
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.eval()
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer) and module.gradient_checkpointing:
+            module.training = True
+    return model
