@@ -56,6 +56,8 @@ class TaskConfig:
     train_size: int = 4000
     train_seed: int = 1234
     eval_limit: int = 0  # 0 = all rows
+    # score 0 for a completion cut off before any final answer (reasoning never closed, no answer span)
+    require_final_answer: bool = False
 
 
 @dataclass
