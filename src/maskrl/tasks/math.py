@@ -97,8 +97,10 @@ def clean_answer(answer: str) -> str:
 
 
 def _plain(s: str) -> str:
-    """``s`` without dollar signs, thin spaces, spaces and thousands commas (for :func:`form_matches`)."""
-    for junk in ("\\$", "$", "\\!", "\\,", " "):
+    """``s`` without what MATH's answer check ignores (dollar signs, percent and degree signs, thin
+    spaces, a trailing ``\\text{ unit}``), spaces and thousands commas (for :func:`form_matches`)."""
+    s = re.sub(r"\\(?:text|mbox|mathrm)\s*\{[^{}]*\}(?:\^\{?\d\}?)?\s*$", "", s.strip())
+    for junk in ("\\$", "$", "\\%", "%", "^{\\circ}", "^\\circ", "\\!", "\\,", " "):
         s = s.replace(junk, "")
     return re.sub(r"(?<=\d),(?=\d{3}\b)", "", s)
 
