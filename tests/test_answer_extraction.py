@@ -259,6 +259,12 @@ def test_json_with_backticks_in_a_string(text):
     assert schema_reward(SCHEMA, text) == 1.0
 
 
+@pytest.mark.parametrize("ch", list(MINUS_CHARS))
+def test_json_minus_like_characters_outside_strings(ch):
+    assert extract_json(f'{{"n": {ch}5, "note": "a {ch} b"}}') == {"n": -5, "note": f"a {ch} b"}
+    assert extract_json(f'```json\n[{ch}1, "\\"{ch}"]\n```') == [-1, f'"{ch}']
+
+
 def test_json_cut_off_and_unparsable_fence():
     with pytest.raises(NoJSON):
         extract_json('<reasoning>the value will be {"note": "a", "n": 1}', require_final_answer=True)

@@ -15,7 +15,9 @@ grids, JSON values, code) goes through these helpers, so the rules are the same 
    off before any final answer: its kind is ``"cut_off"`` and tasks built with
    ``require_final_answer=True`` score it 0 (the default grades the whole text).
 3. **Minus signs.** Minus-like characters (U+2212 minus, en/em dashes, figure dash, small and
-   full-width hyphen-minus; :data:`MINUS_CHARS`) are read as ``-`` (:func:`normalize_minus`).
+   full-width hyphen-minus; :data:`MINUS_CHARS`) are read as ``-`` (:func:`normalize_minus`); in
+   JSON only outside strings (:func:`normalize_minus_outside_strings`), whose contents stay as
+   written. Code is left as written.
 4. **Fences.** A fenced block opens with a line starting with three backticks (optionally a
    language tag) and closes only at a line holding nothing but three backticks (CommonMark); a
    block left open runs to the end of the text. So backticks inside a JSON string or a Python
@@ -49,6 +51,28 @@ _BOX_NOBRACE_RE = re.compile(r"\\boxed\s+([^\s${}]+)")
 def normalize_minus(text: str) -> str:
     """``text`` with every character of :data:`MINUS_CHARS` replaced by ``-``."""
     return text.translate(_MINUS_TABLE)
+
+
+def normalize_minus_outside_strings(text: str) -> str:
+    """:func:`normalize_minus` applied outside double-quoted strings only (JSON: ``{"n": −5}`` reads
+    as ``{"n": -5}``, while ``"a – b"`` inside a string stays as written). Backslash escapes inside
+    strings are honoured."""
+    out = []
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+            out.append(ch)
+        else:
+            if ch == '"':
+                in_string = True
+            out.append("-" if ch in MINUS_CHARS else ch)
+    return "".join(out)
 
 
 def cut_at_eos(text: str) -> str:

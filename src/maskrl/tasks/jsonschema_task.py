@@ -8,8 +8,8 @@ validates against the row's schema with the ``jsonschema`` library, else 0.0.
   ``</reasoning>`` when there is one) is tried whole as one JSON value first; else the first
   ```` ```json ```` fenced block (else the first plain ```` ``` ```` block), a fence closing only at
   a line holding nothing but three backticks, so backticks inside a JSON string do not end it;
-  else the first (outermost) ``{...}``/``[...]`` value in the text. ``NaN``/``Infinity`` are
-  rejected (not JSON).
+  else the first (outermost) ``{...}``/``[...]`` value in the text. Minus-like characters outside
+  strings read as ``-`` (``{"n": −5}``). ``NaN``/``Infinity`` are rejected (not JSON).
 * Validator class: from the schema's ``$schema`` (drafts 3, 4, 6, 7, 2019-09, 2020-12). Without
   ``$schema`` (all of Glaiveai2K, about a quarter of the GitHub subsets) we use **Draft 7**: 99.6 %
   of the schemas that declare a draft declare draft-04/06/07, and undeclared ones use draft-7-era
@@ -42,7 +42,7 @@ import referencing.exceptions
 import referencing.jsonschema
 
 from maskrl.tasks.base import TASKS, DataError, Example, Task, iter_jsonl, require
-from maskrl.tasks.extract import fenced_blocks, final_part
+from maskrl.tasks.extract import fenced_blocks, final_part, normalize_minus_outside_strings
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def extract_json(text: str, prompt: str | None = None, require_final_answer: boo
     part = final_part(text, prompt, minus=False)
     if part.is_cut_off and require_final_answer:
         raise NoJSON("cut off before a final answer")
-    stripped = part.text.strip()
+    stripped = normalize_minus_outside_strings(part.text.strip())
     try:
         return _DECODER.decode(stripped)
     except (ValueError, RecursionError):
