@@ -245,10 +245,20 @@ def _maskrl_extracted(task_key: str, task, ex, completion: str):
     return extract_grid_digits(completion, ex.prompt)
 
 
-def run(gen_dir: Path, data_root: Path, out: Path, disagreements: Path) -> dict:
+def run(gen_dir: Path, data_root: Path, out: Path, disagreements: Path, tasks: tuple[str, ...] | None = None) -> dict:
+    """Score every generation file and write the table and the disagreements (module docstring).
+
+    Args:
+        tasks: keys of :data:`TASK_NAMES` to run (default: all).
+
+    Returns:
+        ``{"generations_dir", "rows": [one entry per task and length]}`` (also written to ``out``).
+    """
     table: dict = {"generations_dir": str(gen_dir), "rows": []}
     disagreement_rows = []
     for task_key, task_name in TASK_NAMES.items():
+        if tasks is not None and task_key not in tasks:
+            continue
         task = get_task(task_name)
         strict = get_task(task_name, answer_form="strict") if task_key in ("gsm8k", "math500") else None
         examples, index = _row_index(task_key, task, data_root)
@@ -324,12 +334,17 @@ def main() -> None:
     ap.add_argument("--data", default=str(data) if data else None, help="maskrl data folder")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grader_parity.json"))
     ap.add_argument("--disagreements", default=str(ROOT / "benchmarks" / "results" / "grader_parity_disagreements.jsonl"))
+    ap.add_argument("--tasks", default=",".join(TASK_NAMES), help=f"comma-separated subset of {','.join(TASK_NAMES)}")
     args = ap.parse_args()
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    unknown = [t for t in tasks if t not in TASK_NAMES]
+    if unknown:
+        ap.error(f"--tasks: unknown {unknown}; valid: {', '.join(TASK_NAMES)}")
     if not args.generations or not Path(args.generations).is_dir():
         ap.error(f"--generations: no folder {args.generations!r}")
     if not args.data:
         ap.error("--data: no data folder found; pass one")
-    run(Path(args.generations), Path(args.data), Path(args.out), Path(args.disagreements))
+    run(Path(args.generations), Path(args.data), Path(args.out), Path(args.disagreements), tasks)
 
 
 if __name__ == "__main__":

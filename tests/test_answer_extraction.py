@@ -215,6 +215,7 @@ PROSE = ("\nTo solve this 4x4 Sudoku puzzle, we need to fill in the empty cells 
 
 @pytest.mark.parametrize("text,expected", [
     (PROSE, 0.0),                                                       # digits of prose never count
+    ("314224314x213132", 7 / 8),                                        # a stray letter is not prose
     (PROSE + "</reasoning>" + EOT, 0.0),
     (f"The solved 4x4 Sudoku puzzle is: {SOL}", 1.0),                   # "4x4" does not shift the grid
     ("The solved 4x4 Sudoku puzzle is:\n3142\n2431\n4213\n1324\n", 1.0),

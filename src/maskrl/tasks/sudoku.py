@@ -22,7 +22,7 @@ from maskrl.tasks.extract import final_part
 
 GRID = 16
 _DIGIT_RE = re.compile(r"[0-9]")
-_LETTER_RE = re.compile(r"[^\W\d_]")
+_WORD_RE = re.compile(r"[^\W\d_]{2,}")  # prose: a word of two letters or more
 # digits separated only by layout characters
 _GRID_RUN_RE = re.compile(r"[0-9](?:[\s,;|&.'\"\-/\\\[\](){}]*[0-9])*")
 _ROW_LABEL_RE = re.compile(r"\b(?:row|line|r)\s*\d+\s*[:.)=\-]", re.I)
@@ -63,7 +63,8 @@ def extract_grid_digits(completion: str, prompt: str | None = None, require_fina
 
     The completion's final part is read (:func:`maskrl.tasks.extract.final_part`: the ``<answer>``
     span, else the text after ``</reasoning>``, else the whole text; cut at the end-of-text token).
-    Tag remnants (``</answer``) are dropped. When that part holds no letters, its digits are the grid as written, whatever the layout (rows
+    Tag remnants (``</answer``) are dropped. When that part holds no prose (no word of two letters
+    or more; a stray letter is not prose), its digits are the grid as written, whatever the layout (rows
     on lines, spaces, commas, ``|``, LaTeX ``\\``); the first 16 count (a short grid leaves cells
     empty). When it holds prose, the grid is the **last grid-shaped run**: at least 16 digits
     separated only by layout characters (whitespace ``, ; | & . ' " - / \\`` and brackets), after
@@ -78,7 +79,7 @@ def extract_grid_digits(completion: str, prompt: str | None = None, require_fina
         return ""
     text = part.span if part.span is not None and _DIGIT_RE.search(part.span) else part.text
     text = _TAG_RE.sub(" # ", text)  # tag remnants (``</answer``, ``<>answer>``): not prose, and end a run
-    if not _LETTER_RE.search(text):
+    if not _WORD_RE.search(text):
         return "".join(_DIGIT_RE.findall(text))[:GRID]
     text = _LIST_MARKER_RE.sub(" ", _ROW_LABEL_RE.sub(" ", text))
     runs = ["".join(_DIGIT_RE.findall(m.group())) for m in _GRID_RUN_RE.finditer(text)]
