@@ -189,6 +189,7 @@ def test_require_final_answer_scores_a_cut_off_completion_zero():
     ("evaluates to 29.\n</reasoning>\n\n\\boxed{95 - 73 + 7><|eot_id|>", [95, 73, 7], 29, 1.0),
     ("<answer>\n\\boxed{95 - 73 + 7\n</answer}", [95, 73, 7], 29, 1.0),
     ("<answer>29 = 95 - 73 + 7</answer>", [95, 73, 7], 29, 1.0),
+    ("<answer>[95 - (73 - 7)] \u00d7 1</answer>", [95, 73, 7, 1], 29, 1.0),
     ("Try 95 + 73 + 7.\n</reasoning>\n<answer>95 - 73 + 7</answer>", [95, 73, 7], 29, 1.0),
     ("Is it \\boxed{95 - 73 + 7}? No.\n</reasoning>\n<answer>95 + 73 - 7</answer>", [95, 73, 7], 29, 0.1),
 ])

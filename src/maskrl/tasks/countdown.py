@@ -60,9 +60,9 @@ def equation_text(completion: str, prompt: str | None = None, require_final_answ
     by all tasks in :mod:`maskrl.tasks.extract`, minus-like characters read as ``-``), unwraps a
     ``\\boxed{}`` (also one left unclosed by a truncated completion), turns LaTeX into arithmetic
     (``\\times``/``\\cdot`` -> ``*``, ``\\div`` -> ``/``, ``\\frac{a}{b}`` -> ``(a)/(b)``, ``\\left``/
-    ``\\right``/``$`` dropped), keeps the first non-empty line (up to any ``<``, without a trailing
-    ``>``/``}``/``]`` left by a mangled closer) and, of ``a = b`` sides, the first that holds an
-    operator (``55 - 53 = 2`` and ``2 = 55 - 53`` both give ``55 - 53``).
+    ``\\right``/``$`` dropped, braces and brackets read as parentheses), keeps the first non-empty
+    line (up to any ``<``, without a trailing ``>`` left by a mangled closer) and, of ``a = b`` sides,
+    the first that holds an operator (``55 - 53 = 2`` and ``2 = 55 - 53`` both give ``55 - 53``).
 
     With ``require_final_answer``, a completion cut off before any final answer gives ``None``.
     """
@@ -80,10 +80,10 @@ def equation_text(completion: str, prompt: str | None = None, require_final_answ
         if new == text:
             break
         text = new
-    text = text.replace("{", "(").replace("}", ")")
+    text = text.replace("{", "(").replace("}", ")").replace("[", "(").replace("]", ")")
     lines = [ln.strip() for ln in text.strip().split("\n") if ln.strip()]
     # a tag or a mangled closer glued to the end (``16>``, ``16</answer``) is not part of the equation
-    expr = lines[0].split("<", 1)[0].rstrip(" >}]").translate(_NORMALISE) if lines else ""
+    expr = lines[0].split("<", 1)[0].rstrip(" >").translate(_NORMALISE) if lines else ""
     if "=" in expr:
         sides = [side.strip() for side in expr.split("=")]
         expr = next((side for side in sides if _OPERATOR_RE.search(side)), sides[0])
