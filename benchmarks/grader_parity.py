@@ -202,7 +202,8 @@ def d1_grade(task: str, item: dict) -> tuple[float, str | None]:
         puzzle = re.search(r"([0-9]{16})", question).group(1)
         sol = ""
         for pat in (r"<answer>.*?```\s*([\d\s]+)```", r"<answer>(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|</answer>)",
-                    r"</answer>\s*(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|$)", r".*?(\d{16})\s*</answer>", r"\b(\d{16})\b"):
+                    r"</answer>\s*(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|$)", r".*?(\d{16})\s*</answer>",
+                    r"\b(\d{16})\b"):
             m = re.search(pat, gen, re.S)
             if m and m.group(1).strip():
                 sol = m.group(1).strip()
@@ -221,7 +222,8 @@ def _row_index(task_key: str, task, data_root: Path):
     examples = task.load(task.resolve_path(data_root))
     if task_key in ("gsm8k", "math500"):
         field = "question" if task_key == "gsm8k" else "problem"
-        texts = [json.loads(line)[field] for line in open(task.resolve_path(data_root), encoding="utf-8") if line.strip()]
+        with open(task.resolve_path(data_root), encoding="utf-8") as fh:
+            texts = [json.loads(line)[field] for line in fh if line.strip()]
         return examples, {t.strip(): i for i, t in enumerate(texts)}
     if task_key == "countdown":
         return examples, {(tuple(sorted(ex.fields["numbers"])), int(ex.fields["target"])): ex.id for ex in examples}
@@ -309,8 +311,8 @@ def run(gen_dir: Path, data_root: Path, out: Path, disagreements: Path, tasks: t
                     n_dis += 1
                     disagreement_rows.append({
                         "task": task_name, "length": L, "file": name, "item": k, "row": ex.id,
-                        "question": it["question"], "gold": ex.fields.get("answer", ex.fields.get("solution",
-                                                                                                   ex.fields.get("target"))),
+                        "question": it["question"],
+                        "gold": ex.fields.get("answer", ex.fields.get("solution", ex.fields.get("target"))),
                         "maskrl_score": r, "maskrl_extracted": _maskrl_extracted(task_key, task, ex, it["generations"]),
                         "d1_score": dr, "d1_extracted": dx, "generation": it["generations"],
                     })
@@ -333,7 +335,8 @@ def main() -> None:
                     help="folder of d1's *_generations.json files (default: <data>/d1-generations)")
     ap.add_argument("--data", default=str(data) if data else None, help="maskrl data folder")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grader_parity.json"))
-    ap.add_argument("--disagreements", default=str(ROOT / "benchmarks" / "results" / "grader_parity_disagreements.jsonl"))
+    ap.add_argument("--disagreements",
+                    default=str(ROOT / "benchmarks" / "results" / "grader_parity_disagreements.jsonl"))
     ap.add_argument("--tasks", default=",".join(TASK_NAMES), help=f"comma-separated subset of {','.join(TASK_NAMES)}")
     args = ap.parse_args()
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())

@@ -157,7 +157,8 @@ def extract_answer(completion: str | None, prompt: str | None = None,
     ans = last_boxed(region)
     if ans is None or not ans.strip():
         ans = after_hashes(region)
-    if (ans is None or not ans.strip()) and not (require_final_answer and part.kind in ("untagged", "no_final_text", "cut_off")):
+    unstated = part.kind in ("untagged", "no_final_text", "cut_off")
+    if (ans is None or not ans.strip()) and not (require_final_answer and unstated):
         ans = (last_number(part.span) if part.span else None) or last_number(region)
     if ans is None or not ans.strip():
         return None
@@ -203,7 +204,8 @@ class MathTask(Task):
 
     def extract(self, prompts: Sequence[str] | None, completions: Sequence[str]) -> list[str | None]:
         """The answer each completion is graded on (:func:`extract_answer` with this task's options)."""
-        prompts = list(prompts) if prompts is not None and len(prompts) == len(completions) else [None] * len(completions)
+        n = len(completions)
+        prompts = list(prompts) if prompts is not None and len(prompts) == n else [None] * n
         return [extract_answer(c, p, self.require_final_answer) for p, c in zip(prompts, completions)]
 
     def reward(self, prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[str],

@@ -4,8 +4,8 @@ Reward = fraction of blank cells filled correctly (1.0 = solved): the cell accur
 (d1, DiSPO). The grid is the one the completion gives as its answer (:func:`extract_grid_digits`:
 the answer span's digits, or the last grid-shaped run of 16 digits in prose), so spacing,
 separators and chat formatting do not matter and digits of prose never count; fewer than 16
-digits leave the remaining cells wrong. Training puzzles are drawn from the 288 valid 4x4 grids with random blanks, kept only
-when their solution is unique and the puzzle string is not in the test file.
+digits leave the remaining cells wrong. Training puzzles are drawn from the 288 valid 4x4 grids with
+random blanks, kept only when their solution is unique and the puzzle string is not in the test file.
 """
 from __future__ import annotations
 
