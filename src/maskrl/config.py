@@ -78,6 +78,8 @@ class TaskConfig:
         train_size: training rows (generated tasks: how many to generate).
         train_seed: seed of generated training rows.
         eval_limit: evaluate on the first rows only; 0 = all rows.
+        require_final_answer: score 0 for a completion cut off before any final answer (reasoning
+            never closed, no answer span); off by default, where the whole text is searched.
     """
 
     name: str = "sudoku4x4"
@@ -86,6 +88,7 @@ class TaskConfig:
     train_size: int = 4000
     train_seed: int = 1234
     eval_limit: int = 0
+    require_final_answer: bool = False
 
 
 @dataclass

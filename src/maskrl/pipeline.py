@@ -104,7 +104,8 @@ def task_and_data(cfg: RunConfig) -> tuple[Task, list[Example], str, list[Exampl
     evaluation row) -- what every command starts from."""
     from maskrl.tasks import get_task
 
-    task = get_task(cfg.task.name, cfg.task.prompt_template or None)
+    task = get_task(cfg.task.name, cfg.task.prompt_template or None,
+                    require_final_answer=cfg.task.require_final_answer)
     held_out, source = eval_examples(cfg, task)
     return task, held_out, source, train_examples(cfg, task, held_out)
 

@@ -107,10 +107,16 @@ class Task:
     prompt_template: str = ""
     template_fields: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, prompt_template: str | None = None) -> None:
+    def __init__(self, prompt_template: str | None = None, require_final_answer: bool = False) -> None:
         """Args:
             prompt_template: replaces the task's default template (e.g. a compact one for a
                 character-level model). Must contain every placeholder in ``template_fields``.
+            require_final_answer: score 0 for a completion cut off before any final answer (its
+                reasoning was opened and never closed and it has no ``<answer>`` span; see
+                :func:`maskrl.tasks.extract.final_part`), and read only an explicit final answer
+                (no last-number fallback in the math tasks). Off by default: evaluation grades
+                whatever the text holds. A training option (``task.require_final_answer``) so a
+                policy is not rewarded for an answer it never stated.
 
         Raises:
             ValueError: naming a missing placeholder.
@@ -121,6 +127,7 @@ class Task:
                 raise ValueError(f"task {self.name!r}: prompt_template lacks placeholder(s) "
                                  f"{', '.join('{' + m + '}' for m in missing)}")
             self.prompt_template = prompt_template
+        self.require_final_answer = bool(require_final_answer)
 
     def resolve_path(self, path: str | os.PathLike | None = None) -> Path:
         """The data file: ``path`` when given (a file, or a data dir holding ``data_file``), else the
@@ -180,8 +187,11 @@ class Task:
         return accuracy_summary(list(rewards), [self.is_correct(r) for r in rewards])
 
 
-def get_task(name: str, prompt_template: str | None = None) -> Task:
+def get_task(name: str, prompt_template: str | None = None, **options: Any) -> Task:
     """Instantiate the registered task ``name`` (optionally with another prompt template).
+
+    Args:
+        options: keyword options of the task's constructor (e.g. ``require_final_answer=True``).
 
     Raises:
         KeyError: listing the valid task names.
@@ -189,4 +199,6 @@ def get_task(name: str, prompt_template: str | None = None) -> Task:
     import maskrl.tasks  # noqa: F401  (registers the built-in tasks)
 
     cls = TASKS.get(name)
-    return cls(prompt_template=prompt_template) if prompt_template else cls()
+    if prompt_template:
+        options["prompt_template"] = prompt_template
+    return cls(**options)

@@ -13,9 +13,12 @@ when every test passes, which is SPEC §5's pass/fail metric.
   (``assert True`` placeholders are dropped); otherwise the whole ``check(entry_point)`` call is a
   single test. See :func:`humaneval_tests`.
 
-Code extraction (:func:`extract_code`): the last fenced block tagged ``python``/``py``/``python3``;
-else the last untagged fenced block; else, with no fences at all, the text after a
-``</reasoning>`` tag (or the whole text) as bare code. A final fence left open by a truncated
+Code extraction (:func:`extract_code`; rules shared by all tasks in :mod:`maskrl.tasks.extract`):
+in the completion's final part (cut at the end-of-text token; the text after ``</reasoning>`` or
+the ``<answer>`` span when there is one; nothing when the reasoning never ended), the whole part
+when it is a Python program; else the last fenced block tagged ``python``/``py``/``python3``; else
+the last untagged fenced block; else, with no fences at all, the part as bare code. A fence closes
+only at a line holding nothing but three backticks; a final fence left open by a truncated
 completion is read to the end. Empty code scores 0 without starting a sandbox; code that does not
 run scores 0 through the sandbox; nothing a completion contains raises.
 
@@ -34,8 +37,8 @@ from typing import Any, ClassVar, Sequence
 
 from maskrl.sandbox import Limits, run_many
 from maskrl.tasks.base import TASKS, DataError, Example, Task, iter_jsonl, require
+from maskrl.tasks.extract import fenced_blocks, final_part
 
-_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PY_TAGS = {"python", "py", "python3", "py3"}
 
 REASONING_INSTRUCTION = (
@@ -59,19 +62,28 @@ def extract_code(completion: str) -> str:
     """The Python code in a completion (rules in the module docstring); ``""`` when there is none."""
     if not isinstance(completion, str):
         return ""
-    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE_RE.finditer(completion)]
+    part = final_part(completion, minus=False)
+    if part.is_cut_off:
+        return ""  # the reasoning never ended: no final answer
+    text = part.text
+    if "```" in text and _is_python(text):
+        return text.strip("\n")  # a program whose strings hold backticks, not a fenced reply
+    blocks = fenced_blocks(text)
     for wanted in (lambda tag: tag in _PY_TAGS, lambda tag: tag == ""):
-        chosen = [body for tag, body in blocks if wanted(tag)]
+        chosen = [f.body for f in blocks if wanted(f.lang)]
         if chosen:
             return chosen[-1].strip("\n")
     if blocks:
         return ""  # only blocks in other languages
-    text = completion
-    if "</reasoning>" in text:
-        text = text.rsplit("</reasoning>", 1)[1]
-    elif "<reasoning>" in text:
-        return ""  # the reasoning never ended: no final answer
     return text.strip("\n")
+
+
+def _is_python(text: str) -> bool:
+    try:
+        ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------------------------- MBPP
@@ -116,10 +128,12 @@ class MBPP(Task):
     template_fields = ("text", "tests")
 
     def __init__(self, limits: Limits | None = None, workers: int | None = None,
-                 prompt_template: str | None = None) -> None:
+                 prompt_template: str | None = None, require_final_answer: bool = True) -> None:
         """Args: ``limits`` for each sandboxed program (default ``Limits()``: 10 s, 1 GiB);
-        ``workers``: parallel sandboxes (default ``min(4, CPUs)``); ``prompt_template``: see :class:`Task`."""
-        super().__init__(prompt_template)
+        ``workers``: parallel sandboxes (default ``min(4, CPUs)``); ``prompt_template``: see :class:`Task`;
+        ``require_final_answer``: accepted for a uniform task API; code tasks always score a
+        completion cut off inside its reasoning 0 (:func:`extract_code`)."""
+        super().__init__(prompt_template, require_final_answer=True)
         self.limits = limits or Limits()
         self.workers = workers
 
@@ -226,9 +240,9 @@ class HumanEval(Task):
     template_fields = ("code_prompt",)
 
     def __init__(self, limits: Limits | None = None, workers: int | None = None,
-                 prompt_template: str | None = None) -> None:
+                 prompt_template: str | None = None, require_final_answer: bool = True) -> None:
         """Args as :class:`MBPP`."""
-        super().__init__(prompt_template)
+        super().__init__(prompt_template, require_final_answer=True)
         self.limits = limits or Limits()
         self.workers = workers
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from maskrl.tasks.base import TASKS, DataError, Example, Task, iter_jsonl, require
+from maskrl.tasks.extract import final_part, last_boxed
 
 MAX_EXPR_CHARS = 200
-_ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
 _OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
         ast.Div: lambda a, b: a / b}
 _NORMALISE = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-", "x": "*", "X": "*"})
@@ -46,21 +46,59 @@ def _walk(node: ast.AST, numbers: list[int]) -> Fraction | None:
     raise _Malformed(type(node).__name__)
 
 
-def parse_equation(text: str) -> tuple[Fraction | None, list[int]] | None:
-    """Parse the equation in a completion.
+_LATEX_OPS = (("\\times", "*"), ("\\cdot", "*"), ("\\ast", "*"), ("\\div", "/"), ("\\left", ""),
+              ("\\right", ""), ("\\,", " "), ("\\!", ""), ("\\ ", " "), ("\\(", ""), ("\\)", ""),
+              ("\\[", ""), ("\\]", ""), ("$", ""))
+_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+_OPERATOR_RE = re.compile(r"[-+*/]")
 
-    Takes the ``<answer>`` span when present, else the first line; drops a trailing ``= target``.
+
+def equation_text(completion: str, prompt: str | None = None, require_final_answer: bool = False) -> str | None:
+    """The equation a completion states, as plain arithmetic text (``None``: cut off, see below).
+
+    Reads the answer span (else the text after ``</reasoning>``, else the whole text; rules shared
+    by all tasks in :mod:`maskrl.tasks.extract`, minus-like characters read as ``-``), unwraps a
+    ``\\boxed{}`` (also one left unclosed by a truncated completion), turns LaTeX into arithmetic
+    (``\\times``/``\\cdot`` -> ``*``, ``\\div`` -> ``/``, ``\\frac{a}{b}`` -> ``(a)/(b)``, ``\\left``/
+    ``\\right``/``$`` dropped, braces and brackets read as parentheses), keeps the first non-empty
+    line (up to any ``<``, without a trailing ``>`` left by a mangled closer) and, of ``a = b`` sides,
+    the first that holds an operator (``55 - 53 = 2`` and ``2 = 55 - 53`` both give ``55 - 53``).
+
+    With ``require_final_answer``, a completion cut off before any final answer gives ``None``.
+    """
+    part = final_part(completion, prompt)
+    if part.is_cut_off and require_final_answer:
+        return None
+    text = part.span if part.span is not None else part.text
+    boxed = last_boxed(text, allow_unclosed=True)
+    if boxed is not None:
+        text = boxed
+    for latex, plain in _LATEX_OPS:
+        text = text.replace(latex, plain)
+    for _ in range(8):
+        new = _FRAC_RE.sub(r"(\1)/(\2)", text)
+        if new == text:
+            break
+        text = new
+    text = text.replace("{", "(").replace("}", ")").replace("[", "(").replace("]", ")")
+    lines = [ln.strip() for ln in text.strip().split("\n") if ln.strip()]
+    # a tag or a mangled closer glued to the end (``16>``, ``16</answer``) is not part of the equation
+    expr = lines[0].split("<", 1)[0].rstrip(" >").translate(_NORMALISE) if lines else ""
+    if "=" in expr:
+        sides = [side.strip() for side in expr.split("=")]
+        expr = next((side for side in sides if _OPERATOR_RE.search(side)), sides[0])
+    return expr.strip().rstrip(".").strip()
+
+
+def parse_equation(text: str, prompt: str | None = None,
+                   require_final_answer: bool = False) -> tuple[Fraction | None, list[int]] | None:
+    """Parse the equation in a completion (read by :func:`equation_text`).
 
     Returns:
         ``(value, literals)`` for a well-formed expression (``value`` is ``None`` after a division
         by zero), or ``None`` when the text is not arithmetic over integers with ``+ - * /``.
     """
-    m = _ANSWER_RE.search(text)
-    expr = m.group(1) if m else text
-    expr = expr.strip().split("\n", 1)[0].translate(_NORMALISE)
-    if "=" in expr:
-        expr = expr.split("=", 1)[0]
-    expr = expr.strip()
+    expr = equation_text(text, prompt, require_final_answer) if isinstance(text, str) else None
     if not expr or len(expr) > MAX_EXPR_CHARS or not re.fullmatch(r"[0-9+\-*/() .]+", expr):
         return None
     try:
@@ -72,9 +110,10 @@ def parse_equation(text: str) -> tuple[Fraction | None, list[int]] | None:
     return value, numbers
 
 
-def countdown_reward(numbers: Sequence[int], target: int, completion: str) -> float:
-    """1.0 correct, 0.1 well-formed but wrong, 0.0 otherwise (SPEC §5)."""
-    parsed = parse_equation(completion)
+def countdown_reward(numbers: Sequence[int], target: int, completion: str, prompt: str | None = None,
+                     require_final_answer: bool = False) -> float:
+    """1.0 correct, 0.1 well-formed but wrong, 0.0 otherwise (SPEC §5; docs/benchmarks.md)."""
+    parsed = parse_equation(completion, prompt, require_final_answer)
     if parsed is None:
         return 0.0
     value, used = parsed
@@ -147,7 +186,9 @@ class Countdown(Task):
 
     def reward(self, prompts: Sequence[str], completions: Sequence[str], *, numbers: Sequence[Sequence[int]],
                target: Sequence[int], **_: Any) -> list[float]:
-        return [countdown_reward(n, t, c) for n, t, c in zip(numbers, target, completions)]
+        ps = list(prompts) if prompts is not None and len(prompts) == len(completions) else [None] * len(completions)
+        return [countdown_reward(n, t, c, p, self.require_final_answer)
+                for n, t, c, p in zip(numbers, target, completions, ps)]
 
     @staticmethod
     def target(ex: Example) -> str:

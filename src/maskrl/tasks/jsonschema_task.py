@@ -3,10 +3,13 @@
 Reward (training reward = evaluation metric): 1.0 when the completion's JSON value parses and
 validates against the row's schema with the ``jsonschema`` library, else 0.0.
 
-* JSON extraction (:func:`extract_json`): the first ```` ```json ```` fenced block if there is one
-  (else the first plain ```` ``` ```` block); without a fence, the whole completion if it is one JSON
-  value, else the first (outermost) ``{...}``/``[...]`` value in the text. ``NaN``/``Infinity`` are
-  rejected (not JSON).
+* JSON extraction (:func:`extract_json`; rules shared by all tasks in :mod:`maskrl.tasks.extract`):
+  the completion's final part (cut at the end-of-text token; the ``<answer>`` span or the text after
+  ``</reasoning>`` when there is one) is tried whole as one JSON value first; else the first
+  ```` ```json ```` fenced block (else the first plain ```` ``` ```` block), a fence closing only at
+  a line holding nothing but three backticks, so backticks inside a JSON string do not end it;
+  else the first (outermost) ``{...}``/``[...]`` value in the text. Minus-like characters outside
+  strings read as ``-`` (``{"n": −5}``). ``NaN``/``Infinity`` are rejected (not JSON).
 * Validator class: from the schema's ``$schema`` (drafts 3, 4, 6, 7, 2019-09, 2020-12). Without
   ``$schema`` (all of Glaiveai2K, about a quarter of the GitHub subsets) we use **Draft 7**: 99.6 %
   of the schemas that declare a draft declare draft-04/06/07, and undeclared ones use draft-7-era
@@ -39,6 +42,7 @@ import referencing.exceptions
 import referencing.jsonschema
 
 from maskrl.tasks.base import TASKS, DataError, Example, Task, iter_jsonl, require
+from maskrl.tasks.extract import fenced_blocks, final_part, normalize_minus_outside_strings
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +64,6 @@ PROMPT_TEMPLATE = (
     "Reply with the JSON value only, inside a ```json fenced code block."
 )
 
-_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _NON_SCHEMA_KEYS = {"enum", "const", "default", "examples"}
 
 
@@ -75,28 +78,32 @@ def _reject_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def extract_json(text: str) -> Any:
+def extract_json(text: str, prompt: str | None = None, require_final_answer: bool = False) -> Any:
     """The JSON value a completion answers with (rules in the module docstring).
 
     Raises:
-        NoJSON: when no JSON value can be read (a fenced block that does not parse counts as none).
+        NoJSON: when no JSON value can be read (a fenced block that does not parse counts as none),
+            or, with ``require_final_answer``, when the completion was cut off before a final answer.
     """
     if not isinstance(text, str):
         raise NoJSON(f"completion is {type(text).__name__}, not str")
-    fences = [(m.group(1).lower(), m.group(2)) for m in _FENCE_RE.finditer(text)]
-    chosen = next((body for lang, body in fences if lang == "json"), None)
+    part = final_part(text, prompt, minus=False)
+    if part.is_cut_off and require_final_answer:
+        raise NoJSON("cut off before a final answer")
+    stripped = normalize_minus_outside_strings(part.text.strip())
+    try:
+        return _DECODER.decode(stripped)
+    except (ValueError, RecursionError):
+        pass
+    fences = fenced_blocks(stripped)
+    chosen = next((f.body for f in fences if f.lang == "json"), None)
     if chosen is None:
-        chosen = next((body for lang, body in fences if lang == ""), None)
+        chosen = next((f.body for f in fences if f.lang == ""), None)
     if chosen is not None:
         try:
             return _DECODER.decode(chosen.strip())
         except (ValueError, RecursionError) as e:
             raise NoJSON(f"fenced block is not JSON ({e})") from None
-    stripped = text.strip()
-    try:
-        return _DECODER.decode(stripped)
-    except (ValueError, RecursionError):
-        pass
     for k, m in enumerate(re.finditer(r"[\[{]", stripped)):
         if k >= MAX_JSON_STARTS:
             break
@@ -180,7 +187,8 @@ def schema_problem(schema_text: str, check_formats: bool = False) -> str | None:
 _WARNED: set[str] = set()
 
 
-def schema_reward(schema_text: str, completion: str, check_formats: bool = False) -> float:
+def schema_reward(schema_text: str, completion: str, check_formats: bool = False, prompt: str | None = None,
+                  require_final_answer: bool = False) -> float:
     """1.0 when ``completion``'s JSON value validates against the schema ``schema_text``, else 0.0.
 
     Never raises: unusable schemas, missing JSON and errors inside validation all give 0.0.
@@ -189,7 +197,7 @@ def schema_reward(schema_text: str, completion: str, check_formats: bool = False
     if validator is None:
         return 0.0
     try:
-        instance = extract_json(completion)
+        instance = extract_json(completion, prompt, require_final_answer)
     except NoJSON:
         return 0.0
     try:
@@ -211,6 +219,7 @@ class JsonSchemaTask(Task):
         subset: one of :data:`SUBSETS` (default :data:`DEFAULT_SUBSET`); ``load(path)`` with an
             explicit file reads any file of the same format.
         check_formats: assert ``format`` keywords with the validator's format checker.
+        require_final_answer: see :class:`~maskrl.tasks.base.Task`.
 
     Raises:
         ValueError: for an unknown subset, listing the valid ones.
@@ -225,8 +234,8 @@ class JsonSchemaTask(Task):
     template_fields = ("schema",)
 
     def __init__(self, subset: str | None = None, check_formats: bool = False,
-                 prompt_template: str | None = None) -> None:
-        super().__init__(prompt_template)
+                 prompt_template: str | None = None, require_final_answer: bool = False) -> None:
+        super().__init__(prompt_template, require_final_answer=require_final_answer)
         subset = subset or self.default_subset
         if subset not in SUBSETS:
             raise ValueError(f"unknown JSONSchemaBench subset {subset!r}; valid: {', '.join(SUBSETS)}")
@@ -258,7 +267,9 @@ class JsonSchemaTask(Task):
         """1.0 per completion whose JSON validates against its row's ``json_schema``, else 0.0."""
         if len(completions) != len(json_schema):
             raise ValueError(f"{len(completions)} completions but {len(json_schema)} schemas")
-        return [schema_reward(s, c, self.check_formats) for s, c in zip(json_schema, completions)]
+        ps = list(prompts) if prompts is not None and len(prompts) == len(completions) else [None] * len(completions)
+        return [schema_reward(s, c, self.check_formats, p, self.require_final_answer)
+                for s, c, p in zip(json_schema, completions, ps)]
 
     def metrics(self, examples, completions, rewards) -> dict:
         out = super().metrics(examples, completions, rewards)

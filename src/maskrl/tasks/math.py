@@ -2,8 +2,11 @@
 
 Reward (training reward = evaluation metric): 1.0 when the answer extracted from the completion is
 equivalent to the gold answer according to math-verify, else 0.0. Extraction (:func:`extract_answer`)
-takes, in order: the last ``\\boxed{...}`` (nested braces handled), the text after the last ``####``,
-the last number in the completion. Empty or unreadable completions score 0.0 and never raise.
+reads the completion's final part (the ``<answer>`` span, else the text after ``</reasoning>``, else
+the whole text; rules shared by all tasks in :mod:`maskrl.tasks.extract`) and takes, in order: the
+last ``\\boxed{...}`` (nested braces handled), the text after the last ``####``, the last number;
+words around a value are dropped (:func:`clean_answer`). Empty or unreadable completions score 0.0
+and never raise. ``answer_form="strict"`` adds the MATH-style form check (:func:`form_matches`).
 math-verify runs in worker processes with a hard per-item timeout (:mod:`maskrl.mathverify`); a
 hung or crashed comparison scores 0.0.
 
@@ -13,12 +16,14 @@ prompt asks for (``####`` and the last number are fallbacks), and MATH-500 also 
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from maskrl.mathverify import DEFAULT_TIMEOUT_S, VerifyPool, math_equal, verify_many
 from maskrl.tasks.base import TASKS, DataError, Example, Task, iter_jsonl, require
+from maskrl.tasks.extract import final_part, last_boxed, normalize_minus
 
 #: answers longer than this (characters) are not sent to math-verify; they score 0.0
 MAX_ANSWER_CHARS = 1000
@@ -30,62 +35,23 @@ PROMPT_TEMPLATE = (
 )
 TARGET_TEMPLATE = "<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n\\boxed{{{answer}}}\n</answer>"
 
-_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_BOX_NOBRACE_RE = re.compile(r"\\boxed\s+([^\s${}]+)")
 # a number: thousands-grouped or plain digits, optional decimals, optional sign
 _NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![\w.])-?\.\d+")
+_LEADING_NUMBER_RE = re.compile(r"\s*\$?\s*(-?\s*\$?\s*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)")
+_WORD_RE = re.compile(r"[A-Za-z]{2,}")
+_DECIMAL_RE = re.compile(r"\d\.\d|(?<!\d)\.\d")
+_MIXED_NUMBER_RE = re.compile(r"\d\s*\\[dt]?frac|\d\s+\d+\s*/\s*\d+")
+_INT_FRACTION_RE = re.compile(r"\\[dt]?frac\{(\d+)\}\{(\d+)\}|(?<![\d.])(\d+)/(\d+)(?![\d.])")
 _CALC_RE = re.compile(r"<<[^<>]*>>")
 
-
-def _balanced(text: str, open_idx: int) -> int | None:
-    """Index of the ``}`` closing the ``{`` at ``open_idx`` (``\\{``/``\\}`` escapes ignored), or None."""
-    depth = 0
-    i = open_idx
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return None
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``.
-
-    Braces are matched, so ``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``; a box whose only content
-    is another box is unwrapped. An unclosed box (a truncated completion) is ignored. Also reads
-    ``\\boxed 5`` (no braces). Returns ``None`` when there is no box.
-    """
-    best: tuple[int, str] | None = None
-    for m in _BOX_RE.finditer(text):
-        end = _balanced(text, m.end() - 1)
-        if end is not None:
-            best = (m.start(), text[m.end():end])
-    m2 = None
-    for m2 in _BOX_NOBRACE_RE.finditer(text):
-        pass
-    if m2 is not None and (best is None or m2.start() > best[0]):
-        best = (m2.start(), m2.group(1))
-    if best is None:
-        return None
-    content = best[1].strip()
-    inner = _BOX_RE.match(content)
-    while inner is not None and _balanced(content, inner.end() - 1) == len(content) - 1:
-        content = content[inner.end():-1].strip()
-        inner = _BOX_RE.match(content)
-    return content
+#: the ways :class:`MathTask` can compare answers (``answer_form``)
+ANSWER_FORMS = ("value", "strict")
 
 
 def last_number(text: str) -> str | None:
-    """The last number in ``text`` with thousands separators removed (``"1,000.5"`` -> ``"1000.5"``)."""
-    found = _NUMBER_RE.findall(text)
+    """The last number in ``text`` with thousands separators removed (``"1,000.5"`` -> ``"1000.5"``);
+    minus-like characters count as a minus sign (``"−10"`` -> ``"-10"``)."""
+    found = _NUMBER_RE.findall(normalize_minus(text))
     return found[-1].replace(",", "") if found else None
 
 
@@ -93,8 +59,10 @@ def after_hashes(text: str) -> str | None:
     """The answer after the last ``####`` (GSM8K style), or ``None``.
 
     Takes the rest of that line; plain text gives its first number (``"#### $1,000 total"`` ->
-    ``"1,000"``), text holding LaTeX (a backslash) is returned whole, trailing ``.`` and ``$`` dropped.
+    ``"1,000"``, ``"#### −10"`` -> ``"-10"``), text holding LaTeX (a backslash) is returned whole,
+    trailing ``.`` and ``$`` dropped.
     """
+    text = normalize_minus(text)
     pos = text.rfind("####")
     if pos < 0:
         return None
@@ -107,20 +75,95 @@ def after_hashes(text: str) -> str | None:
     return seg.strip(" .$") or None
 
 
-def extract_answer(completion: str | None) -> str | None:
-    """The final answer of a completion: last ``\\boxed{}``, else after ``####``, else the last number.
+def clean_answer(answer: str) -> str:
+    """An extracted answer without the words around its value.
+
+    * Plain text (no LaTeX command) holding words: the number it starts with
+      (``"240 sheets per month"`` -> ``"240"``, ``"2:00 pm"`` -> ``"2"``, ``"$18 dollars"`` -> ``"18"``),
+      else its only number (``"She needs 6"`` -> ``"6"``); otherwise unchanged (``"x = 5 or x = -3"``).
+    * LaTeX is left to math-verify, which reads units in ``\\text{}`` itself.
+    Minus-like characters become ``-`` first.
+    """
+    ans = normalize_minus(answer).strip()
+    if "\\" not in ans:
+        if not _WORD_RE.search(ans):
+            return ans
+        lead = _LEADING_NUMBER_RE.match(ans)
+        if lead:
+            return re.sub(r"[\s$]", "", lead.group(1))
+        nums = _NUMBER_RE.findall(ans)
+        return nums[0] if len(nums) == 1 else ans
+    return ans
+
+
+def _plain(s: str) -> str:
+    """``s`` without what MATH's answer check ignores (dollar signs, percent and degree signs, thin
+    spaces, a trailing ``\\text{ unit}``), spaces and thousands commas (for :func:`form_matches`)."""
+    s = re.sub(r"\\(?:text|mbox|mathrm)\s*\{[^{}]*\}(?:\^\{?\d\}?)?\s*$", "", s.strip())
+    for junk in ("\\$", "$", "\\%", "%", "^{\\circ}", "^\\circ", "\\!", "\\,", " "):
+        s = s.replace(junk, "")
+    return re.sub(r"(?<=\d),(?=\d{3}\b)", "", s)
+
+
+def form_matches(gold: str, answer: str, question: str = "") -> bool:
+    """The stricter MATH-style reading (``answer_form="strict"``): an answer equal in value must
+    also be in the form the problem asks for.
+
+    False when
+    * the answer writes a decimal (``15.975``, ``36.00``) and the gold answer has none
+      (``\\frac{639}{40}``, ``\\$36``): an approximation or a decimal where an exact form is given;
+    * the gold answer is an integer and the answer is not a bare integer (``\\frac{6}{3}``,
+      ``7! \\times 2!`` for ``10,\\!080``): left unevaluated;
+    * the answer holds a fraction of integers not in lowest terms (``\\frac{3}{24}``, ``8/18``);
+    * the question asks for a common fraction and the answer is a mixed number (``2\\frac{1}{2}``).
+    """
+    answer = normalize_minus(answer)
+    if _DECIMAL_RE.search(answer) and not _DECIMAL_RE.search(gold):
+        return False
+    if re.fullmatch(r"-?\d+", _plain(gold)) and not re.fullmatch(r"-?\d+", _plain(answer)):
+        return False
+    for m in _INT_FRACTION_RE.finditer(answer.replace(" ", "")):
+        a, b = int(m.group(1) or m.group(3)), int(m.group(2) or m.group(4))
+        if b and math.gcd(a, b) > 1:
+            return False
+    if "common fraction" in question.lower() and _MIXED_NUMBER_RE.search(answer):
+        return False
+    return True
+
+
+def extract_answer(completion: str | None, prompt: str | None = None,
+                   require_final_answer: bool = False) -> str | None:
+    """The final answer of a completion.
+
+    Reads the completion's final part (:func:`maskrl.tasks.extract.final_part`: the ``<answer>``
+    span and what follows it, else the text after ``</reasoning>``, else the whole text; cut at the
+    end-of-text token; minus-like characters read as ``-``), and in it: the last ``\\boxed{}``,
+    else the text after ``####``, else the last number (of the answer span when it holds one). A
+    ``\\boxed{}`` in the reasoning before a stated answer is a draft and is not read. The result
+    goes through :func:`clean_answer`.
+
+    With ``require_final_answer``, a completion cut off before any final answer gives ``None``, and
+    one without tags must state its answer in a box or after ``####`` (no last-number fallback).
 
     Returns ``None`` for empty text, text with none of these, or an answer longer than
     :data:`MAX_ANSWER_CHARS`. Never raises (non-string input gives ``None``).
     """
     if not isinstance(completion, str) or not completion.strip():
         return None
-    for fn in (last_boxed, after_hashes, last_number):
-        ans = fn(completion)
-        if ans is not None and ans.strip():
-            ans = ans.strip()
-            return ans if len(ans) <= MAX_ANSWER_CHARS else None
-    return None
+    part = final_part(completion, prompt)
+    if part.is_cut_off and require_final_answer:
+        return None
+    region = part.text
+    ans = last_boxed(region)
+    if ans is None or not ans.strip():
+        ans = after_hashes(region)
+    unstated = part.kind in ("untagged", "no_final_text", "cut_off")
+    if (ans is None or not ans.strip()) and not (require_final_answer and unstated):
+        ans = (last_number(part.span) if part.span else None) or last_number(region)
+    if ans is None or not ans.strip():
+        return None
+    ans = clean_answer(ans)
+    return ans if ans and len(ans) <= MAX_ANSWER_CHARS else None
 
 
 class MathTask(Task):
@@ -131,6 +174,13 @@ class MathTask(Task):
         pool: the :class:`~maskrl.mathverify.VerifyPool` to use (default: the shared pool).
         equal_fn: module-level ``(gold, answer) -> bool`` run in the workers (default math-verify);
             an injection point for tests and custom graders.
+        answer_form: ``"value"`` (default): equal in value is right (``15.975`` for
+            ``\\frac{639}{40}``); ``"strict"``: the MATH-style reading, the answer must also have the
+            form the problem asks for (:func:`form_matches`).
+        require_final_answer: see :class:`~maskrl.tasks.base.Task`.
+
+    Raises:
+        ValueError: for an unknown ``answer_form``.
     """
 
     prompt_template = PROMPT_TEMPLATE
@@ -138,28 +188,44 @@ class MathTask(Task):
     template_fields = ("problem",)
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, pool: VerifyPool | None = None,
-                 equal_fn: Callable[[str, str], bool] = math_equal, prompt_template: str | None = None) -> None:
-        super().__init__(prompt_template)
+                 equal_fn: Callable[[str, str], bool] = math_equal, prompt_template: str | None = None,
+                 answer_form: str = "value", require_final_answer: bool = False) -> None:
+        super().__init__(prompt_template, require_final_answer=require_final_answer)
+        if answer_form not in ANSWER_FORMS:
+            raise ValueError(f"answer_form must be one of {', '.join(ANSWER_FORMS)}; got {answer_form!r}")
         self.timeout_s = timeout_s
         self.pool = pool
         self.equal_fn = equal_fn
+        self.answer_form = answer_form
 
     def make_example(self, idx: int, problem: str, answer: str, **fields: Any) -> Example:
         return Example(id=idx, prompt=self.prompt_template.format(problem=problem),
                        fields={"answer": answer, **fields})
 
+    def extract(self, prompts: Sequence[str] | None, completions: Sequence[str]) -> list[str | None]:
+        """The answer each completion is graded on (:func:`extract_answer` with this task's options)."""
+        n = len(completions)
+        prompts = list(prompts) if prompts is not None and len(prompts) == n else [None] * n
+        return [extract_answer(c, p, self.require_final_answer) for p, c in zip(prompts, completions)]
+
     def reward(self, prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[str],
                **_: Any) -> list[float]:
-        """1.0 where the completion's extracted answer is math-verify-equivalent to ``answer``, else 0.0.
+        """1.0 where the completion's extracted answer is math-verify-equivalent to ``answer`` (and,
+        with ``answer_form="strict"``, in the asked form), else 0.0.
 
         Raises:
             ValueError: if ``completions`` and ``answer`` differ in length.
         """
         if len(completions) != len(answer):
             raise ValueError(f"{len(completions)} completions but {len(answer)} gold answers")
-        extracted = [extract_answer(c) for c in completions]
-        return verify_many(list(answer), extracted, timeout_s=self.timeout_s, equal_fn=self.equal_fn,
-                           pool=self.pool)
+        extracted = self.extract(prompts, completions)
+        rewards = verify_many(list(answer), extracted, timeout_s=self.timeout_s, equal_fn=self.equal_fn,
+                              pool=self.pool)
+        if self.answer_form == "strict":
+            qs = list(prompts) if prompts is not None and len(prompts) == len(completions) else [""] * len(completions)
+            rewards = [r if r and form_matches(g, a or "", q or "") else 0.0
+                       for r, g, a, q in zip(rewards, answer, extracted, qs)]
+        return rewards
 
     @staticmethod
     def target(ex: Example) -> str:
@@ -200,7 +266,8 @@ class GSM8K(MathTask):
         p = Path(path) if path else None
         if p is not None and p.is_file() and p.name == "test.jsonl":
             p = p.with_name("train.jsonl")
-        return GSM8K(split="train", timeout_s=self.timeout_s, pool=self.pool, equal_fn=self.equal_fn).load(p)
+        return GSM8K(split="train", timeout_s=self.timeout_s, pool=self.pool, equal_fn=self.equal_fn,
+                     answer_form=self.answer_form, require_final_answer=self.require_final_answer).load(p)
 
     def parse(self, path: Path) -> list[Example]:
         out = []

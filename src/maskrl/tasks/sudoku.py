@@ -1,10 +1,11 @@
 """4x4 Sudoku (SPEC §5): the d1 test CSV for evaluation, generated puzzles for training.
 
-Reward = fraction of blank cells filled correctly (1.0 = solved). The completion is read as the
-first 16 digits it contains (an ``<answer>...</answer>`` span is preferred when present), so
-spacing, separators and chat formatting do not matter; fewer than 16 digits leave the remaining
-cells wrong. Training puzzles are drawn from the 288 valid 4x4 grids with random blanks, kept only
-when their solution is unique and the puzzle string is not in the test file.
+Reward = fraction of blank cells filled correctly (1.0 = solved): the cell accuracy papers report
+(d1, DiSPO). The grid is the one the completion gives as its answer (:func:`extract_grid_digits`:
+the answer span's digits, or the last grid-shaped run of 16 digits in prose), so spacing,
+separators and chat formatting do not matter and digits of prose never count; fewer than 16
+digits leave the remaining cells wrong. Training puzzles are drawn from the 288 valid 4x4 grids with
+random blanks, kept only when their solution is unique and the puzzle string is not in the test file.
 """
 from __future__ import annotations
 
@@ -17,9 +18,16 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from maskrl.tasks.base import TASKS, DataError, Example, Task
+from maskrl.tasks.extract import final_part
 
 GRID = 16
-_ANSWER_RE = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
+_DIGIT_RE = re.compile(r"[0-9]")
+_WORD_RE = re.compile(r"[^\W\d_]{2,}")  # prose: a word of two letters or more
+# digits separated only by layout characters
+_GRID_RUN_RE = re.compile(r"[0-9](?:[\s,;|&.'\"\-/\\\[\](){}]*[0-9])*")
+_ROW_LABEL_RE = re.compile(r"\b(?:row|line|r)\s*\d+\s*[:.)=\-]", re.I)
+_TAG_RE = re.compile(r"<[<>/]*[A-Za-z_]*>?|\b[A-Za-z_]+>")
+_LIST_MARKER_RE = re.compile(r"^[ \t]*\d{1,2}[.)][ \t]+", re.M)
 
 
 def is_valid_grid(grid: str) -> bool:
@@ -50,16 +58,40 @@ def solutions_of(puzzle: str) -> list[str]:
     return [g for g in all_grids() if all(p == "0" or p == c for p, c in zip(puzzle, g))]
 
 
-def extract_grid_digits(completion: str) -> str:
-    """The first 16 digits of the completion's answer span (or of the whole text)."""
-    m = _ANSWER_RE.search(completion)
-    text = m.group(1) if m else completion
-    return "".join(ch for ch in text if ch.isdigit())[:GRID]
+def extract_grid_digits(completion: str, prompt: str | None = None, require_final_answer: bool = False) -> str:
+    """The grid a completion gives as its answer, as up to 16 digits (row-major).
+
+    The completion's final part is read (:func:`maskrl.tasks.extract.final_part`: the ``<answer>``
+    span, else the text after ``</reasoning>``, else the whole text; cut at the end-of-text token).
+    Tag remnants (``</answer``) are dropped. When that part holds no prose (no word of two letters
+    or more; a stray letter is not prose), its digits are the grid as written, whatever the layout (rows
+    on lines, spaces, commas, ``|``, LaTeX ``\\``); the first 16 count (a short grid leaves cells
+    empty). When it holds prose, the grid is the **last grid-shaped run**: at least 16 digits
+    separated only by layout characters (whitespace ``, ; | & . ' " - / \\`` and brackets), after
+    dropping row labels (``Row 1:``) and list markers (``1.`` at a line start) -- so digits of prose
+    ("a 4x4 grid", "numbers 1-4") never count, and "the solved 4x4 Sudoku is: <grid>" reads
+    the grid. Prose without such a run gives ``""``.
+
+    With ``require_final_answer``, a completion cut off before any final answer gives ``""``.
+    """
+    part = final_part(completion, prompt)
+    if part.is_cut_off and require_final_answer:
+        return ""
+    text = part.span if part.span is not None and _DIGIT_RE.search(part.span) else part.text
+    text = _TAG_RE.sub(" # ", text)  # tag remnants (``</answer``, ``<>answer>``): not prose, and end a run
+    if not _WORD_RE.search(text):
+        return "".join(_DIGIT_RE.findall(text))[:GRID]
+    text = _LIST_MARKER_RE.sub(" ", _ROW_LABEL_RE.sub(" ", text))
+    runs = ["".join(_DIGIT_RE.findall(m.group())) for m in _GRID_RUN_RE.finditer(text)]
+    full = [r for r in runs if len(r) >= GRID]
+    return full[-1][:GRID] if full else ""
 
 
-def cell_reward(puzzle: str, solution: str, completion: str) -> float:
-    """Fraction of ``puzzle``'s blanks whose digit in ``completion`` equals ``solution`` (SPEC §5)."""
-    digits = extract_grid_digits(completion)
+def cell_reward(puzzle: str, solution: str, completion: str, prompt: str | None = None,
+                require_final_answer: bool = False) -> float:
+    """Fraction of ``puzzle``'s blanks whose digit in the completion's grid (:func:`extract_grid_digits`)
+    equals ``solution`` (SPEC §5; docs/benchmarks.md). 1.0 for a puzzle without blanks."""
+    digits = extract_grid_digits(completion, prompt, require_final_answer)
     blanks = [i for i, ch in enumerate(puzzle) if ch == "0"]
     if not blanks:
         return 1.0
@@ -103,7 +135,9 @@ class Sudoku4x4(Task):
 
     def reward(self, prompts: Sequence[str], completions: Sequence[str], *, puzzle: Sequence[str],
                solution: Sequence[str], **_: Any) -> list[float]:
-        return [cell_reward(p, s, c) for p, s, c in zip(puzzle, solution, completions)]
+        ps = list(prompts) if prompts is not None and len(prompts) == len(completions) else [None] * len(completions)
+        return [cell_reward(p, s, c, q, self.require_final_answer)
+                for p, s, c, q in zip(puzzle, solution, completions, ps)]
 
     def metrics(self, examples, completions, rewards) -> dict:
         out = super().metrics(examples, completions, rewards)
