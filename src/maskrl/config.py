@@ -56,6 +56,8 @@ class TaskConfig:
     train_size: int = 4000
     train_seed: int = 1234
     eval_limit: int = 0  # 0 = all rows
+    # code tasks: train even when the sandbox lacks protections (docs/sandbox.md); default refuses
+    allow_weak_sandbox: bool = False
 
 
 @dataclass
