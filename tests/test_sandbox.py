@@ -208,8 +208,9 @@ def test_fork_bomb_is_capped_and_fully_killed():
     assert res.status == "timeout" and res.passed == 0
     assert max(seen) > 1, "the sampler never saw the bomb (the check could not fail)"
     assert max(seen) <= 8, f"RLIMIT_NPROC not enforced: saw {max(seen)} processes"
+    # setsid() did not let a child escape the namespace: children keep the sandbox's uid, and none
+    # of that uid is left (other sandbox uids may belong to other test runs on this machine)
     _assert_nothing_left(res)
-    assert _sandbox_processes() - before == set()  # setsid() did not let a child escape the namespace
     _assert_parent_fine()
 
 

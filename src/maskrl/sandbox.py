@@ -49,7 +49,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -150,6 +152,11 @@ class SandboxResult:
     def fraction(self) -> float:
         """``passed / total`` in ``[0, 1]``; 0.0 when there are no tests."""
         return self.passed / self.total if self.total else 0.0
+
+    @property
+    def missing_protections(self) -> list[str]:
+        """What this run's isolation lacks, as sentences (:func:`missing_protections`)."""
+        return missing_protections(self.isolation)
 
     @property
     def uid(self) -> int | None:
@@ -372,20 +379,10 @@ def _test_namespace(setup: str, tests: list[str], remote: set[str]) -> tuple[dic
     names: set[str] = set()
     bound: set[str] = set()  # names the tests assign, define or import themselves
     for i, test in enumerate(tests):
-        try:
-            tree = ast.parse(test, f"<test {i}>")
-        except SyntaxError as e:
-            compiled.append(f"SyntaxError: {e.msg}")
-            continue
-        compiled.append(compile(tree, f"<test {i}>", "exec"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                names.add(node.id)
-            elif isinstance(node, (ast.Name, ast.arg, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.alias)):
-                bound.add(getattr(node, "id", None) or getattr(node, "arg", None) or getattr(node, "name", None)
-                          or "")
-                if isinstance(node, ast.alias):
-                    bound.add((node.asname or node.name).split(".")[0])
+        code, loaded, stored = _analyse_test(i, test)
+        compiled.append(code)
+        names |= loaded
+        bound |= stored
     free = sorted(n for n in names - bound if n not in ns and not hasattr(builtins, n))
     std = getattr(sys, "stdlib_module_names", ())
     for n in [n for n in free if n in std and n not in remote]:  # e.g. a test using ``sys`` that only the program imported
@@ -396,9 +393,46 @@ def _test_namespace(setup: str, tests: list[str], remote: set[str]) -> tuple[dic
     return ns, compiled, [n for n in free if n not in ns]
 
 
+_COMPILE_LOCK = threading.Lock()
+
+
+def _quiet_compile(source: Any, filename: str, flags: int = 0) -> Any:
+    """``compile`` without the SyntaxWarning/DeprecationWarning of dataset code (e.g. ``'\\.'`` in
+    a regex literal); the lock keeps ``catch_warnings`` from racing in ``run_many``'s threads."""
+    with _COMPILE_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return compile(source, filename, "exec", flags)
+
+
 @lru_cache(maxsize=1024)
 def _compiled_setup(setup: str) -> Any:
-    return compile(setup, "<setup>", "exec")
+    return _quiet_compile(setup, "<setup>")
+
+
+@lru_cache(maxsize=16384)
+def _analyse_test(i: int, test: str) -> tuple[Any, frozenset, frozenset]:
+    """``(code object or "SyntaxError: ..." text, names read, names bound)`` of one test."""
+    import ast
+
+    try:
+        tree = _quiet_compile(test, f"<test {i}>", ast.PyCF_ONLY_AST)
+        code = _quiet_compile(tree, f"<test {i}>")
+    except SyntaxError as e:
+        return f"SyntaxError: {e.msg}", frozenset(), frozenset()
+    loaded, bound = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            loaded.add(node.id)
+        elif isinstance(node, ast.Name):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+    return code, frozenset(loaded), frozenset(bound)
 
 
 def _run_test(code: Any, ns: dict, session: "_Session") -> str | None:

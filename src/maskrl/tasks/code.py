@@ -36,6 +36,7 @@ import ast
 import json
 import logging
 import re
+import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
@@ -131,7 +132,10 @@ def mbpp_candidates(reference: str) -> tuple[str, ...]:
     """Top-level function and class names of an MBPP reference solution (trusted data): the names
     the asserts call on the program. ``()`` when the reference does not parse."""
     try:
-        tree = ast.parse(reference)
+        with warnings.catch_warnings():  # e.g. "invalid escape sequence" in a reference's regex
+            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tree = ast.parse(reference)
     except SyntaxError:
         return ()
     return tuple(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
