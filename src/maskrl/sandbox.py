@@ -384,7 +384,7 @@ def _test_namespace(setup: str, tests: list[str], remote: set[str]) -> tuple[dic
         names |= loaded
         bound |= stored
     free = sorted(n for n in names - bound if n not in ns and not hasattr(builtins, n))
-    std = getattr(sys, "stdlib_module_names", ())
+    std = set(getattr(sys, "stdlib_module_names", ())) - _IMPORT_SIDE_EFFECTS
     for n in [n for n in free if n in std and n not in remote]:  # e.g. a test using ``sys`` that only the program imported
         try:
             ns[n] = importlib.import_module(n)
@@ -394,6 +394,8 @@ def _test_namespace(setup: str, tests: list[str], remote: set[str]) -> tuple[dic
 
 
 _COMPILE_LOCK = threading.Lock()
+#: standard-library modules never imported on a test's behalf (importing them does something)
+_IMPORT_SIDE_EFFECTS = frozenset({"antigravity", "this", "turtle", "turtledemo", "tkinter", "idlelib", "webbrowser"})
 
 
 def _quiet_compile(source: Any, filename: str, flags: int = 0) -> Any:
