@@ -39,6 +39,7 @@ the score.
 """
 from __future__ import annotations
 
+import collections
 import importlib
 import json
 import math
@@ -587,7 +588,7 @@ class _Session:
         for fd in self.sinks:
             self.sel.register(fd, selectors.EVENT_READ)
         self.deadline = start + limits.timeout_s
-        self.partial, self.lines, self.pending = bytearray(), [], bytearray()
+        self.partial, self.lines, self.pending = bytearray(), collections.deque(), bytearray()
         self.exit_seen_at: float | None = None
         self.timed_out = self.overflow = False
         self.isolation, self.ran, self.program_failed, self.memory, self.done = "", False, False, False, False
@@ -657,7 +658,7 @@ class _Session:
         answer can come any more. The ``O``/``E`` lines end the wait for the program too."""
         while True:
             while self.lines:
-                line = self.lines.pop(0)
+                line = self.lines.popleft()
                 tag, _, rest = line.partition(" ")
                 if tag == "I":
                     self.isolation = rest
@@ -728,7 +729,7 @@ class _Session:
             self.closed = True
             self.pending.clear()
         while not self.timed_out and not self.overflow and self._pump():
-            pass
+            self._line_drain()  # as it arrives: a program spamming its result pipe costs no memory here
         self._line_drain()
         if not self.timed_out and not self.overflow:
             while not _exited(self.proc.pid):  # pipes closed but the process lingers
@@ -739,7 +740,7 @@ class _Session:
 
     def _line_drain(self) -> None:
         while self.lines:
-            tag, _, rest = self.lines.pop(0).partition(" ")
+            tag, _, rest = self.lines.popleft().partition(" ")
             if tag == "D":
                 self.done = True
             elif tag == "X" and rest.lstrip("-").isdigit():
