@@ -66,7 +66,6 @@ __all__ = ["Limits", "SandboxResult", "SandboxError", "SandboxCallError", "run_p
 SANDBOX_UID_BASE = 200_000_000
 ISOLATION_MODES = ("auto", "userns", "basic")
 _CHILD_SOURCE = (Path(__file__).with_name("_sandbox_child.py")).read_text(encoding="utf-8")
-_MAX_RESULT_BYTES = 1 << 20
 _DRAIN_S = 0.2  # after the program exits, how long to wait for pipes still held by escaped processes
 _TERM_GRACE_S = 1.0  # after SIGTERM, how long the sandbox may take to exit before SIGKILL
 
