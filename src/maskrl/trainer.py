@@ -144,6 +144,9 @@ class RLTrainer:
                  eval_fn: Callable[[int], dict] | None = None) -> None:
         if not train_examples:
             raise ValueError("RLTrainer: no training examples")
+        check_sandbox = getattr(task, "check_sandbox", None)  # code rewards: refuse a weak sandbox
+        if check_sandbox is not None:
+            check_sandbox(allow_weak=cfg.task.allow_weak_sandbox)
         self.cfg, self.tc = cfg, cfg.train
         self.task, self.examples, self.prompt_fn, self.eval_fn = task, list(train_examples), prompt_fn, eval_fn
         self.objective, self.likelihood = cfg.objective, cfg.likelihood  # registered instances (config-built)

@@ -2,16 +2,23 @@
 
 Reward (training reward = evaluation metric) = fraction of the problem's tests that pass when the
 completion's code runs in the sandbox; a completion counts as correct (accuracy) only at 1.0, i.e.
-when every test passes, which is SPEC §5's pass/fail metric.
+when every test passes, which is SPEC §5's pass/fail metric. The tests never enter the sandbox:
+they run on the trusted side and call the program's functions across the boundary, which returns
+plain data only (:func:`maskrl.sandbox.run_program`; guarantees in ``docs/sandbox.md``).
 
 * MBPP: the program is the row's ``test_imports`` followed by the extracted code; each ``assert`` in
-  ``test_list`` is one test.
+  ``test_list`` is one test, run with the ``test_imports`` on the trusted side; the names the row's
+  reference ``code`` defines at top level (:func:`mbpp_candidates`) are the program's.
 * HumanEval: the program is the HumanEval prompt (imports, helper functions and the signature
-  stub), then the extracted code, then the row's ``test`` module (defines ``check``). When the body
-  of ``check(candidate)`` consists only of ``assert`` statements (plus imports, ``pass`` or string
+  stub), then the extracted code. The trusted side runs the prompt and the row's ``test`` module
+  (defines ``check``) as setup; ``candidate`` is the program's entry point. When the body of
+  ``check(candidate)`` consists only of ``assert`` statements (plus imports, ``pass`` or string
   literals) -- 157 of the 164 problems -- every assert with a non-constant condition is one test
   (``assert True`` placeholders are dropped); otherwise the whole ``check(entry_point)`` call is a
   single test. See :func:`humaneval_tests`.
+
+Training with these rewards refuses a sandbox that lacks protections (``check_sandbox``, called by
+the trainer) unless ``task.allow_weak_sandbox`` is set.
 
 Code extraction (:func:`extract_code`; rules shared by all tasks in :mod:`maskrl.tasks.extract`):
 in the completion's final part (cut at the end-of-text token; the text after ``</reasoning>`` or
@@ -30,15 +37,18 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import re
+import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from maskrl.sandbox import Limits, run_many
+from maskrl.sandbox import Limits, SandboxError, missing_protections, probe_isolation, run_many
 from maskrl.tasks.base import TASKS, DataError, Example, Task, iter_jsonl, require
 from maskrl.tasks.extract import fenced_blocks, final_part
 
+log = logging.getLogger(__name__)
 _PY_TAGS = {"python", "py", "python3", "py3"}
 
 REASONING_INSTRUCTION = (
@@ -86,6 +96,29 @@ def _is_python(text: str) -> bool:
     return True
 
 
+class _SandboxCheck:
+    """Mixin: the training-time check of the sandbox (used by :class:`maskrl.trainer.RLTrainer`)."""
+
+    def check_sandbox(self, allow_weak: bool = False) -> list[str]:
+        """The protections this machine's sandbox lacks (:func:`maskrl.sandbox.missing_protections`).
+
+        Raises:
+            SandboxError: some are missing and ``allow_weak`` is False -- a policy under RL could
+                then read the expected outputs or escape the reward (docs/sandbox.md). Opt in with
+                ``task.allow_weak_sandbox: true``.
+        """
+        isolation = probe_isolation()
+        missing = missing_protections(isolation)
+        if missing and not allow_weak:
+            raise SandboxError(
+                f"refusing to train with {getattr(self, 'name', 'code')} rewards: the sandbox (isolation={isolation}) "
+                "lacks: " + "; ".join(missing) + ". Run as root or with user namespaces enabled, or "
+                "set task.allow_weak_sandbox: true to accept this (see docs/sandbox.md).")
+        if missing:
+            log.warning("code rewards with a weak sandbox (isolation=%s): %s", isolation, "; ".join(missing))
+        return missing
+
+
 # ----------------------------------------------------------------------------------------------- MBPP
 
 
@@ -106,8 +139,22 @@ def mbpp_program(code: str, test_imports: Sequence[str]) -> str:
     return hoist_future_imports("\n".join(list(test_imports) + [code]) + "\n")
 
 
+@lru_cache(maxsize=4096)
+def mbpp_candidates(reference: str) -> tuple[str, ...]:
+    """Top-level function and class names of an MBPP reference solution (trusted data): the names
+    the asserts call on the program. ``()`` when the reference does not parse."""
+    try:
+        with warnings.catch_warnings():  # e.g. "invalid escape sequence" in a reference's regex
+            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tree = ast.parse(reference)
+    except SyntaxError:
+        return ()
+    return tuple(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+
+
 @TASKS.register("mbpp")
-class MBPP(Task):
+class MBPP(_SandboxCheck, Task):
     """Sanitized MBPP (427 problems; fields ``task_id, prompt, code, test_imports, test_list``).
 
     The prompt shows the problem text and the first test (it fixes the function's name and
@@ -161,11 +208,19 @@ class MBPP(Task):
         return out
 
     def reward(self, prompts: Sequence[str], completions: Sequence[Any], *, test_list: Sequence[Sequence[str]],
-               test_imports: Sequence[Sequence[str]] | None = None, **_: Any) -> list[float]:
-        """Fraction of ``test_list`` asserts passed by each completion's code."""
+               test_imports: Sequence[Sequence[str]] | None = None, code: Sequence[str] | None = None,
+               **_: Any) -> list[float]:
+        """Fraction of ``test_list`` asserts passed by each completion's code.
+
+        The asserts run on the trusted side (:func:`maskrl.sandbox.run_program`); names the row's
+        reference solution ``code`` defines at top level (the functions under test, even one named
+        like a builtin, e.g. ``sum``) are the program's, as is any other name the asserts use that
+        neither the builtins, ``test_imports`` nor the standard library provide."""
         imports = test_imports if test_imports is not None else [[] for _ in completions]
+        refs = code if code is not None else ["" for _ in completions]
         codes = [extract_code(completion_text(c)) for c in completions]
-        jobs = [(mbpp_program(code, imp), list(tests)) for code, tests, imp in zip(codes, test_list, imports)]
+        jobs = [(mbpp_program(c, imp), list(tests), "\n".join(imp), mbpp_candidates(ref))
+                for c, tests, imp, ref in zip(codes, test_list, imports, refs)]
         return _score(jobs, codes, self.limits, self.workers)
 
     @staticmethod
@@ -214,19 +269,27 @@ def humaneval_tests(test: str, entry_point: str) -> tuple[str, ...]:
     return tuple(f"def _maskrl_test({arg}):\n{head}    {a}\n_maskrl_test({entry_point})\n" for a in asserts)
 
 
-def humaneval_program(code_prompt: str, code: str, test: str, entry_point: str) -> str:
-    """The HumanEval program: the prompt (imports, helpers, stub), the code, the test module.
+def humaneval_program(code_prompt: str, code: str, entry_point: str) -> str:
+    """The HumanEval program: the prompt (imports, helpers, stub), then the code. The row's test
+    module never enters the sandbox (it holds the expected outputs); it runs on the trusted side.
 
     When ``code`` defines ``entry_point`` at top level it follows the prompt and replaces the stub;
     otherwise ``code`` is taken as the continuation of the prompt (the function body).
     """
     defines = re.search(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.M)
     body = code_prompt.rstrip() + "\n\n\n" + code if defines else code_prompt + code
-    return hoist_future_imports(body + "\n\n\n" + test + "\n")
+    return hoist_future_imports(body + "\n")
+
+
+def humaneval_setup(code_prompt: str, test: str) -> str:
+    """Trusted-side setup for a HumanEval row: the prompt (imports and the helpers the tests use,
+    e.g. ``poly``, ``encode_cyclic``) and the test module (``check``). The entry point itself is
+    always the program's (see :func:`maskrl.sandbox.run_program`'s ``remote``)."""
+    return hoist_future_imports(code_prompt + "\n\n\n" + test + "\n")
 
 
 @TASKS.register("humaneval")
-class HumanEval(Task):
+class HumanEval(_SandboxCheck, Task):
     """HumanEval (164 problems; fields ``task_id, prompt, entry_point, canonical_solution, test``)."""
 
     name = "humaneval"
@@ -272,7 +335,7 @@ class HumanEval(Task):
                entry_point: Sequence[str], test: Sequence[str], **_: Any) -> list[float]:
         """Fraction of the row's tests (see :func:`humaneval_tests`) passed by each completion."""
         codes = [extract_code(completion_text(c)) for c in completions]
-        jobs = [(humaneval_program(cp, code, t, e), list(humaneval_tests(t, e)))
+        jobs = [(humaneval_program(cp, code, e), list(humaneval_tests(t, e)), humaneval_setup(cp, t), (e,))
                 for code, cp, e, t in zip(codes, code_prompt, entry_point, test)]
         return _score(jobs, codes, self.limits, self.workers)
 
@@ -285,8 +348,10 @@ class HumanEval(Task):
 # ------------------------------------------------------------------------------------------- helpers
 
 
-def _score(jobs: list[tuple[str, list[str]]], codes: list[str], limits: Limits, workers: int | None) -> list[float]:
-    """Run the jobs whose code is non-empty; empty code scores 0.0 without a sandbox."""
+def _score(jobs: list[tuple[str, list[str], str, tuple[str, ...]]], codes: list[str], limits: Limits,
+           workers: int | None) -> list[float]:
+    """Run the jobs ``(program, tests, setup, remote)`` whose code is non-empty; empty code scores
+    0.0 without a sandbox."""
     if len(jobs) != len(codes):
         raise ValueError(f"{len(codes)} completions but {len(jobs)} rows of test columns")
     todo = [i for i, code in enumerate(codes) if code.strip()]
