@@ -34,7 +34,7 @@ class KeepAll:
         return {}
 
 
-def _ref_weights(keep, num_steps, commit_step, lam, mode, scope="all", clip=2.0):
+def _ref_weights(keep, num_steps, commit_step, lam, mode, scope="all", clip=2.0, final=None, top_k=16):
     """Loops: S(k', k+1) per row and step, δ, z-scores, clipping, token weights ``[N, L]``."""
     N = commit_step.shape[0]
     per_row = {n: {} for n in range(N)}  # n -> k -> (logits [L, V], masked [L], committed [L], block start, b)
@@ -42,8 +42,16 @@ def _ref_weights(keep, num_steps, commit_step, lam, mode, scope="all", clip=2.0)
         for r, n in enumerate(rows.tolist()):
             per_row[n][k] = (logits[r], masked[r], committed[r], int(start[r]), b)
 
-    def lmp(logits, j):
-        return (logits[j].max() - torch.logsumexp(logits[j], -1)).item()
+    floors = []
+
+    def lmp(logits, j, n):
+        lp = torch.log_softmax(logits[j], -1)
+        if final is None:  # confidence: the step's argmax
+            return lp.max().item()
+        kth = lp.sort(descending=True).values[top_k - 1].item()
+        y = lp[final[n, j]].item()
+        floors.append(y < kth)
+        return max(y, kth)  # in the top-k: its own value; outside: the k-th value
 
     deltas = {}  # (n, k) -> δ for valid pairs
     for n in range(N):
@@ -54,9 +62,9 @@ def _ref_weights(keep, num_steps, commit_step, lam, mode, scope="all", clip=2.0)
             after = [j for j in in_scope if masked[j] and not committed[j]]  # M_{k+1}
             if not after:
                 continue
-            s_k = sum(lmp(logits, j) for j in after) / len(after)
+            s_k = sum(lmp(logits, j, n) for j in after) / len(after)
             nxt = per_row[n][k + 1][0]
-            s_k1 = sum(lmp(nxt, j) for j in after) / len(after)
+            s_k1 = sum(lmp(nxt, j, n) for j in after) / len(after)
             deltas[n, k] = s_k1 - s_k
     norm = {}
     if mode == "pooled":
@@ -76,6 +84,8 @@ def _ref_weights(keep, num_steps, commit_step, lam, mode, scope="all", clip=2.0)
         for i in range(commit_step.shape[1]):
             z = norm.get((n, int(commit_step[n, i])), 0.0)
             w[n, i] = 1 + lam * max(-clip, min(clip, z))
+    if final is not None:
+        assert any(floors) and not all(floors)  # both branches of the floor rule were exercised
     return w, deltas
 
 
@@ -113,15 +123,18 @@ SAMPLERS = {
 }
 
 
-@pytest.mark.parametrize("schedule,mode,scope", [("fixed", "per_step", "all"), ("fixed", "pooled", "block"),
-                                                 ("threshold", "pooled", "all"), ("threshold", "per_step", "block")])
-def test_dps_matches_the_slow_reference(tiny, schedule, mode, scope):
-    module = DPS(lam=0.5, dps_normalize=mode, dps_scope=scope)
+@pytest.mark.parametrize("schedule,mode,scope,target", [
+    ("fixed", "per_step", "all", "confidence"), ("fixed", "pooled", "block", "confidence"),
+    ("threshold", "pooled", "all", "confidence"), ("threshold", "per_step", "block", "confidence"),
+    ("fixed", "per_step", "all", "final"), ("threshold", "pooled", "block", "final")])
+def test_dps_matches_the_slow_reference(tiny, schedule, mode, scope, target):
+    module = DPS(lam=0.5, dps_normalize=mode, dps_scope=scope, dps_target=target, top_k=4)
     ro, keep, batch = _run(tiny if schedule == "fixed" else _sharp(), SAMPLERS[schedule], module)
     if schedule == "threshold":  # rows really take different numbers of steps
         assert ro.num_steps.unique().numel() > 1
     out = apply_credit([("dps", module)], batch, [_ctx(ro.batch_size)])  # through the checked seam
-    w, deltas = _ref_weights(keep, ro.num_steps, ro.commit_step, 0.5, mode, scope)
+    w, deltas = _ref_weights(keep, ro.num_steps, ro.commit_step, 0.5, mode, scope,
+                             final=ro.completion_ids if target == "final" else None, top_k=4)
     torch.testing.assert_close(out.advantages.double(), batch.advantages.double() * w, rtol=1e-4, atol=1e-5)
     assert (w != 1).any()
     delta, valid = progress_deltas(ro.step_stats["dps_s_next"], ro.step_stats["dps_s_self"], ro.num_steps)
@@ -173,8 +186,10 @@ def test_normalisation_is_over_the_global_batch(tiny):
 
 def test_dps_config_and_errors():
     assert "dps" in CREDITS.names()
-    with pytest.raises(ValueError, match="not implemented"):
-        DPS(dps_target="final")
+    with pytest.raises(ValueError, match="dps_target"):
+        DPS(dps_target="argmax")
+    with pytest.raises(ValueError, match="top_k"):
+        DPS(dps_target="final", top_k=0)
     with pytest.raises(ValueError, match="dps_scope"):
         DPS(dps_scope="row")
     with pytest.raises(ValueError, match="dps_normalize"):
