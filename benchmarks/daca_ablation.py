@@ -45,7 +45,7 @@ def cell_config(task: str, cell: str, overrides: list[str]):
         return ROOT / "configs" / f"daca_{task}_diffu_grpo_base.yaml", ["likelihood={name: state, p_mask_prompt: 0.15}"]
     if cell == "ltr":
         path = ROOT / "configs" / f"daca_{task}_diffu_grpo_base.yaml"
-        L = load_config([path]).rollout.gen_length
+        L = load_config([path], overrides).rollout.gen_length
         return path, ["likelihood={name: state, p_mask_prompt: 0.15}", "rollout.block_length=1", f"rollout.steps={L}"]
     return ROOT / "configs" / f"daca_{task}_{cell}.yaml", []
 

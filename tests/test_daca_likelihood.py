@@ -2,7 +2,6 @@
 the ELBO on a 4-token completion, and per-stratum loops over full log-softmaxes."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 

@@ -11,7 +11,7 @@ import torch
 
 from maskrl.config import load_config
 from maskrl.credit import CREDITS, DPS, CreditBatch, CreditContext, apply_credit
-from maskrl.credit.dps import DPSObserver, progress_deltas
+from maskrl.credit.dps import progress_deltas
 from maskrl.models import build_tiny
 from maskrl.sampling import SamplerConfig, generate
 from maskrl.tasks.base import Example, Task
