@@ -143,8 +143,10 @@ def test_every_registered_objective_honours_its_protocol(name):
     out.loss.backward()
     assert logp.grad is not None and all(isinstance(v, float) for v in out.metrics.values())
     # metrics are shares: two halves with the whole batch's normaliser sum to the whole-batch value
+    # (the trainer's rule: the token count for token_mean aggregation, else the sequence count)
+    whole = float(N * L) if getattr(obj, "aggregation", "token_mean") == "token_mean" else float(N)
     halves = [obj(logp.detach()[s], old[s], ref[s] if obj.needs_reference else None, adv[s, None].expand(-1, L),
-                  mask[s], normalizer=float(N * L)) for s in (slice(0, 3), slice(3, 6))]
+                  mask[s], normalizer=whole) for s in (slice(0, 3), slice(3, 6))]
     for k, v in out.metrics.items():
         assert halves[0].metrics[k] + halves[1].metrics[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
 

@@ -9,4 +9,8 @@ from maskrl.registry import Registry
 
 CREDITS: Registry = Registry("credit module")
 
-__all__ = ["CREDITS", "CreditBatch", "CreditContext", "CreditModule", "apply_credit", "check_credit_batch"]
+from maskrl.credit.dps import DPS  # noqa: E402  (registered below; imports only credit.base)
+
+CREDITS.register("dps")(DPS)
+
+__all__ = ["CREDITS", "DPS", "CreditBatch", "CreditContext", "CreditModule", "apply_credit", "check_credit_batch"]

@@ -1,13 +1,17 @@
 """Likelihood estimators (SPEC §1.4), registered by name; see :mod:`maskrl.likelihood.base` for the
 protocol ``estimator(adapter, rollout, generator, need) -> ℓ [N, L]`` and ``estimator.rows(...)``."""
+from maskrl.likelihood.elbo import ELBO, elbo, gauss_legendre_unit
 from maskrl.likelihood.base import Likelihood, needed, scatter_scores, score_positions
 from maskrl.likelihood.mean_field import MeanField, mask_prompt, mean_field, token_log_probs
 from maskrl.likelihood.state import State, commit_states, state
+from maskrl.likelihood.stratified import Stratified, strata, stratified
 from maskrl.registry import Registry
 
 LIKELIHOODS: Registry = Registry("likelihood")
 LIKELIHOODS.register("mean_field")(MeanField)
 LIKELIHOODS.register("state")(State)
+LIKELIHOODS.register("stratified")(Stratified)
+LIKELIHOODS.register("elbo")(ELBO)
 
-__all__ = ["LIKELIHOODS", "Likelihood", "MeanField", "State", "commit_states", "mask_prompt", "mean_field", "needed",
+__all__ = ["ELBO", "LIKELIHOODS", "Likelihood", "MeanField", "State", "Stratified", "elbo", "gauss_legendre_unit", "strata", "stratified", "commit_states", "mask_prompt", "mean_field", "needed",
            "scatter_scores", "score_positions", "state", "token_log_probs"]

@@ -2,9 +2,13 @@
 ``__call__`` (protocol and metric rule: :mod:`maskrl.objectives.base`)."""
 from maskrl.objectives.base import Objective, aggregate, kl3
 from maskrl.objectives.diffu_grpo import DiffuGRPO
+from maskrl.objectives.gdpo import GDPO
+from maskrl.objectives.wd1 import WD1
 from maskrl.registry import Registry
 
 OBJECTIVES: Registry = Registry("objective")
 OBJECTIVES.register("diffu_grpo")(DiffuGRPO)
+OBJECTIVES.register("wd1")(WD1)
+OBJECTIVES.register("gdpo")(GDPO)
 
-__all__ = ["OBJECTIVES", "DiffuGRPO", "Objective", "aggregate", "kl3"]
+__all__ = ["OBJECTIVES", "DiffuGRPO", "GDPO", "WD1", "Objective", "aggregate", "kl3"]

@@ -1,0 +1,92 @@
+"""GDPO (SPEC §1.5): one clipped, length-normalised *sequence* ratio on the ELBO.
+
+The diffusion GDPO of Rojas et al. ("Improving reasoning for diffusion language models via group
+diffusion policy optimization", 2025) -- **not** NVIDIA's multi-reward "GDPO" of the same name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from maskrl.advantages import NORMALIZE
+from maskrl.objectives.base import Objective, kl3
+from maskrl.types import LossOutput
+
+
+@dataclass(frozen=True)
+class GDPO(Objective):
+    """Registered as ``gdpo``: ``ρ_n = exp((E_n − E_n^old)/|o_n|)`` with ``E_n = Σ_i ℓ_{n,i}`` the
+    sequence ELBO (the ``elbo`` likelihood's per-token contributions summed over the mask) and
+    ``|o_n|`` its token count, and
+
+    ``L = −(1/N) Σ_n (1/|o_n|) Σ_i min(ρ_n A_{n,i}, clip(ρ_n, 1−ε, 1+ε) A_{n,i}) + β·(1/N) Σ_n KL3_n``
+
+    with ``KL3_n = kl3(E_n/|o_n|, E_n^ref/|o_n|)``. Without a credit module ``A_{n,i} = A_n = r − mean``
+    and the policy term is the usual sequence-level clipped objective ``−min(ρA, clip(ρ)A)``; a credit
+    module's per-token advantages are averaged over the sequence inside the min, per token.
+    Aggregation is over sequences (the trainer's normaliser is the global sequence count).
+
+    Not NVIDIA's multi-reward GDPO (Group reward-Decoupled normalisation Policy Optimization).
+
+    Attributes:
+        clip_eps: ε of the sequence ratio (default 0.2).
+        beta: KL weight (default 0: no reference).
+        normalize: group advantage normalisation **[choice]** (SPEC §1.3; GDPO: ``"mean"``).
+    """
+
+    default_likelihood: ClassVar[str] = "elbo"
+    aggregation: ClassVar[str] = "seq_mean"  # read by the trainer: normaliser = number of sequences
+    clip_eps: float = 0.2
+    beta: float = 0.0
+    normalize: str = "mean"
+
+    def __post_init__(self) -> None:
+        if self.clip_eps < 0:
+            raise ValueError(f"clip_eps (={self.clip_eps}) must be >= 0")
+        if self.beta < 0:
+            raise ValueError(f"beta (={self.beta}) must be >= 0")
+        if self.normalize not in NORMALIZE:
+            raise ValueError(f"normalize {self.normalize!r} is not one of {NORMALIZE}")
+
+    def __call__(self, logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None,
+                 advantages: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> LossOutput:
+        """Loss of one (micro-)batch.
+
+        Args:
+            logp, logp_old: ``[N, L]`` per-token ELBO contributions under θ / θ_old (same masks).
+            logp_ref: ``[N, L]`` under the reference when ``beta > 0``, else ``None``.
+            advantages: ``[N, L]`` per-token advantages.
+            mask: ``[N, L]`` bool, tokens of each sequence.
+            normalizer: global number of sequences (default: this micro-batch's N).
+
+        Returns:
+            :class:`LossOutput`; metrics ``policy_loss``, ``clip_frac``, ``ratio_mean`` (sequence
+            shares) and ``kl`` when β > 0.
+
+        Raises:
+            ValueError: ``beta > 0`` without ``logp_ref``.
+        """
+        m = mask.float()
+        length = m.sum(-1).clamp(min=1.0)  # [N]
+        denom = normalizer if normalizer is not None else max(logp.shape[0], 1)
+        e, e_old = (logp * m).sum(-1), (logp_old * m).sum(-1)  # [N]
+        ratio = torch.exp((e - e_old) / length)  # [N]
+        clipped = ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps)
+        per_tok = -torch.minimum(ratio[:, None] * advantages, clipped[:, None] * advantages)  # [N, L]
+        per_seq = (per_tok * m).sum(-1) / length  # [N]
+        policy_loss = per_seq.sum() / denom
+        loss = policy_loss
+        real = (m.sum(-1) > 0).float()
+        metrics = {"policy_loss": policy_loss.item(),
+                   "clip_frac": (((ratio.detach() - 1).abs() > self.clip_eps).float() * real).sum().item() / denom,
+                   "ratio_mean": (ratio.detach() * real).sum().item() / denom}
+        if self.beta > 0:
+            if logp_ref is None:
+                raise ValueError("beta > 0 needs logp_ref")
+            e_ref = (logp_ref * m).sum(-1)
+            kl = (kl3(e / length, e_ref / length) * real).sum() / denom
+            loss = loss + self.beta * kl
+            metrics["kl"] = kl.item()
+        return LossOutput(loss=loss, metrics=metrics)

@@ -1,0 +1,231 @@
+"""SPEC §2.1 DPS against a slow reference that keeps every step's full logits and computes
+S(k, k+1) with loops, under the fixed and the threshold schedule; global-batch normalisation over
+two simulated processes; λ = 0 reproduces a trainer step bit for bit."""
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+import torch
+
+from maskrl.config import load_config
+from maskrl.credit import CREDITS, DPS, CreditBatch, CreditContext, apply_credit
+from maskrl.credit.dps import progress_deltas
+from maskrl.models import build_tiny
+from maskrl.sampling import SamplerConfig, generate
+from maskrl.tasks.base import Example, Task
+from maskrl.text import encode_prompts
+from maskrl.trainer import RLTrainer
+
+
+class KeepAll:
+    """Reference observer: full per-step logits and masks, per row (float64)."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_step(self, view):
+        self.steps.append((view.step, view.rows.clone(), view.logits.double().clone(), view.masked.clone(),
+                           view.committed.clone(), view.block_start.clone(), view.block_length))
+        assert "log_probs" not in view.__dict__  # nobody built the [n, L, V] log-softmax
+
+    def result(self):
+        return {}
+
+
+def _ref_weights(keep, num_steps, commit_step, lam, mode, scope="all", clip=2.0, final=None, top_k=16):
+    """Loops: S(k', k+1) per row and step, δ, z-scores, clipping, token weights ``[N, L]``."""
+    N = commit_step.shape[0]
+    per_row = {n: {} for n in range(N)}  # n -> k -> (logits [L, V], masked [L], committed [L], block start, b)
+    for k, rows, logits, masked, committed, start, b in keep.steps:
+        for r, n in enumerate(rows.tolist()):
+            per_row[n][k] = (logits[r], masked[r], committed[r], int(start[r]), b)
+
+    floors = []
+
+    def lmp(logits, j, n):
+        lp = torch.log_softmax(logits[j], -1)
+        if final is None:  # confidence: the step's argmax
+            return lp.max().item()
+        kth = lp.sort(descending=True).values[top_k - 1].item()
+        y = lp[final[n, j]].item()
+        floors.append(y < kth)
+        return max(y, kth)  # in the top-k: its own value; outside: the k-th value
+
+    deltas = {}  # (n, k) -> δ for valid pairs
+    for n in range(N):
+        T = int(num_steps[n])
+        for k in range(T - 1):
+            logits, masked, committed, start, b = per_row[n][k]
+            in_scope = [j for j in range(len(masked)) if scope == "all" or start <= j < start + b]
+            after = [j for j in in_scope if masked[j] and not committed[j]]  # M_{k+1}
+            if not after:
+                continue
+            s_k = sum(lmp(logits, j, n) for j in after) / len(after)
+            nxt = per_row[n][k + 1][0]
+            s_k1 = sum(lmp(nxt, j, n) for j in after) / len(after)
+            deltas[n, k] = s_k1 - s_k
+    norm = {}
+    if mode == "pooled":
+        vals = list(deltas.values())
+        m = sum(vals) / len(vals)
+        sd = math.sqrt(sum((v - m) ** 2 for v in vals) / len(vals))
+        norm = {key: (v - m) / (sd + 1e-6) for key, v in deltas.items()}
+    else:
+        for k in {k for _, k in deltas}:
+            keys = [key for key in deltas if key[1] == k]
+            vals = [deltas[key] for key in keys]
+            m = sum(vals) / len(vals)
+            sd = math.sqrt(sum((v - m) ** 2 for v in vals) / len(vals))
+            norm.update({key: (deltas[key] - m) / (sd + 1e-6) for key in keys})
+    w = torch.ones(commit_step.shape, dtype=torch.float64)
+    for n in range(N):
+        for i in range(commit_step.shape[1]):
+            z = norm.get((n, int(commit_step[n, i])), 0.0)
+            w[n, i] = 1 + lam * max(-clip, min(clip, z))
+    if final is not None:
+        assert any(floors) and not all(floors)  # both branches of the floor rule were exercised
+    return w, deltas
+
+
+def _ctx(n, reduce=lambda t, op="sum": t):
+    return CreditContext(rewards=torch.zeros(n), group_ids=torch.arange(n), sequence_advantages=torch.ones(n),
+                         score=None, reduce=reduce, generator=torch.Generator().manual_seed(0), policy=None,
+                         objective=None, likelihood=None)
+
+
+def _sharp():
+    """The tiny model with a 40x output layer: confident enough that the threshold schedule commits
+    several tokens in some steps, so rows take different numbers of steps."""
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    with torch.no_grad():
+        a.model.get_output_embeddings().weight.mul_(40.0)
+    a.model.eval()
+    return a
+
+
+def _run(tiny, sampler, module, prompts=6):
+    texts = ["ab", "a longer prompt", "c", "dd e", "xyz", "q"][:prompts]
+    ids, mask = encode_prompts(tiny.tokenizer, texts)
+    keep = KeepAll()
+    ro = generate(tiny, ids, mask, sampler, generator=torch.Generator().manual_seed(0),
+                  observers=[keep, *module.observers(sampler)])
+    n = ro.batch_size
+    adv = torch.linspace(-1, 1, n)[:, None] * ro.completion_mask.float()
+    batch = CreditBatch(rollout=ro, rewards=torch.zeros(n), advantages=adv, loss_mask=ro.completion_mask.clone())
+    return ro, keep, batch
+
+
+SAMPLERS = {
+    "fixed": SamplerConfig(gen_length=12, block_length=4, steps=6, temperature=1.0),
+    "threshold": SamplerConfig(gen_length=12, block_length=4, temperature=1.0, schedule="threshold", threshold=0.5),
+}
+
+
+@pytest.mark.parametrize("schedule,mode,scope,target", [
+    ("fixed", "per_step", "all", "confidence"), ("fixed", "pooled", "block", "confidence"),
+    ("threshold", "pooled", "all", "confidence"), ("threshold", "per_step", "block", "confidence"),
+    ("fixed", "per_step", "all", "final"), ("threshold", "pooled", "block", "final")])
+def test_dps_matches_the_slow_reference(tiny, schedule, mode, scope, target):
+    module = DPS(lam=0.5, dps_normalize=mode, dps_scope=scope, dps_target=target, top_k=4)
+    ro, keep, batch = _run(tiny if schedule == "fixed" else _sharp(), SAMPLERS[schedule], module)
+    if schedule == "threshold":  # rows really take different numbers of steps
+        assert ro.num_steps.unique().numel() > 1
+    out = apply_credit([("dps", module)], batch, [_ctx(ro.batch_size)])  # through the checked seam
+    w, deltas = _ref_weights(keep, ro.num_steps, ro.commit_step, 0.5, mode, scope,
+                             final=ro.completion_ids if target == "final" else None, top_k=4)
+    torch.testing.assert_close(out.advantages.double(), batch.advantages.double() * w, rtol=1e-4, atol=1e-5)
+    assert (w != 1).any()
+    delta, valid = progress_deltas(ro.step_stats["dps_s_next"], ro.step_stats["dps_s_self"], ro.num_steps)
+    assert set(deltas) == {tuple(x) for x in valid.nonzero().tolist()}
+    for (n, k), v in deltas.items():
+        assert delta[n, k].item() == pytest.approx(v, abs=2e-5)
+    # the last step of each row: δ = 0, not in the statistics, weight 1 for the tokens born there
+    last = ro.num_steps - 1
+    assert (delta[torch.arange(ro.batch_size), last] == 0).all() and not valid[torch.arange(ro.batch_size), last].any()
+    born_last = ro.commit_step == last[:, None]
+    torch.testing.assert_close(out.advantages[born_last], batch.advantages[born_last])
+    assert set(out.metrics) >= {"dps/delta_mean", "dps/weight_mean"}
+
+
+def test_observer_keeps_two_numbers_per_row_and_step(tiny):
+    ro, _, _ = _run(tiny, SAMPLERS["fixed"], DPS())
+    assert set(ro.step_stats) == {"dps_s_next", "dps_s_self"}
+    assert all(v.shape == (ro.batch_size, 6) for v in ro.step_stats.values())
+
+
+def test_normalisation_is_over_the_global_batch(tiny):
+    """Two simulated processes (threads) with a summing reduce give each half the whole batch's δ̄."""
+    module = DPS(lam=0.7, dps_normalize="per_step")
+    ro, _, batch = _run(tiny, SAMPLERS["fixed"], module)
+    whole = module(batch, _ctx(ro.batch_size)).advantages
+    barrier, box, results = threading.Barrier(2), {}, {}
+
+    def reduce_for(rank):
+        def reduce(t, op="sum"):
+            box[rank] = t.clone()
+            barrier.wait()
+            total = box[0] + box[1]
+            barrier.wait()
+            return total
+        return reduce
+
+    def work(rank, sl):
+        half = CreditBatch(rollout=ro.select(sl), rewards=batch.rewards[sl], advantages=batch.advantages[sl],
+                           loss_mask=batch.loss_mask[sl])
+        results[rank] = module(half, _ctx(half.rollout.batch_size, reduce_for(rank))).advantages
+
+    threads = [threading.Thread(target=work, args=(r, sl)) for r, sl in enumerate((slice(0, 3), slice(3, 6)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.testing.assert_close(torch.cat([results[0], results[1]]), whole, rtol=1e-5, atol=1e-6)
+
+
+def test_dps_config_and_errors():
+    assert "dps" in CREDITS.names()
+    with pytest.raises(ValueError, match="dps_target"):
+        DPS(dps_target="argmax")
+    with pytest.raises(ValueError, match="top_k"):
+        DPS(dps_target="final", top_k=0)
+    with pytest.raises(ValueError, match="dps_scope"):
+        DPS(dps_scope="row")
+    with pytest.raises(ValueError, match="dps_normalize"):
+        DPS(dps_normalize="z")
+    assert DPS().mode(SAMPLERS["threshold"]) == "pooled" and DPS().mode(SAMPLERS["fixed"]) == "per_step"
+    cfg = load_config([], ["credit=[{name: dps, lam: 0.25, dps_scope: block}]"])
+    assert cfg.credit[0] == DPS(lam=0.25, dps_scope="block")
+
+
+class OddChars(Task):
+    name = "odd_chars_dps"
+
+    def reward(self, prompts, completions, **_):
+        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
+
+
+def _trainer_weights(tmp_path, credit):
+    y = tmp_path / f"run{len(credit)}{credit[:12]!r}.yaml".replace(" ", "").replace("'", "")
+    y.write_text(f"""
+output_dir: {tmp_path / 'out'}
+rollout: {{gen_length: 8, block_length: 4, steps: 4, temperature: 1.0}}
+objective: {{name: diffu_grpo}}
+credit: {credit}
+train: {{steps: 1, prompts_per_step: 2, group_size: 3, inner_iterations: 2, lr: 1.0e-2}}
+""")
+    cfg = load_config([y])
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    tr = RLTrainer(cfg, a, OddChars(), [Example(id=i, prompt=f"say {i}") for i in range(4)])
+    m = tr.step()
+    return {k: v.detach().clone() for k, v in a.model.state_dict().items()}, m
+
+
+def test_lambda_zero_reproduces_the_base_step_bit_for_bit(tmp_path):
+    base, _ = _trainer_weights(tmp_path, "[]")
+    zero, m0 = _trainer_weights(tmp_path, "[{name: dps, lam: 0.0}]")
+    half, m1 = _trainer_weights(tmp_path, "[{name: dps, lam: 0.5}]")
+    assert all(torch.equal(base[k], zero[k]) for k in base)
+    assert "credit/dps/weight_mean" in m0 and m0["credit/dps/weight_mean"] == 1.0
+    assert any(not torch.equal(base[k], half[k]) for k in base)  # λ > 0 changes the update
