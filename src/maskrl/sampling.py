@@ -314,6 +314,39 @@ def _full_logits(adapter: ModelAdapter, xr: torch.Tensor, ar: torch.Tensor, p_le
     return logits[:, p_len:]
 
 
+def window_hidden(adapter: ModelAdapter, kv_store: Sequence[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor,
+                  attn: torch.Tensor, pos_ids: torch.Tensor, store_rows: torch.Tensor, w0: torch.Tensor,
+                  width: int) -> torch.Tensor:
+    """Hidden states of a window of columns recomputed against the cached keys/values of all others
+    (Fast-dLLM prefix cache: window = block and everything right of it; dual cache: window = block).
+
+    Args:
+        adapter: a model with :attr:`ModelAdapter.supports_cache`.
+        kv_store: per layer ``(keys, values)``, each ``[N_all, H, S, D]``, filled by a full forward.
+        x, attn, pos_ids: ``[g, S]`` current tokens, key validity (bool) and RoPE positions of the rows.
+        store_rows: ``[g]`` long, the rows' indices into ``kv_store``.
+        w0: ``[g]`` long, first column of each row's window; width: window length ``W``.
+
+    Returns:
+        ``[g, W, d]`` hidden states of columns ``w0 .. w0 + W - 1`` (input of the output layer).
+    """
+    g, n_cols = x.shape
+    cols = torch.arange(n_cols, device=x.device)
+    wcols = w0[:, None] + torch.arange(width, device=x.device)  # [g, W]
+    if bool((w0 < 0).any()) or bool((w0 + width > n_cols).any()):
+        raise ValueError(f"window [w0, w0 + {width}) leaves the {n_cols} columns")
+    in_win = (cols[None, :] >= w0[:, None]) & (cols[None, :] < w0[:, None] + width)
+    keep = cols.expand(g, -1)[~in_win].view(g, n_cols - width)  # [g, S - W], ascending
+    kidx = keep[:, None, :, None]
+    past = []
+    for k_all, v_all in kv_store:
+        idx = kidx.expand(-1, k_all.shape[1], -1, k_all.shape[-1])
+        past.append((k_all[store_rows].gather(2, idx), v_all[store_rows].gather(2, idx)))
+    key_mask = torch.cat([attn.gather(1, keep), attn.gather(1, wcols)], 1).bool()
+    h, _ = adapter.decoder_forward(x.gather(1, wcols), key_mask, pos_ids.gather(1, wcols), past=past)
+    return h
+
+
 def _head_at(adapter: ModelAdapter, groups, cover: torch.Tensor, p_len: int, shift: int) -> torch.Tensor:
     """Logits at the covered completion positions, flat ``[cover.sum(), V]`` in row-major order.
 
@@ -411,28 +444,11 @@ def generate(
     k_sched = torch.tensor(config.commits_per_step() if config.schedule == "fixed" else [0], device=device)
     offsets = torch.arange(b, device=device)
     positions = torch.arange(L, device=device)
-    all_cols = torch.arange(n_cols, device=device)
 
     def full_hidden(xs, ats):  # [g, S, d] hidden states of a full forward (+ kv when caching)
         if adapter.supports_cache:
             return adapter.decoder_forward(xs, ats, adapter.position_ids(ats), return_kv=cached)
         return None, None
-
-    def cached_hidden(local, w0, width):
-        """Hidden states of the window [w0, w0 + width) (absolute columns) of rows ``rows[local]``,
-        against the cached keys/values of every other column of those rows."""
-        g_rows = rows[local]
-        wcols = w0[:, None] + torch.arange(width, device=device)  # [g, W]
-        in_win = (all_cols[None, :] >= w0[:, None]) & (all_cols[None, :] < w0[:, None] + width)
-        keep = all_cols.expand(len(local), -1)[~in_win].view(len(local), n_cols - width)  # [g, S - W]
-        kidx = keep[:, None, :, None]
-        past = []
-        for k_all, v_all in kv_store:
-            idx = kidx.expand(-1, k_all.shape[1], -1, k_all.shape[-1])
-            past.append((k_all[g_rows].gather(2, idx), v_all[g_rows].gather(2, idx)))
-        key_mask = torch.cat([attn[g_rows].gather(1, keep), attn[g_rows].gather(1, wcols)], 1)
-        h, _ = adapter.decoder_forward(x[g_rows].gather(1, wcols), key_mask, pos_ids[g_rows].gather(1, wcols), past=past)
-        return h
 
     step = 0
     while True:
@@ -491,11 +507,13 @@ def generate(
                 win_lo[rest] = start[rest]
                 if config.cache == "dual":
                     win_hi[rest] = start[rest] + b
-                    groups.append((rest, cached_hidden(rest, w0, b + shift), w0, None))
+                    groups.append((rest, window_hidden(adapter, kv_store, x[rows[rest]], attn[rows[rest]], pos_ids[rows[rest]],
+                                                       rows[rest], w0, b + shift), w0, None))
                 else:  # prefix: one forward per distinct block start (equal window widths)
                     for w in w0.unique():
                         loc = rest[w0 == w]
-                        groups.append((loc, cached_hidden(loc, w0[w0 == w], n_cols - int(w)), w0[w0 == w], None))
+                        groups.append((loc, window_hidden(adapter, kv_store, x[rows[loc]], attn[rows[loc]], pos_ids[rows[loc]],
+                                                         rows[loc], w0[w0 == w], n_cols - int(w)), w0[w0 == w], None))
 
         # ---- output layer only where needed
         if requested is not None:
@@ -581,3 +599,57 @@ def generate(
         group_ids=(group_ids if group_ids is not None else torch.arange(n_rows)).to(device), sampler=config,
         step_stats=stats,
     )
+
+
+@torch.no_grad()
+def rollout_mismatch(adapter: ModelAdapter, rollout: Rollout) -> dict[str, float]:
+    """How far the sampler's commit probabilities are from theta's full-forward ones (issue 12).
+
+    For every committed completion token ``(i, j)`` with commit step ``t``, recompute
+    ``log p_theta(y_ij | x_t)`` by a full bidirectional forward at the commit state ``x_t`` (the
+    completion with every position committed at step ``>= t`` masked, SPEC §1.4) and compare it with
+    the sampler's ``log commit_prob``. With ``cache="none"`` the two agree up to float rounding; with a
+    cache the gap is what the cache costs in off-policyness. The output layer runs only at the
+    committed positions of each state. Costs one forward of the rows committing at each distinct step.
+
+    Args:
+        adapter: the policy that sampled ``rollout`` (same weights).
+        rollout: a :class:`~maskrl.types.Rollout` from :func:`generate` (``cfg_scale`` must be 0:
+            with guidance the sampler's distribution is not theta's by construction).
+
+    Returns:
+        ``{"mismatch": mean |log commit_prob - log p_theta| (nats), "mismatch_max": max of the same,
+        "tokens": number of tokens compared}``.
+
+    Raises:
+        ValueError: when the rollout used classifier-free guidance.
+    """
+    if rollout.sampler is not None and rollout.sampler.cfg_scale > 0:
+        raise ValueError("rollout_mismatch: the rollout used cfg_scale > 0, whose distribution is not theta's")
+    device = adapter.device
+    p_len = rollout.prompt_ids.shape[1]
+    comp = rollout.completion_ids.to(device)
+    cstep = rollout.commit_step.to(device)
+    attn = torch.cat([rollout.prompt_mask.to(device).bool(), torch.ones_like(comp, dtype=torch.bool)], 1)
+    shift = 1 if adapter.shift else 0
+    diffs = []
+    for t in cstep.unique().tolist():
+        if t < 0:
+            continue
+        at = cstep == t  # [N, L]
+        rows = at.any(-1).nonzero().squeeze(-1)
+        state = torch.where(cstep[rows] >= t, adapter.mask_id, comp[rows])
+        xs = torch.cat([rollout.prompt_ids[rows].to(device), state], 1)
+        rr, pp = at[rows].nonzero(as_tuple=True)
+        if adapter.supports_cache:
+            h, _ = adapter.decoder_forward(xs, attn[rows], adapter.position_ids(attn[rows]))
+            logits = adapter.head(h[rr, p_len + pp - shift])  # [m, V]
+        else:
+            logits = adapter.logits(xs, attn[rows])[rr, p_len + pp]
+        logits = logits.float()
+        logits[:, adapter.mask_id] = float("-inf")
+        lp = torch.log_softmax(logits, -1).gather(-1, comp[rows][rr, pp][:, None]).squeeze(-1)
+        diffs.append((rollout.commit_prob[rows][rr, pp].to(device).clamp_min(1e-30).log() - lp).abs())
+    d = torch.cat(diffs) if diffs else torch.zeros(0, device=device)
+    return {"mismatch": d.mean().item() if d.numel() else 0.0, "mismatch_max": d.max().item() if d.numel() else 0.0,
+            "tokens": int(d.numel())}
