@@ -1,4 +1,4 @@
-"""Command line: ``maskrl sft | train | eval | generate | score | demo``.
+"""Command line: ``maskrl sft | train | eval | generate | score | demo | bench``.
 
 Every command that trains reads YAML files from ``configs/`` (``--config``, repeatable, later files
 win) plus ``--set key.sub=value`` overrides; an unknown key or a bad value is an error naming the key
@@ -177,7 +177,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--force-sft", action="store_true", help="ignore the cached SFT model")
     p.set_defaults(func=cmd_demo)
+    _add_bench_parser(sub)
     return parser
+
+
+def cmd_bench(args) -> int:
+    if args.bench == "sampler":
+        from maskrl.bench import run_sampler_bench
+
+        lengths = [int(v) for v in args.gen_length.split(",")] if args.gen_length else None
+        run_sampler_bench(args.out, quick=args.quick, gen_lengths=lengths, reps=args.reps,
+                          sudoku_model=args.sudoku_model, countdown_model=args.countdown_model,
+                          countdown_block=args.countdown_block)
+        print(f"wrote {args.out}")
+        return 0
+    raise ValueError(f"unknown benchmark {args.bench!r}")  # pragma: no cover - argparse checks choices
+
+
+def _add_bench_parser(sub) -> None:
+    """``maskrl bench <name>``: a group; each benchmark is one sub-command writing JSON."""
+    p = sub.add_parser("bench", help="benchmarks (JSON output)")
+    bench = p.add_subparsers(dest="bench", required=True)
+    b = bench.add_parser("sampler", help="sampler speed (cache x schedule) and accuracy of trained models")
+    b.add_argument("--quick", action="store_true", help="3 repetitions instead of 5")
+    b.add_argument("--out", required=True, help="output JSON file")
+    b.add_argument("--gen-length", help="comma-separated completion lengths (default 64,128,256)")
+    b.add_argument("--reps", type=int, help="repetitions per setting")
+    b.add_argument("--sudoku-model", help="Sudoku SFT model folder (maskrl sft --config configs/demo_sudoku.yaml)")
+    b.add_argument("--countdown-model", help="Countdown SFT model folder (configs/countdown_diffu_grpo.yaml)")
+    b.add_argument("--countdown-block", type=int, default=4, help="block length for Countdown (16-token completions)")
+    b.set_defaults(func=cmd_bench)
 
 
 def main(argv: list[str] | None = None) -> int:
