@@ -166,20 +166,29 @@ def run_sampler_bench(out: str | Path, quick: bool = False, gen_lengths: Sequenc
                       reps: int | None = None, sudoku_model: str | None = None,
                       sudoku_config: str = "configs/demo_sudoku.yaml", countdown_model: str | None = None,
                       countdown_config: str = "configs/countdown_diffu_grpo.yaml", countdown_block: int = 4,
-                      log=print) -> dict:
+                      parts: Sequence[str] = ("speed", "sudoku", "countdown"), log=print) -> dict:
     """``maskrl bench sampler``: the speed table, plus accuracy tables for the models given; writes
-    JSON to ``out`` and returns it. ``quick``: 3 repetitions (default 5)."""
+    JSON to ``out`` and returns it. ``quick``: 3 repetitions (default 5). ``parts``: which of
+    ``speed``, ``sudoku``, ``countdown`` to run."""
     import json
     import platform
 
     report = {"benchmark": "sampler", "quick": quick, "torch": torch.__version__,
               "threads": torch.get_num_threads(), "machine": platform.machine()}
-    report["speed"] = bench_sampler_speed(gen_lengths or (64, 128, 256), reps or (3 if quick else 5), log=log)
-    if sudoku_model:
+    bad = set(parts) - {"speed", "sudoku", "countdown"}
+    if bad:
+        raise ValueError(f"parts: unknown {sorted(bad)}; valid: speed, sudoku, countdown")
+    if "speed" in parts:
+        report["speed"] = bench_sampler_speed(gen_lengths or (64, 128, 256), reps or (3 if quick else 5), log=log)
+    if "sudoku" not in parts:
+        pass
+    elif sudoku_model:
         report["sudoku"] = bench_sampler_accuracy(sudoku_model, sudoku_config, 16, 16, log=log)
     else:
         report["sudoku"] = "skipped: pass --sudoku-model (a `maskrl sft --config configs/demo_sudoku.yaml` output)"
-    if countdown_model:
+    if "countdown" not in parts:
+        pass
+    elif countdown_model:
         report["countdown"] = bench_sampler_accuracy(countdown_model, countdown_config, 16, countdown_block, log=log)
     else:
         report["countdown"] = "skipped: pass --countdown-model (a `maskrl sft --config configs/countdown_diffu_grpo.yaml` output)"

@@ -188,7 +188,7 @@ def cmd_bench(args) -> int:
         lengths = [int(v) for v in args.gen_length.split(",")] if args.gen_length else None
         run_sampler_bench(args.out, quick=args.quick, gen_lengths=lengths, reps=args.reps,
                           sudoku_model=args.sudoku_model, countdown_model=args.countdown_model,
-                          countdown_block=args.countdown_block)
+                          countdown_block=args.countdown_block, parts=args.parts.split(","))
         print(f"wrote {args.out}")
         return 0
     raise ValueError(f"unknown benchmark {args.bench!r}")  # pragma: no cover - argparse checks choices
@@ -206,6 +206,7 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--sudoku-model", help="Sudoku SFT model folder (maskrl sft --config configs/demo_sudoku.yaml)")
     b.add_argument("--countdown-model", help="Countdown SFT model folder (configs/countdown_diffu_grpo.yaml)")
     b.add_argument("--countdown-block", type=int, default=4, help="block length for Countdown (16-token completions)")
+    b.add_argument("--parts", default="speed,sudoku,countdown", help="comma-separated parts to run")
     b.set_defaults(func=cmd_bench)
 
 

@@ -235,7 +235,12 @@ class RLTrainer:
         lr = self.scheduler.get_last_lr()[0]  # the rate of this step's first optimizer step
         batch = self.collect()
         t1 = time.time()
+        mismatch = {}
+        if self.sampler.mismatch_every and self.step_count % self.sampler.mismatch_every == 0 and self.all_done is None:
+            from maskrl.sampling import rollout_mismatch  # issue 12: before the update, against the sampling theta
+            mismatch["rollout/mismatch"] = rollout_mismatch(self.policy_eval, batch.rollout)["mismatch"]
         metrics = self.optimize(batch)
+        metrics.update(mismatch)
         rewards = self.acc.gather(batch.rewards)
         self.step_count += 1
         metrics.update({
