@@ -90,7 +90,7 @@ def cmd_generate(args) -> int:
     fmt = prompt_formatter(adapter, not args.no_chat_template)
     sampler = SamplerConfig(gen_length=args.gen_length, block_length=args.block_length,
                             steps=args.steps or args.gen_length // 2 or 1, temperature=args.temperature,
-                            schedule=args.schedule, threshold=args.threshold)
+                            schedule=args.schedule, threshold=args.threshold, cache=args.cache)
     gen = torch.Generator(device=adapter.device).manual_seed(args.seed)
     prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:
@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--schedule", default="fixed", choices=["fixed", "threshold"])
     p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual"],
+                   help="Fast-dLLM key/value cache (none: exact full forwards)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--device", default="auto")
