@@ -194,11 +194,8 @@ class StepView:
         if tokens.shape != self.covered.shape:
             raise ValueError(f"tokens {tuple(tokens.shape)} must be [n, L] = {tuple(self.covered.shape)}")
         tok = tokens[self.covered]  # [M]
-        z = self._reduce_gather(tok)
+        z = self.logits.gather(-1, tok[:, None]).squeeze(-1).float()
         return self.dense(z - self._logsumexp)
-
-    def _reduce_gather(self, tok: torch.Tensor) -> torch.Tensor:
-        return self.logits.gather(-1, tok[:, None]).squeeze(-1).float()
 
 
 class StepObserver(Protocol):
@@ -400,6 +397,8 @@ def generate(
         generator: ``torch.Generator`` on the model's device for the Gumbel draws and random
             remasking; required when ``temperature > 0`` or ``remasking == "random"``.
         observers: per-step statistic collectors; their ``result()`` fills ``Rollout.step_stats``.
+            Each may declare the logits it needs (:class:`StepObserver`); the output layer runs only
+            on the current block plus those positions.
         group_ids: ``[N]`` long; defaults to ``arange(N)``.
         all_done: rank synchronisation for sharded models (FSDP / ZeRO-3, where every forward is a
             collective). Called exactly once per loop iteration with "this rank has no row left"
@@ -412,7 +411,9 @@ def generate(
         A :class:`Rollout` (``commit_step``/``commit_prob`` ``[N, L]``, ``num_steps`` ``[N]``).
 
     Raises:
-        ValueError: on mismatched shapes or a missing generator.
+        ValueError: on mismatched shapes or a missing generator; with ``config.cache != "none"``: a
+            model without a decoder forward (``attention="2d"``), ``all_done`` given, or a shifted
+            model with no prompt column.
     """
     if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
         raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)} must be equal [N, P]")
@@ -445,10 +446,8 @@ def generate(
     offsets = torch.arange(b, device=device)
     positions = torch.arange(L, device=device)
 
-    def full_hidden(xs, ats):  # [g, S, d] hidden states of a full forward (+ kv when caching)
-        if adapter.supports_cache:
-            return adapter.decoder_forward(xs, ats, adapter.position_ids(ats), return_kv=cached)
-        return None, None
+    def full_hidden(xs, ats):  # [g, S, d] hidden states of a full forward (+ per-layer kv when caching)
+        return adapter.decoder_forward(xs, ats, adapter.position_ids(ats), return_kv=cached)
 
     step = 0
     while True:
