@@ -384,3 +384,67 @@ def test_rollout_mismatch_zero_without_cache_positive_with(tiny):
     rc = generate(tiny, ids, mask, SamplerConfig(gen_length=8, block_length=4, steps=4, cfg_scale=1.0))
     with pytest.raises(ValueError, match="cfg_scale"):
         rollout_mismatch(tiny, rc)
+
+
+@pytest.mark.parametrize("mode", ["none", "prefix", "dual"])
+def test_logit_positions_per_step_and_completion_scope(tiny, mode):
+    """A DiSPO-like observer asks for every masked position at one chosen step only; another asks for
+    the whole completion at every step. Covered sets follow the requests; outside the cached window
+    the view comes from a full forward (exact), and the rollout is unchanged."""
+    _sharpen(tiny)
+    ids, mask = _batch(tiny)
+    cfg = SamplerConfig(gen_length=12, block_length=4, schedule="threshold", threshold=0.2, cache=mode)
+
+    class Chosen:
+        def __init__(self):
+            self.seen = []
+
+        def logit_positions(self, step, rows, masked, block_start):
+            return "masked" if step == 2 else "block"
+
+        def on_step(self, v):
+            self.seen.append((v.step, v.covered.clone(), v.masked.clone(), v.block_start.clone()))
+
+        def result(self):
+            return {}
+
+    class Everything:
+        logit_scope = "completion"
+
+        def __init__(self):
+            self.ok = []
+
+        def on_step(self, v):
+            # outside the cached window (dual: beyond the block; prefix: left of it) -> full forward
+            must_be_exact = torch.ones_like(v.exact) if mode in ("none", "dual") else v.block_start > 0
+            self.ok.append(bool(v.covered.all()) and v.logits.shape[0] == v.covered.numel()
+                           and bool(v.exact[must_be_exact].all()))
+
+        def result(self):
+            return {}
+
+    chosen = Chosen()
+    r = generate(tiny, ids, mask, cfg, observers=[chosen])
+    plain = generate(tiny, ids, mask, cfg)
+    assert torch.equal(r.completion_ids, plain.completion_ids) and torch.equal(r.commit_prob, plain.commit_prob)
+    for step, covered, masked, start in chosen.seen:
+        in_block = torch.zeros_like(masked)
+        for j in range(len(start)):
+            in_block[j, int(start[j]):int(start[j]) + 4] = True
+        assert torch.equal(covered, (masked | in_block) if step == 2 else in_block)
+    every = Everything()
+    r2 = generate(tiny, ids, mask, cfg, observers=[every])
+    assert every.ok and all(every.ok)
+    assert torch.equal(r2.completion_ids, plain.completion_ids)
+
+    class Bad:
+        logit_scope = "everything"
+
+        def on_step(self, v):
+            pass
+
+        def result(self):
+            return {}
+
+    with pytest.raises(ValueError, match="scope"):
+        generate(tiny, ids, mask, cfg, observers=[Bad()])
