@@ -22,11 +22,16 @@ from maskrl.trainer import RLTrainer
 class KeepAll:
     """Reference observer: full per-step logits and masks, per row (float64)."""
 
+    logit_scope = "completion"  # the sampler computes logits at every completion position
+
     def __init__(self):
         self.steps = []
 
     def on_step(self, view):
-        self.steps.append((view.step, view.rows.clone(), view.logits.double().clone(), view.masked.clone(),
+        n, L = view.covered.shape
+        assert view.covered.all()
+        full = view.logits.double().reshape(n, L, -1)  # [n, L, V], covered in row-major order
+        self.steps.append((view.step, view.rows.clone(), full.clone(), view.masked.clone(),
                            view.committed.clone(), view.block_start.clone(), view.block_length))
         assert "log_probs" not in view.__dict__  # nobody built the [n, L, V] log-softmax
 

@@ -95,9 +95,11 @@ def test_check_rewards_accepts_numbers():
 
 
 def test_nonfinite_logits_observer_ignores_the_mask_column():
-    class View:
+    class View:  # the sampler's StepView: flat [M, V] logits at the covered positions
         def __init__(self, logits, step=0):
-            self.logits, self.step, self.rows = logits, step, torch.tensor([5, 6, 7])
+            self.step, self.rows = step, torch.tensor([5, 6, 7])
+            self.covered = torch.ones(logits.shape[:2], dtype=torch.bool)
+            self.logits = logits.reshape(-1, logits.shape[-1])
 
     obs = NonFiniteLogits(mask_id=2)
     lg = torch.zeros(3, 4, 5)

@@ -95,8 +95,7 @@ def test_threshold_commits_top1_plus_confident(tiny):
 
     class Spy:
         def on_step(self, v: StepView):
-            probs = torch.softmax(v.logits.float(), -1)
-            conf = probs.max(-1).values  # greedy candidate confidence
+            conf = v.dense(torch.softmax(v.logits.float(), -1).max(-1).values)  # [n, L] greedy confidence
             for r in range(v.rows.numel()):
                 s = int(v.block_start[r])
                 blk = torch.zeros_like(v.masked[r])
@@ -137,8 +136,10 @@ def test_observer_gets_each_step_and_fills_step_stats(tiny):
         def __init__(self):
             self.rows = []
 
+        logit_scope = "masked"
+
         def on_step(self, v):
-            lp = v.log_probs.max(-1).values  # [n, L]
+            lp = v.max_log_prob.nan_to_num(0.0)  # [n, L], covered = masked positions
             m = v.masked.float()
             self.rows.append((lp * m).sum(-1) / m.sum(-1))
 

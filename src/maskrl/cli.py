@@ -1,4 +1,4 @@
-"""Command line: ``maskrl sft | train | eval | generate | score | demo | config``.
+"""Command line: ``maskrl sft | train | eval | generate | score | demo | config | bench``.
 
 Every command that trains reads YAML files from ``configs/`` (``--config``, repeatable, later files
 win) plus ``--set key.sub=value`` overrides; an unknown key or a bad value is an error naming the key
@@ -118,7 +118,8 @@ def cmd_generate(args) -> int:
         raise ValueError(f"--dtype: {e}") from None
     try:
         sampler = SamplerConfig(gen_length=gen_length, block_length=block_length, steps=steps,
-                                temperature=args.temperature, schedule=args.schedule, threshold=args.threshold)
+                                temperature=args.temperature, schedule=args.schedule, threshold=args.threshold,
+                                cache=args.cache)
     except ValueError as e:
         raise ValueError(f"--gen-length / --block-length / --steps / --temperature / --threshold: {e}") from None
     prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
@@ -213,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--schedule", default="fixed", choices=["fixed", "threshold"])
     p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual"],
+                   help="Fast-dLLM key/value cache (none: exact full forwards)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
                    help="apply the tokenizer's chat template (default: the model's prompt card, else on)")
@@ -238,7 +241,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model, model.tiny, task, rollout, eval, sft, train, objective[.NAME], likelihood[.NAME], "
                         "credit[.NAME]")
     p.set_defaults(func=cmd_config)
+
+    _add_bench_parser(sub)
     return parser
+
+
+def cmd_bench(args) -> int:
+    if args.bench == "sampler":
+        from maskrl.bench import run_sampler_bench
+
+        lengths = [int(v) for v in args.gen_length.split(",")] if args.gen_length else None
+        run_sampler_bench(args.out, quick=args.quick, gen_lengths=lengths, reps=args.reps,
+                          sudoku_model=args.sudoku_model, countdown_model=args.countdown_model,
+                          countdown_block=args.countdown_block, parts=args.parts.split(","))
+        print(f"wrote {args.out}")
+        return 0
+    raise ValueError(f"unknown benchmark {args.bench!r}")  # pragma: no cover - argparse checks choices
+
+
+def _add_bench_parser(sub) -> None:
+    """``maskrl bench <name>``: a group; each benchmark is one sub-command writing JSON."""
+    p = sub.add_parser("bench", help="benchmarks (JSON output)")
+    bench = p.add_subparsers(dest="bench", required=True)
+    b = bench.add_parser("sampler", help="sampler speed (cache x schedule) and accuracy of trained models")
+    b.add_argument("--quick", action="store_true", help="3 repetitions instead of 5")
+    b.add_argument("--out", required=True, help="output JSON file")
+    b.add_argument("--gen-length", help="comma-separated completion lengths (default 64,128,256)")
+    b.add_argument("--reps", type=int, help="repetitions per setting")
+    b.add_argument("--sudoku-model", help="Sudoku SFT model folder (maskrl sft --config configs/demo_sudoku.yaml)")
+    b.add_argument("--countdown-model", help="Countdown SFT model folder (configs/countdown_diffu_grpo.yaml)")
+    b.add_argument("--countdown-block", type=int, default=4, help="block length for Countdown (16-token completions)")
+    b.add_argument("--parts", default="speed,sudoku,countdown", help="comma-separated parts to run")
+    b.set_defaults(func=cmd_bench)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -137,15 +137,16 @@ class NonFiniteLogits:
     def on_step(self, view) -> None:
         if self.step is not None:
             return
-        lg = view.logits  # [n, L, V]
-        # one float32 sum per position over every column but [M] (views, no [n, L, V] temporaries):
+        lg = view.logits  # [M, V] at the step's covered positions (the current block at least)
+        # one float32 sum per position over every column but [M] (views, no [M, V] temporaries):
         # a NaN or ±inf anywhere makes it non-finite
         m = self.mask_id
-        total = lg[..., :m].sum(-1, dtype=torch.float32) + lg[..., m + 1:].sum(-1, dtype=torch.float32)  # [n, L]
-        bad = ~torch.isfinite(total).all(-1)  # [n]
-        if bad.any():
+        total = lg[..., :m].sum(-1, dtype=torch.float32) + lg[..., m + 1:].sum(-1, dtype=torch.float32)  # [M]
+        bad_pos = ~torch.isfinite(total)  # [M]
+        if bad_pos.any():
+            row_of = view.covered.nonzero()[:, 0]  # [M] row (0..n-1) of each covered position
             self.step = int(view.step)
-            self.rows = view.rows[bad].tolist()
+            self.rows = view.rows[row_of[bad_pos].unique()].tolist()
 
     def result(self) -> dict[str, torch.Tensor]:
         return {}

@@ -411,6 +411,10 @@ class RLTrainer:
         self._skip_reason = None
         batch = self.collect()
         t1 = time.time()
+        mismatch = {}
+        if self.sampler.mismatch_every and self.step_count % self.sampler.mismatch_every == 0 and self.all_done is None:
+            from maskrl.sampling import rollout_mismatch  # issue 12: before the update, against the sampling theta
+            mismatch["rollout/mismatch"] = rollout_mismatch(self.policy_eval, batch.rollout)["mismatch"]
         if self._any_rank(self._skip_reason is not None):  # train.on_nonfinite: skip, at the rollout
             self._skip_update(0, self.tc.inner_iterations)
             metrics = {}
@@ -420,6 +424,7 @@ class RLTrainer:
             self.nonfinite_skips += 1
             log.warning("step skipped (train.on_nonfinite: skip): %s", self._skip_reason or "on another process")
         metrics.update({f"credit/{k}": v for k, v in batch.metrics.items()})
+        metrics.update(mismatch)
         rewards = self.acc.gather(batch.rewards)
         self.step_count += 1
         diag = rollout_diagnostics(batch.rollout.completion_ids, batch.rollout.completion_mask, batch.rollout.commit_prob)

@@ -74,15 +74,16 @@ def step_record(view: Any, scope: str = "all", target: str = "confidence", top_k
     of those rows of logits; no ``[n, L, V]`` log-softmax).
     """
     before, after = _scope_sets(view, scope)
-    sel = view.logits[before]  # [m, V], only the positions needed
+    if (before & ~view.covered).any():
+        raise ValueError("DPS: the sampler did not compute logits at every position in scope; the observer's "
+                         "logit_scope must cover them")
     if target == "final":
+        sel = view.logits[before[view.covered]]  # [m, V]: the covered positions that are in M_k
         k = min(top_k, sel.shape[-1])
         top = sel.topk(k, dim=-1)
         lse = torch.logsumexp(sel.float(), -1, keepdim=True) if sel.numel() else sel.new_zeros((0, 1)).float()
         return before, after, top.values.float() - lse, top.indices, view.committed.clone(), view.tokens.clone()
-    lmp = torch.zeros(before.shape, dtype=torch.float32, device=before.device)
-    if sel.numel():
-        lmp[before] = sel.max(-1).values.float() - torch.logsumexp(sel.float(), -1)
+    lmp = view.max_log_prob.nan_to_num(0.0)  # [n, L] float32, computed once by the view (chunked)
     return _set_means(lmp, before, after)
 
 
@@ -105,6 +106,8 @@ class DPSObserver:
 
     def __init__(self, scope: str = "all", target: str = "confidence", top_k: int = 16) -> None:
         self.scope, self.target, self.top_k = scope, target, top_k
+        # which logits the sampler must compute at each step (maskrl.sampling.StepObserver)
+        self.logit_scope = "masked" if scope == "all" else "block"
         self.records: list[tuple[int, torch.Tensor, tuple]] = []
 
     def on_step(self, view: Any) -> None:

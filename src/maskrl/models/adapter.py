@@ -7,6 +7,7 @@ sees position-aligned logits: ``logits[:, i]`` predicts the token at position ``
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -84,9 +85,9 @@ class ModelAdapter:
             attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
         attention_mask = attention_mask.bool()
         if self.attention == "4d":
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # [N, T]
             mask = bidirectional_mask(attention_mask, self.dtype)
-            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=self.position_ids(attention_mask),
+                             use_cache=False)
         else:
             out = self.model(input_ids=input_ids, attention_mask=attention_mask.long())
         return out.logits if hasattr(out, "logits") else out[0]
@@ -140,11 +141,16 @@ class ModelAdapter:
         if not (rows.dim() == 1 and rows.shape == cols.shape == targets.shape):
             raise ValueError(f"rows {tuple(rows.shape)}, cols {tuple(cols.shape)} and targets "
                              f"{tuple(targets.shape)} must be equal [M] shapes")
+        return token_log_probs(self._outputs_at(input_ids, attention_mask, rows, cols), targets)
+
+    def _outputs_at(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, rows: torch.Tensor,
+                    cols: torch.Tensor) -> torch.Tensor:
+        """``[M, V]`` position-aligned logits at ``(rows[m], cols[m])`` of a full forward, with the
+        output layer applied to those M hidden states only (see :meth:`log_probs_at`)."""
         src = (cols - 1).clamp(min=0) if self.shift else cols  # Dream: the row left of i predicts i
         layer = self.output_layer()
         if layer is None:  # no separable output layer: full logits, then pick (correct, not lean)
-            logits = self._raw_logits(input_ids, attention_mask)[rows, src]  # [M, V]
-            return token_log_probs(logits, targets)
+            return self._raw_logits(input_ids, attention_mask)[rows, src]  # [M, V]
         flat = rows * input_ids.shape[1] + src  # [M] index into the [R*T] hidden states
 
         def select(_module, args):
@@ -153,10 +159,90 @@ class ModelAdapter:
 
         handle = layer.register_forward_pre_hook(select)
         try:
-            logits = self._raw_logits(input_ids, attention_mask)  # [M, V]
+            return self._raw_logits(input_ids, attention_mask)  # [M, V]
         finally:
             handle.remove()
-        return token_log_probs(logits, targets)
+
+    # ------------------------------------------------------------------ hidden states / cache
+    @property
+    def supports_cache(self) -> bool:
+        """True when :meth:`decoder_forward` and the sampler's KV cache can be used: a transformers
+        decoder class made bidirectional with the 4-D mask (public ``get_decoder`` and
+        ``get_output_embeddings``). ``*ForMaskedLM`` models and bare wrapper modules are not."""
+        return (self.attention == "4d" and callable(getattr(self.model, "get_decoder", None))
+                and callable(getattr(self.model, "get_output_embeddings", None)))
+
+    def position_ids(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[N, T]`` long RoPE positions of a left-padded row: 0 at its first real token."""
+        return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+    def decoder_forward(self, input_ids: torch.Tensor, key_mask: torch.Tensor, position_ids: torch.Tensor,
+                        past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                        return_kv: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """Bidirectional forward of the decoder stack only (no output layer), optionally against cached
+        keys/values (Fast-dLLM prefix / dual cache, SPEC §1.2).
+
+        Every query attends to every valid key, cached or new. Cached keys carry the RoPE rotation of
+        their own positions (applied when they were computed), so their order in the cache does not
+        matter; ``key_mask`` must list the cached keys first, then the ``Q`` new ones.
+
+        Args:
+            input_ids: ``[N, Q]`` long, the query tokens.
+            key_mask: ``[N, K + Q]`` bool, True on keys that may be attended (``K`` cached, then new).
+            position_ids: ``[N, Q]`` long RoPE positions of the query tokens.
+            past: per layer ``(keys, values)``, each ``[N, H, K, D]`` in the model's dtype; not modified
+                (a fresh ``transformers.DynamicCache`` is built from them). ``None``: no cache (K = 0).
+            return_kv: also return every layer's ``(keys, values)`` of the ``Q`` query tokens,
+                ``[N, H, Q, D]`` (to fill a cache).
+
+        Returns:
+            ``(hidden [N, Q, d] after the final norm, kv or None)``. ``hidden[:, i]`` is the input of
+            the output layer at query ``i`` (apply :meth:`head`; mind :attr:`shift`).
+
+        Raises:
+            NotImplementedError: for ``attention == "2d"`` models.
+        """
+        from transformers import DynamicCache
+
+        if not self.supports_cache:
+            raise NotImplementedError(f"decoder_forward needs a 4-D-mask decoder model (attention='4d'), not {self.attention!r}")
+        n, q = input_ids.shape
+        k_len = 0 if past is None else past[0][0].shape[-2]
+        if key_mask.shape != (n, k_len + q):
+            raise ValueError(f"key_mask {tuple(key_mask.shape)} must be [N, K + Q] = [{n}, {k_len + q}]")
+        mask = torch.zeros((n, 1, q, k_len + q), dtype=self.dtype, device=input_ids.device)
+        mask = mask.masked_fill(~key_mask.bool()[:, None, None, :], torch.finfo(self.dtype).min)
+        use_cache = past is not None or return_kv
+        cache = (DynamicCache(ddp_cache_data=[(k, v) for k, v in past]) if past is not None else DynamicCache()) if use_cache else None
+        decoder = self.model.get_decoder()
+        # transformers >= 5.2x names the argument ``cache`` (``past_key_values`` is deprecated)
+        cache_kw = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+        out = decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=use_cache,
+                      **{cache_kw: cache})
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        kv = None
+        if return_kv:
+            kv = [(layer.keys[..., k_len:, :], layer.values[..., k_len:, :]) for layer in cache.layers]
+        return hidden, kv
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output layer on chosen hidden states: ``[..., d] -> [..., V]`` logits (model dtype)."""
+        return self.model.get_output_embeddings()(hidden)
+
+    def logits_at(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """Position-aligned logits of a full bidirectional forward at chosen columns only: the output
+        layer runs on ``N·K`` hidden states, never on all ``N·T`` (SPEC §1.1; issue 12).
+
+        Args:
+            input_ids: ``[N, T]`` long; attention_mask: ``[N, T]`` bool.
+            columns: ``[N, K]`` long, columns whose token is predicted (``>= 1`` for shifted models).
+
+        Returns:
+            ``[N, K, V]`` logits equal (within float tolerance) to ``logits(...)`` gathered at ``columns``.
+        """
+        n, k = columns.shape
+        rows = torch.arange(n, device=columns.device)[:, None].expand(n, k).reshape(-1)
+        return self._outputs_at(input_ids, attention_mask, rows, columns.reshape(-1)).view(n, k, -1)
 
     def is_stop(self, ids: torch.Tensor) -> torch.Tensor:
         """Bool tensor of ``ids``' shape: True where the id ends a completion (eos or a stop id)."""

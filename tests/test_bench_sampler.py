@@ -1,0 +1,38 @@
+"""``maskrl bench sampler``: structure of the JSON (the numbers themselves live in benchmarks' output)."""
+import json
+
+import pytest
+
+from maskrl.bench import bench_sampler_speed, sampler_settings
+from maskrl.cli import main
+
+
+def test_settings_cover_cache_by_schedule():
+    s = sampler_settings(64, 32, temperature=0.9)
+    assert set(s) == {f"{c}/{k}" for c in ("none", "prefix", "dual") for k in ("fixed", "threshold")}
+    assert s["dual/threshold"].cache == "dual" and s["dual/threshold"].schedule == "threshold"
+    assert s["none/fixed"].steps == 32
+
+
+def test_speed_bench_reports_every_setting_with_ratios():
+    r = bench_sampler_speed(gen_lengths=(8,), reps=2, batch=2, prompt_length=4, block_length=4, hidden_size=16,
+                            num_layers=1, log=lambda *_: None)
+    res = r["results"]["8"]
+    assert len(res) == 6
+    assert res["none/fixed"]["speedup_vs_none_fixed"]["values"] == [1.0, 1.0]
+    for v in res.values():
+        assert len(v["tokens_per_s"]["values"]) == 2 and v["tokens_per_s"]["median"] > 0
+    # fixed schedule L/2 = 4 steps: half a forward row per token; caching does not change the count
+    assert res["none/fixed"]["row_forwards_per_token"] == pytest.approx(0.5)
+    assert res["dual/fixed"]["row_forwards_per_token"] == pytest.approx(0.5)
+    # dual: the block's later steps run only the block's b = 4 query tokens (first step: full 12)
+    assert res["dual/fixed"]["query_tokens_per_token"] < res["prefix/fixed"]["query_tokens_per_token"] \
+        < res["none/fixed"]["query_tokens_per_token"]
+
+
+def test_cli_bench_sampler_writes_json(tmp_path):
+    out = tmp_path / "b.json"
+    assert main(["bench", "sampler", "--quick", "--parts", "sudoku,countdown", "--out", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["benchmark"] == "sampler" and rep["sudoku"].startswith("skipped")
+    assert main(["bench", "sampler", "--parts", "nope", "--out", str(out)]) == 2
