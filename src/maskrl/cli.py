@@ -256,12 +256,20 @@ def cmd_bench(args) -> int:
                           countdown_block=args.countdown_block, parts=args.parts.split(","))
         print(f"wrote {args.out}")
         return 0
+    if args.bench == "overhead":
+        from maskrl.bench_overhead import run_overhead_bench
+
+        res = run_overhead_bench(args.method, args.out, quick=args.quick, reps=args.reps)
+        ratios = {k: round(v, 3) for k, v in res.items() if k.endswith("_ratio")}
+        print(f"wrote {args.out}: {ratios}")
+        return 0
     raise ValueError(f"unknown benchmark {args.bench!r}")  # pragma: no cover - argparse checks choices
 
 
 def _add_bench_parser(sub) -> None:
     """``maskrl bench <name>``: a group; each benchmark is one sub-command writing JSON."""
     p = sub.add_parser("bench", help="benchmarks (JSON output)")
+    p.set_defaults(func=cmd_bench)
     bench = p.add_subparsers(dest="bench", required=True)
     b = bench.add_parser("sampler", help="sampler speed (cache x schedule) and accuracy of trained models")
     b.add_argument("--quick", action="store_true", help="3 repetitions instead of 5")
@@ -272,7 +280,11 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--countdown-model", help="Countdown SFT model folder (configs/countdown_diffu_grpo.yaml)")
     b.add_argument("--countdown-block", type=int, default=4, help="block length for Countdown (16-token completions)")
     b.add_argument("--parts", default="speed,sudoku,countdown", help="comma-separated parts to run")
-    b.set_defaults(func=cmd_bench)
+    b = bench.add_parser("overhead", help="per-step cost of a credit-assignment method vs its base (tiny model)")
+    b.add_argument("--method", required=True, help="daca (more: maskrl.bench_overhead.OVERHEAD_METHODS)")
+    b.add_argument("--quick", action="store_true", help="3 repetitions instead of 7")
+    b.add_argument("--reps", type=int, help="repetitions (overrides --quick)")
+    b.add_argument("--out", required=True, help="output JSON file")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,29 @@
+"""maskrl bench overhead: the JSON carries the method's named ratios, taken within one run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from maskrl.bench_overhead import OVERHEAD_METHODS, OverheadMethod, run_overhead_bench
+from maskrl.cli import main
+
+
+def test_overhead_bench_writes_ratios_of_one_run(tmp_path, monkeypatch):
+    # two cheap variants: the ratio keys come from the same repetitions
+    monkeypatch.setitem(OVERHEAD_METHODS, "toy", OverheadMethod(
+        variants={"base": ["train.prompts_per_step=1", "train.group_size=2"],
+                  "bigger": ["train.prompts_per_step=2", "train.group_size=2"]},
+        ratios={"bigger_step_ratio": "bigger"}))
+    res = run_overhead_bench("toy", tmp_path / "o.json", reps=2)
+    on_disk = json.loads((tmp_path / "o.json").read_text())
+    assert on_disk["bigger_step_ratio"] == pytest.approx(res["bigger_step_ratio"])
+    assert on_disk["ratio_to_base"]["base"]["median"] == pytest.approx(1.0)
+    assert on_disk["step_seconds"]["bigger"]["n"] == 2
+    times = on_disk["step_seconds"]
+    assert res["bigger_step_ratio"] > 0 and times["base"]["min"] > 0
+
+
+def test_overhead_bench_names_valid_methods(tmp_path, capsys):
+    assert main(["bench", "overhead", "--method", "nope", "--out", str(tmp_path / "x.json")]) == 2
+    assert "valid: daca" in capsys.readouterr().err
