@@ -155,8 +155,13 @@ def summarise(data: dict, out: Path) -> None:
         entry = {"task": task, "cell": cell, "steps": steps, "seeds": sorted(r["seed"] for r in rows)}
         for split in ("val", "test"):
             if all(split in r for r in rows):
-                m, lo, hi = t_interval([r[split]["accuracy"] for r in rows])
-                entry[split] = {"accuracy_mean": m, "accuracy_ci95": [lo, hi]}
+                entry[split] = {}
+                # accuracy = solved rate; mean_reward = the papers' Sudoku metric (cell accuracy) and
+                # Countdown's reward with its 0.1 format credit
+                for metric in ("accuracy", "mean_reward"):
+                    m, lo, hi = t_interval([r[split][metric] for r in rows])
+                    entry[split][f"{metric}_mean"] = m
+                    entry[split][f"{metric}_ci95"] = [lo, hi]
         summary.append(entry)
     data["summary"] = summary
     save_results(out, data)
