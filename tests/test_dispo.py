@@ -264,3 +264,24 @@ def test_trainer_step_with_dispo_from_yaml(tmp_path, schedule):
     _, m = _run(tmp_path, "[{name: dispo, z: 3, timing: late}]", schedule=schedule)
     assert m["credit/dispo/states"] == 6.0 and 0 < m["credit/dispo/t_frac"] < 1
     assert all(math.isfinite(v) for v in m.values() if isinstance(v, float))
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("task", ["sudoku", "countdown"])
+@pytest.mark.parametrize("base", ["diffu_grpo", "spg"])
+def test_shipped_dispo_recipes(task, base):
+    from maskrl.objectives import OBJECTIVES
+
+    b = load_config([CONFIGS / f"dispo_{task}_{base}_base.yaml"])
+    d = load_config([CONFIGS / f"dispo_{task}_{base}_dispo.yaml"])
+    for cfg in (b, d):
+        assert isinstance(cfg.objective, OBJECTIVES.get(base))
+    assert b.credit == [] and len(d.credit) == 1 and isinstance(d.credit[0], DiSPO)
+    assert d.credit[0].alpha_step == 0.1 and d.credit[0].timing == "late" and d.credit[0].z == 2
+    # the pair differs only in the credit list and the output directory
+    for section in ("model", "task", "rollout", "eval", "train", "objective", "likelihood"):
+        assert getattr(b, section) == getattr(d, section), section
+    if base == "spg":
+        assert type(b.likelihood).__name__ == "SPGBounds" and b.likelihood.masking == "block"
