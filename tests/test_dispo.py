@@ -285,3 +285,25 @@ def test_shipped_dispo_recipes(task, base):
         assert getattr(b, section) == getattr(d, section), section
     if base == "spg":
         assert type(b.likelihood).__name__ == "SPGBounds" and b.likelihood.masking == "block"
+
+
+def test_skip_equal_false_keeps_every_state_with_zero_advantage(tiny):
+    mod = DiSPO(z=2, skip_equal=False)
+    ro = _gen(tiny, FIXED, mod.observers(FIXED))
+    ctx, _ = _ctx(tiny, lambda rows, c: torch.zeros(len(rows)), ro.batch_size)
+    (term,) = mod(_batch(ro), ctx).terms
+    assert term.rollout.batch_size == 2 * ro.batch_size and (term.advantages == 0).all()
+
+
+def test_threshold_rows_branch_at_their_fraction_or_their_last_step(tiny):
+    obs = BranchObserver(z=2, temperature=0.9, timing="late", power=4.0, steps=None,
+                         generator=torch.Generator().manual_seed(0))
+    obs._init(torch.arange(len(PROMPTS)))
+    obs.target[:] = torch.tensor([0.0, 0.5, 0.999, 0.999], dtype=torch.float64)
+    ro = _gen(tiny, THRESH, [obs])
+    st = ro.step_stats
+    committed_before = (~st["dispo_masked"]).sum(-1).double() / 8  # fraction committed in x_t
+    assert st["dispo_step"][0] == 0
+    t1 = int(st["dispo_step"][1])  # first state with >= half committed
+    assert committed_before[1] >= 0.5 and ((ro.commit_step[1] < t1 - 1).sum() < 4 if t1 > 0 else True)
+    assert (st["dispo_step"][2:] == ro.num_steps[2:] - 1).all()  # never reached: the last step

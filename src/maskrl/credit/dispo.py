@@ -213,6 +213,8 @@ class DiSPO(CreditModule):
         clip_eps: ε of the step term's per-token clipped ratio (default 0.5, diffu-GRPO's).
         p_mask_prompt: prompt masking of the step term's state likelihood (default 0.15).
         seed: seed of the observers' generators (the k-th rollout of this module uses (seed, k)).
+        skip_equal: skip states whose Z rewards are all equal (default True, SPEC §4). False keeps
+            them (advantages 0, no gradient, full cost): the cost's worst case, for benchmarks.
 
     Metrics (``credit/dispo/...``): ``states`` (states branched on this process), ``kept_frac``
     (share with distinguishable rewards), ``branch_reward``, ``adv_abs`` (mean |A_z| of kept
@@ -228,6 +230,7 @@ class DiSPO(CreditModule):
     clip_eps: float = 0.5
     p_mask_prompt: float = 0.15
     seed: int = 0
+    skip_equal: bool = True
 
     def __post_init__(self) -> None:
         if self.z < 2:
@@ -275,6 +278,8 @@ class DiSPO(CreditModule):
         if not torch.isfinite(rewards).all():
             raise ValueError("dispo: non-finite branch rewards from the score callback")
         keep = rewards.max(1).values > rewards.min(1).values  # [S]; all-equal states carry no gradient
+        if not self.skip_equal:
+            keep = torch.ones_like(keep)
         metrics.update(kept_frac=keep.float().mean().item(), branch_reward=rewards.mean().item())
         if not keep.any():
             return None, metrics
