@@ -1,6 +1,7 @@
 """Issue 11 items 2-3: DiSPO (SPEC §4) -- the branching observer and the step loss term."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -48,7 +49,9 @@ def test_timing_hand_values():
         assert abs(u.mean().item() - mean) < 5 * u.std().item() / math.sqrt(20000), timing
 
 
-@pytest.mark.parametrize("cfg", [FIXED, THRESH], ids=["fixed", "threshold"])
+@pytest.mark.parametrize("cfg", [FIXED, THRESH, dataclasses.replace(FIXED, cache="prefix"),
+                                 dataclasses.replace(THRESH, cache="dual")],
+                         ids=["fixed", "threshold", "fixed-prefix-cache", "threshold-dual-cache"])
 def test_main_rollout_is_bit_identical_with_branching(tiny, cfg):
     plain = _gen(tiny, cfg)
     obs = DiSPO(z=3, timing="uniform").observers(cfg)
