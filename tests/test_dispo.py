@@ -216,12 +216,15 @@ def test_step_term_is_token_local_skips_equal_states_and_uses_mean_baselines(tin
     assert out.metrics["kept_frac"] == pytest.approx(keep.float().mean().item())
 
 
-def test_no_term_when_every_state_is_skipped_or_alpha_step_zero(tiny):
+def test_empty_term_when_every_state_is_skipped_and_none_when_alpha_step_zero(tiny):
     mod = DiSPO(z=2)
     ro = _gen(tiny, FIXED, mod.observers(FIXED))
     ctx, calls = _ctx(tiny, lambda rows, c: torch.zeros(len(rows)), ro.batch_size)
     out = mod(_batch(ro), ctx)
-    assert out.terms == () and out.metrics["kept_frac"] == 0.0 and len(calls) == 1
+    # a 0-row term (same term list on every process; no forward)
+    (term,) = out.terms
+    assert term.rollout.batch_size == 0 and term.mask.shape == (0, 8) and term.likelihood.rows(term.rollout, term.mask).numel() == 0
+    assert out.metrics["kept_frac"] == 0.0 and len(calls) == 1
     ctx, calls = _ctx(tiny, lambda rows, c: torch.rand(len(rows)), ro.batch_size)
     out = DiSPO(alpha_step=0.0)(_batch(ro), ctx)
     assert out.terms == () and calls == [] and out.base_weight == 1.0
@@ -266,6 +269,27 @@ def test_alpha_step_zero_reproduces_the_base_run_bit_for_bit(tmp_path, objective
 def test_trainer_step_with_dispo_from_yaml(tmp_path, schedule):
     _, m = _run(tmp_path, "[{name: dispo, z: 3, timing: late}]", schedule=schedule)
     assert m["credit/dispo/states"] == 6.0 and 0 < m["credit/dispo/t_frac"] < 1
+
+
+def test_trainer_step_when_no_state_is_kept(tmp_path):
+    """Constant rewards: every state skipped, the 0-row step term costs nothing and the step runs."""
+    class Const(OddChars):
+        name = "const_dispo"
+
+        def reward(self, prompts, completions, **_):
+            return [0.5 for _ in completions]
+
+    y = tmp_path / "run.yaml"
+    y.write_text(f"""
+output_dir: {tmp_path / 'out'}
+rollout: {{gen_length: 8, block_length: 4, steps: 4, temperature: 1.0}}
+objective: {{name: diffu_grpo}}
+credit: [{{name: dispo}}]
+train: {{steps: 1, prompts_per_step: 2, group_size: 3, inner_iterations: 2, lr: 1.0e-2}}
+""")
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    m = RLTrainer(load_config([y]), a, Const(), [Example(id=i, prompt=f"say {i}") for i in range(4)]).step()
+    assert m["credit/dispo/kept_frac"] == 0.0 and "step/policy_loss" not in m
     assert all(math.isfinite(v) for v in m.values() if isinstance(v, float))
 
 

@@ -27,7 +27,9 @@ tokens at x_t in one forward row per branch (prompt masked as mean-field). The t
 the filled positions up to the branch's first stop token (token-local), with diffu-GRPO's per-token
 clipped ratio and β = 0, averaged over each branch's tokens and then over all branches of all kept
 states (``seq_mean``; every kept state has Z branches, so this is the mean over states of the mean
-over its branches -- the paper sums over states; we average). ``L = α_base·L_base + α_step·L_step``:
+over its branches -- the paper sums over states; we average). With α_step > 0 the term is always
+present, with 0 rows where no state was kept, so every process has the same list of terms.
+``L = α_base·L_base + α_step·L_step``:
 α_base scales the base term (``CreditBatch.base_weight``), α_step is the term's weight.
 """
 from __future__ import annotations
@@ -254,8 +256,21 @@ class DiSPO(CreditModule):
         steps = None if getattr(sampler, "schedule", "fixed") == "threshold" else int(sampler.steps)
         return [BranchObserver(self.z, tau, self.timing, self.power, steps, gen)]
 
-    def step_term(self, batch: CreditBatch, ctx: CreditContext) -> tuple[LossTerm | None, dict[str, float]]:
-        """The step loss term (``None`` when no state is kept) and metrics.
+    def _term(self, rollout, adv: torch.Tensor, mask: torch.Tensor) -> LossTerm:
+        return LossTerm(name="step", weight=float(self.alpha_step), rollout=rollout,
+                        advantages=(adv[:, None] * mask.float()).float(), mask=mask,
+                        objective=DiffuGRPO(clip_eps=self.clip_eps, beta=0.0, aggregation="seq_mean"),
+                        likelihood=State(p_mask_prompt=self.p_mask_prompt))
+
+    def _empty_term(self, ro) -> LossTerm:
+        """A 0-row step term: every process then has the same list of terms (the trainer all-reduces
+        one count pair per term), even where no state was kept; it costs no forward."""
+        none = torch.zeros(0, dtype=torch.long, device=ro.completion_ids.device)
+        sub = dataclasses.replace(ro.select(none), step_stats={})
+        return self._term(sub, torch.zeros(0, device=none.device), torch.zeros_like(sub.completion_mask))
+
+    def step_term(self, batch: CreditBatch, ctx: CreditContext) -> tuple[LossTerm, dict[str, float]]:
+        """The step loss term (0 rows when no state is kept) and metrics.
 
         Raises:
             ValueError: the rollout has no DiSPO statistics (the observer did not run).
@@ -269,7 +284,7 @@ class DiSPO(CreditModule):
         metrics = {"states": float(idx.numel()), "kept_frac": 0.0, "branch_reward": 0.0, "adv_abs": 0.0,
                    "t_frac": (t_all[idx].float() / ro.num_steps[idx].float()).mean().item() if idx.numel() else 0.0}
         if idx.numel() == 0:
-            return None, metrics
+            return self._empty_term(ro), metrics
         z, L = self.z, ro.gen_length
         masked = st["dispo_masked"][idx]  # [S, L]
         comp = ro.completion_ids[idx]
@@ -282,7 +297,7 @@ class DiSPO(CreditModule):
             keep = torch.ones_like(keep)
         metrics.update(kept_frac=keep.float().mean().item(), branch_reward=rewards.mean().item())
         if not keep.any():
-            return None, metrics
+            return self._empty_term(ro), metrics
         adv = (rewards - rewards.mean(1, keepdim=True))[keep].reshape(-1)  # [K·Z]
         metrics["adv_abs"] = adv.abs().mean().item()
         src = idx[keep].repeat_interleave(z)  # [K·Z] batch row of each branch
@@ -296,17 +311,11 @@ class DiSPO(CreditModule):
             sub, completion_ids=comp_b, completion_mask=valid,
             commit_step=torch.where(filled, t_b[:, None], sub.commit_step),
             group_ids=torch.arange(int(keep.sum()), device=comp.device).repeat_interleave(z), step_stats={})
-        mask = filled & valid
-        term = LossTerm(name="step", weight=float(self.alpha_step), rollout=rollout,
-                        advantages=(adv[:, None] * mask.float()).float(), mask=mask,
-                        objective=DiffuGRPO(clip_eps=self.clip_eps, beta=0.0, aggregation="seq_mean"),
-                        likelihood=State(p_mask_prompt=self.p_mask_prompt))
-        return term, metrics
+        return self._term(rollout, adv, filled & valid), metrics
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:
         weight = batch.base_weight * float(self.alpha_base)
         if self.alpha_step == 0:
             return dataclasses.replace(batch, base_weight=weight, metrics={})
         term, metrics = self.step_term(batch, ctx)
-        terms = batch.terms + ((term,) if term is not None else ())
-        return dataclasses.replace(batch, base_weight=weight, terms=terms, metrics=metrics)
+        return dataclasses.replace(batch, base_weight=weight, terms=batch.terms + (term,), metrics=metrics)
