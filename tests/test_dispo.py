@@ -334,3 +334,27 @@ def test_threshold_rows_branch_at_their_fraction_or_their_last_step(tiny):
     t1 = int(st["dispo_step"][1])  # first state with >= half committed
     assert committed_before[1] >= 0.5 and ((ro.commit_step[1] < t1 - 1).sum() < 4 if t1 > 0 else True)
     assert (st["dispo_step"][2:] == ro.num_steps[2:] - 1).all()  # never reached: the last step
+
+
+def test_two_processes_with_unequal_kept_states(tmp_path):
+    """Rank 1 keeps no state, rank 0 some: both ranks still have the same term list (a 0-row step term
+    on rank 1), the step completes and the weights agree (gloo, 2 CPU processes)."""
+    import subprocess
+    import sys
+
+    from test_distributed import _env, _free_port, _run
+
+    worker = str(Path(__file__).resolve().parent / "dispo_dist_worker.py")
+    for attempt in range(2):
+        port = str(_free_port())
+        procs = [subprocess.Popen([sys.executable, worker, str(tmp_path)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True,
+                                  env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port)) for r in range(2)]
+        failed = _run(procs)
+        if failed is None or attempt == 1 or not any(e in failed for e in ("EADDRINUSE", "address already in use")):
+            break
+    assert failed is None, failed
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
+    assert all(torch.equal(p, q) for p, q in zip(r0["weights"], r1["weights"]))
+    assert "step/policy_loss" in r0["metrics"]
