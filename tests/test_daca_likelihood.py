@@ -108,7 +108,7 @@ def test_elbo_one_draw_matches_a_loop_over_nodes(tiny):
     with pytest.raises(ValueError, match="nodes"):
         ELBO(nodes=0)
     with pytest.raises(ValueError, match="masking"):
-        ELBO(masking="block")
+        ELBO(masking="blockwise")
 
 
 # ----------------------------------------------------------------------------------- stratified

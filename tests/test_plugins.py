@@ -121,8 +121,15 @@ def test_every_registered_likelihood_honours_its_protocol(tiny, name):
     rows = est.rows(ro, need)
     assert rows.shape == (N,) and rows.dtype == torch.long and rows[1] == 0 and (rows[need.any(-1)] > 0).all()
     out = est(tiny, ro, torch.Generator().manual_seed(2), need)
-    assert out.shape == (N, L) and out.dtype == torch.float32 and out.device == ro.completion_ids.device
-    assert (out[~need] == 0).all() and (out[need] < 0).all()
+    # float32, or complex64 for a two-bound estimator (spg_bounds: real ELBO, imaginary EUBO)
+    two = getattr(est, "eubo_beta", None) is not None
+    assert out.shape == (N, L) and out.dtype == (torch.complex64 if two else torch.float32)
+    assert out.device == ro.completion_ids.device
+    assert (out[~need] == 0).all()
+    if getattr(est, "masking", "random") == "block":  # one drawn block per sequence: others unscored (0)
+        assert (out[need].real <= 0).all() and (out[need].real < 0).any()
+    else:
+        assert (out[need].real < 0).all()
     full = est(tiny, ro, torch.Generator().manual_seed(2))
     torch.testing.assert_close(out[need], full[need], rtol=1e-5, atol=1e-6)  # scoring a subset changes nothing
 
@@ -133,7 +140,10 @@ def test_every_registered_objective_honours_its_protocol(name):
     assert obj.default_likelihood in LIKELIHOODS
     g = torch.Generator().manual_seed(0)
     N, L = 6, 5
-    logp = (-torch.rand(N, L, generator=g)).requires_grad_()
+    logp = -torch.rand(N, L, generator=g)
+    if obj.default_likelihood == "spg_bounds":  # two bounds per token (real ELBO, imaginary EUBO)
+        logp = torch.complex(logp, 0.8 * logp)
+    logp = logp.requires_grad_()
     old, ref = logp.detach() - 0.1, logp.detach() + 0.1
     adv = obj.advantages(torch.rand(N, generator=g), torch.tensor([0, 0, 0, 1, 1, 1]))
     assert adv.shape == (N,) and adv.dtype == torch.float32

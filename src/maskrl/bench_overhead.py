@@ -121,6 +121,14 @@ OVERHEAD_METHODS: dict[str, OverheadMethod] = {
         variants={"base": [], "dps": ["credit=[{name: dps}]"], "sml": ["likelihood={name: stratified, k: 4}"]},
         ratios={"dps_step_ratio": "dps", "sml_step_ratio": "sml"},
         extra=_sml_likelihood_pass),
+    # DiSPO (SPEC §4): diffu-GRPO as above, + one branched state per rollout row (Z 2, late), its
+    # fillings rewarded in one call and trained by the step term (α_step 0.5). Target (issue 11): ≤ 1.5.
+    # The random tiny model rarely tells two fillings apart, so most states are skipped; the
+    # dispo_all variant keeps every state (skip_equal false): the step term's worst-case cost.
+    "dispo": OverheadMethod(
+        variants={"base": [], "dispo": ["credit=[{name: dispo}]"],
+                  "dispo_all": ["credit=[{name: dispo, skip_equal: false}]"]},
+        ratios={"dispo_step_ratio": "dispo", "dispo_all_states_step_ratio": "dispo_all"}),
 }
 
 

@@ -13,4 +13,8 @@ from maskrl.credit.dps import DPS  # noqa: E402  (registered below; imports only
 
 CREDITS.register("dps")(DPS)
 
-__all__ = ["CREDITS", "DPS", "CreditBatch", "CreditContext", "CreditModule", "apply_credit", "check_credit_batch"]
+from maskrl.credit.dispo import DiSPO  # noqa: E402
+
+CREDITS.register("dispo")(DiSPO)
+
+__all__ = ["CREDITS", "DPS", "DiSPO", "CreditBatch", "CreditContext", "CreditModule", "apply_credit", "check_credit_batch"]

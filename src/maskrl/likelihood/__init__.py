@@ -1,6 +1,6 @@
 """Likelihood estimators (SPEC §1.4), registered by name; see :mod:`maskrl.likelihood.base` for the
 protocol ``estimator(adapter, rollout, generator, need) -> ℓ [N, L]`` and ``estimator.rows(...)``."""
-from maskrl.likelihood.elbo import ELBO, elbo, gauss_legendre_unit
+from maskrl.likelihood.elbo import ELBO, SPGBounds, elbo, gauss_legendre_unit
 from maskrl.likelihood.base import Likelihood, needed, scatter_scores, score_positions
 from maskrl.likelihood.mean_field import MeanField, mask_prompt, mean_field, token_log_probs
 from maskrl.likelihood.state import State, commit_states, state
@@ -12,6 +12,7 @@ LIKELIHOODS.register("mean_field")(MeanField)
 LIKELIHOODS.register("state")(State)
 LIKELIHOODS.register("stratified")(Stratified)
 LIKELIHOODS.register("elbo")(ELBO)
+LIKELIHOODS.register("spg_bounds")(SPGBounds)
 
-__all__ = ["ELBO", "LIKELIHOODS", "Likelihood", "MeanField", "State", "Stratified", "elbo", "gauss_legendre_unit", "strata", "stratified", "commit_states", "mask_prompt", "mean_field", "needed",
+__all__ = ["ELBO", "SPGBounds", "LIKELIHOODS", "Likelihood", "MeanField", "State", "Stratified", "elbo", "gauss_legendre_unit", "strata", "stratified", "commit_states", "mask_prompt", "mean_field", "needed",
            "scatter_scores", "score_positions", "state", "token_log_probs"]

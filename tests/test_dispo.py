@@ -1,0 +1,360 @@
+"""Issue 11 items 2-3: DiSPO (SPEC §4) -- the branching observer and the step loss term."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from maskrl.config import load_config
+from maskrl.credit import CREDITS, CreditBatch, CreditContext, DiSPO
+from maskrl.credit.dispo import BranchObserver, draw_fractions, draw_fillings, timing_weights
+from maskrl.likelihood import State
+from maskrl.models import build_tiny
+from maskrl.sampling import SamplerConfig, generate
+from maskrl.tasks.base import Example, Task
+from maskrl.text import encode_prompts
+from maskrl.trainer import RLTrainer
+
+PROMPTS = ["ab", "a longer prompt", "c", "dd"]
+
+
+def _gen(adapter, cfg, observers=(), seed=0):
+    ids, mask = encode_prompts(adapter.tokenizer, PROMPTS)
+    return generate(adapter, ids, mask, cfg, generator=torch.Generator().manual_seed(seed), observers=observers,
+                    group_ids=torch.tensor([0, 0, 1, 1]))
+
+
+FIXED = SamplerConfig(gen_length=8, block_length=4, steps=8, temperature=0.9)
+THRESH = SamplerConfig(gen_length=8, block_length=4, steps=8, temperature=0.9, schedule="threshold", threshold=0.3)
+
+
+def test_registered_and_validated():
+    assert CREDITS.get("dispo") is DiSPO
+    for bad in ({"z": 1}, {"timing": "mid"}, {"alpha_step": -1.0}, {"p_mask_prompt": 2.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            DiSPO(**bad)
+
+
+def test_timing_hand_values():
+    torch.testing.assert_close(timing_weights(4, "late"), torch.tensor([0, 1, 16, 81], dtype=torch.float64) / 98)
+    torch.testing.assert_close(timing_weights(4, "uniform"), torch.full((4,), 0.25, dtype=torch.float64))
+    torch.testing.assert_close(timing_weights(4, "early"), torch.tensor([256, 81, 16, 1], dtype=torch.float64) / 354)
+    # threshold schedule: u has density 5u^4 (late), mean 5/6; early mean 1/6
+    g = torch.Generator().manual_seed(0)
+    for timing, mean in (("late", 5 / 6), ("uniform", 0.5), ("early", 1 / 6)):
+        u = draw_fractions(20000, timing, 4.0, g)
+        assert abs(u.mean().item() - mean) < 5 * u.std().item() / math.sqrt(20000), timing
+
+
+@pytest.mark.parametrize("cfg", [FIXED, THRESH, dataclasses.replace(FIXED, cache="prefix"),
+                                 dataclasses.replace(THRESH, cache="dual")],
+                         ids=["fixed", "threshold", "fixed-prefix-cache", "threshold-dual-cache"])
+def test_main_rollout_is_bit_identical_with_branching(tiny, cfg):
+    plain = _gen(tiny, cfg)
+    obs = DiSPO(z=3, timing="uniform").observers(cfg)
+    branched = _gen(tiny, cfg, obs)
+    for name in ("completion_ids", "commit_step", "commit_prob", "num_steps", "completion_mask"):
+        assert torch.equal(getattr(plain, name), getattr(branched, name)), name
+    st = branched.step_stats
+    assert (st["dispo_step"] >= 0).all()  # every row branched once
+    assert (st["dispo_step"] < branched.num_steps).all()
+    # the recorded state is x_t: masked exactly where the final commit step is >= t
+    assert torch.equal(st["dispo_masked"], branched.commit_step >= st["dispo_step"][:, None])
+    filled = st["dispo_fill"] >= 0
+    assert torch.equal(filled, st["dispo_masked"][:, None, :].expand_as(filled))
+    assert (st["dispo_fill"][filled] != tiny.mask_id).all()
+
+
+def test_fixed_schedule_branches_at_the_drawn_step(tiny):
+    obs = DiSPO(timing="late", seed=5).observers(FIXED)[0]
+    ro = _gen(tiny, FIXED, [obs])
+    assert torch.equal(ro.step_stats["dispo_step"], obs.target)
+    assert (obs.target > 0).all()  # late: t = 0 has weight 0
+
+
+class _Spy:
+    """Keeps the logits a step computed at the masked positions of row 0 (asked for at one step)."""
+
+    def __init__(self, step):
+        self.step, self.logits = step, None
+
+    def logit_positions(self, step, rows, masked, block_start):
+        return masked if step == self.step else "block"
+
+    def on_step(self, view):
+        if view.step == self.step:
+            vidx = view.covered.flatten().long().cumsum(0).view(view.covered.shape) - 1
+            self.logits = view.logits[vidx[0][view.masked[0]]].float().clone()
+            self.masked = view.masked[0].clone()
+
+    def result(self):
+        return {}
+
+
+def _chi2_critical(df, z=3.09):  # Wilson–Hilferty 0.999 quantile
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("tau", [0.7, 1.3])
+def test_fillings_follow_softmax_logits_over_tau(tiny, tau):
+    """χ² goodness of fit of Z = 4000 fillings at one position against softmax(logits/τ) from the
+    sampler's own logits; the same counts against τ' = 2τ must be rejected (the test can fail)."""
+    cfg = SamplerConfig(gen_length=8, block_length=8, steps=8, temperature=tau)
+    # sharpen the random model so that the distribution is far from uniform
+    with torch.no_grad():
+        for p in tiny.model.parameters():
+            if p.dim() == 2 and p.shape[0] == tiny.model.config.vocab_size:
+                p.mul_(40.0)
+    obs = BranchObserver(z=4000, temperature=tau, timing="uniform", power=4.0, steps=8,
+                         generator=torch.Generator().manual_seed(1))
+    obs._init(torch.arange(len(PROMPTS)))
+    obs.target[:] = 3
+    spy = _Spy(3)
+    ro = _gen(tiny, cfg, [obs, spy])
+    pos = int(spy.masked.nonzero()[0])
+    logits = spy.logits[0]  # first masked position of row 0
+    counts = torch.bincount(ro.step_stats["dispo_fill"][0, :, pos], minlength=logits.shape[0]).double()
+
+    def chi2(temp):
+        p = torch.softmax(logits.double() / temp, -1)
+        big = p * 4000 >= 5
+        exp = torch.cat([p[big] * 4000, (p[~big].sum() * 4000).reshape(1)])
+        obs_ = torch.cat([counts[big], counts[~big].sum().reshape(1)])
+        keep = exp > 0
+        return float(((obs_[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
+
+    stat, df = chi2(tau)
+    assert df >= 2 and stat < _chi2_critical(df), (stat, df)
+    wrong, df2 = chi2(2 * tau)
+    assert wrong > _chi2_critical(max(df2, 1)), (wrong, df2)
+
+
+def test_draw_fillings_log_probs_and_greedy():
+    logits = torch.tensor([[0.0, 1.0, 2.0], [3.0, 0.0, float("-inf")]])
+    tok, lp = draw_fillings(logits, 5, 0.0, torch.Generator().manual_seed(0))
+    assert (tok[:, 0] == 2).all() and (tok[:, 1] == 0).all()
+    torch.testing.assert_close(lp[0], torch.log_softmax(logits, -1)[[0, 1], [2, 0]])
+    tok, _ = draw_fillings(logits, 200, 1.0, torch.Generator().manual_seed(0))
+    assert (tok[:, 1] != 2).all()  # a -inf logit is never drawn
+
+
+# ------------------------------------------------------------------ the step term
+def _ctx(adapter, rewards_fn, n):
+    calls = []
+
+    def score(rows, completions):
+        calls.append((rows.clone(), completions.clone()))
+        return rewards_fn(rows, completions)
+
+    ctx = CreditContext(rewards=torch.zeros(n), group_ids=torch.zeros(n, dtype=torch.long),
+                        sequence_advantages=torch.zeros(n), score=score, reduce=lambda t, op="sum": t,
+                        generator=torch.Generator().manual_seed(0), policy=adapter, objective=None, likelihood=None)
+    return ctx, calls
+
+
+def _batch(ro):
+    return CreditBatch(rollout=ro, rewards=torch.zeros(ro.batch_size), advantages=ro.completion_mask.float(),
+                       loss_mask=ro.completion_mask.clone())
+
+
+def test_step_term_is_token_local_skips_equal_states_and_uses_mean_baselines(tiny):
+    mod = DiSPO(z=3, timing="uniform", alpha_base=0.7, alpha_step=0.25, p_mask_prompt=0.0)
+    ro = _gen(tiny, FIXED, mod.observers(FIXED))
+    n, L = ro.completion_ids.shape
+
+    def rewards_fn(rows, completions):  # state of row 0: all equal; others: a token-sum reward
+        r = (completions % 7).sum(-1).float()
+        return torch.where(rows == 0, torch.ones_like(r), r)
+
+    ctx, calls = _ctx(tiny, rewards_fn, n)
+    out = mod(_batch(ro), ctx)
+    assert len(calls) == 1 and calls[0][0].tolist() == [i for i in range(n) for _ in range(3)]  # one batched call
+    assert out.base_weight == pytest.approx(0.7)
+    (term,) = out.terms
+    assert term.name == "step" and term.weight == 0.25
+    st = ro.step_stats
+    r = rewards_fn(calls[0][0], calls[0][1]).view(n, 3)
+    keep = r.max(1).values > r.min(1).values
+    assert not keep[0] and term.rollout.batch_size == 3 * int(keep.sum())
+    src = torch.nonzero(keep).squeeze(-1).repeat_interleave(3)
+    # branch completions: the state's committed tokens + the fillings
+    want = torch.where(st["dispo_masked"][src], st["dispo_fill"][src].gather(1, torch.arange(len(src)).remainder(3)
+                                                                              .view(-1, 1, 1).expand(-1, 1, L)).squeeze(1),
+                       ro.completion_ids[src])
+    assert torch.equal(term.rollout.completion_ids, want)
+    # token-local: only filled positions (up to the branch's first stop), at state t
+    assert not (term.mask & ~st["dispo_masked"][src]).any()
+    t = st["dispo_step"][src]
+    assert (term.rollout.commit_step[st["dispo_masked"][src]] == t.repeat_interleave(st["dispo_masked"][src].sum(-1))).all()
+    assert (term.rollout.commit_step[~st["dispo_masked"][src]] < t.repeat_interleave((~st["dispo_masked"][src]).sum(-1))).all()
+    # mean baseline per state
+    a = (r[keep] - r[keep].mean(1, keepdim=True)).reshape(-1)
+    assert torch.equal(term.advantages, a[:, None] * term.mask.float())
+    # one forward row per branch, and the state likelihood scores the fillings at x_t exactly as the
+    # sampler saw them (θ = θ_old, no prompt masking): log softmax(logits) recorded by the observer
+    assert (term.likelihood.rows(term.rollout, term.mask) == term.mask.any(-1).long()).all()
+    with torch.no_grad():
+        lp = State(p_mask_prompt=0.0)(tiny, term.rollout, None, term.mask)
+    rec = st["dispo_logp_old"][src].gather(1, torch.arange(len(src)).remainder(3).view(-1, 1, 1).expand(-1, 1, L)).squeeze(1)
+    P = ro.prompt_ids.shape[1]
+    for b in range(len(src)):  # loop reference: one full forward of x_t per branch
+        m = st["dispo_masked"][src[b]]
+        x = torch.cat([ro.prompt_ids[src[b]], torch.where(m, tiny.mask_id, term.rollout.completion_ids[b])])[None]
+        attn = torch.cat([ro.prompt_mask[src[b]], torch.ones(L, dtype=torch.bool)])[None]
+        with torch.no_grad():
+            logits = tiny.logits(x, attn)[0, P:].float()
+        tok = term.rollout.completion_ids[b]
+        full = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
+        logits[:, tiny.mask_id] = float("-inf")  # the sampler never proposes [M]
+        nomask = torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1)
+        k = term.mask[b]
+        torch.testing.assert_close(lp[b, k], full[k], rtol=1e-4, atol=1e-5)  # the term scores x_t
+        torch.testing.assert_close(rec[b, m], nomask[m], rtol=1e-4, atol=1e-5)  # the observer saw x_t
+    assert out.metrics["kept_frac"] == pytest.approx(keep.float().mean().item())
+
+
+def test_empty_term_when_every_state_is_skipped_and_none_when_alpha_step_zero(tiny):
+    mod = DiSPO(z=2)
+    ro = _gen(tiny, FIXED, mod.observers(FIXED))
+    ctx, calls = _ctx(tiny, lambda rows, c: torch.zeros(len(rows)), ro.batch_size)
+    out = mod(_batch(ro), ctx)
+    # a 0-row term (same term list on every process; no forward)
+    (term,) = out.terms
+    assert term.rollout.batch_size == 0 and term.mask.shape == (0, 8) and term.likelihood.rows(term.rollout, term.mask).numel() == 0
+    assert out.metrics["kept_frac"] == 0.0 and len(calls) == 1
+    ctx, calls = _ctx(tiny, lambda rows, c: torch.rand(len(rows)), ro.batch_size)
+    out = DiSPO(alpha_step=0.0)(_batch(ro), ctx)
+    assert out.terms == () and calls == [] and out.base_weight == 1.0
+    with pytest.raises(ValueError, match="dispo_step"):
+        mod(_batch(_gen(tiny, FIXED)), ctx)
+
+
+class OddChars(Task):
+    name = "odd_chars_dispo"
+
+    def reward(self, prompts, completions, **_):
+        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
+
+
+def _run(tmp_path, credit, objective="diffu_grpo", likelihood="state", schedule="fixed"):
+    y = tmp_path / "run.yaml"
+    y.write_text(f"""
+output_dir: {tmp_path / 'out'}
+rollout: {{gen_length: 8, block_length: 4, steps: 4, temperature: 1.0, schedule: {schedule}}}
+objective: {{name: {objective}}}
+likelihood: {{name: {likelihood}}}
+credit: {credit}
+train: {{steps: 1, prompts_per_step: 2, group_size: 3, inner_iterations: 2, lr: 1.0e-2}}
+""")
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    tr = RLTrainer(load_config([y]), a, OddChars(), [Example(id=i, prompt=f"say {i}") for i in range(4)])
+    m = tr.step()
+    return [p.detach().clone() for p in a.model.parameters()], m
+
+
+@pytest.mark.parametrize("objective,likelihood", [("diffu_grpo", "state"), ("spg", "spg_bounds")])
+def test_alpha_step_zero_reproduces_the_base_run_bit_for_bit(tmp_path, objective, likelihood):
+    w0, m0 = _run(tmp_path, "[]", objective, likelihood)
+    w1, m1 = _run(tmp_path, "[{name: dispo, alpha_step: 0.0}]", objective, likelihood)
+    assert all(torch.equal(p, q) for p, q in zip(w0, w1))
+    assert {k: v for k, v in m0.items() if k.startswith("base/")} == {k: v for k, v in m1.items() if k.startswith("base/")}
+    w2, m2 = _run(tmp_path, "[{name: dispo}]", objective, likelihood)  # the step term changes the update
+    assert "step/policy_loss" in m2 and any(not torch.equal(p, q) for p, q in zip(w0, w2))
+
+
+@pytest.mark.parametrize("schedule", ["fixed", "threshold"])
+def test_trainer_step_with_dispo_from_yaml(tmp_path, schedule):
+    _, m = _run(tmp_path, "[{name: dispo, z: 3, timing: late}]", schedule=schedule)
+    assert m["credit/dispo/states"] == 6.0 and 0 < m["credit/dispo/t_frac"] < 1
+
+
+def test_trainer_step_when_no_state_is_kept(tmp_path):
+    """Constant rewards: every state skipped, the 0-row step term costs nothing and the step runs."""
+    class Const(OddChars):
+        name = "const_dispo"
+
+        def reward(self, prompts, completions, **_):
+            return [0.5 for _ in completions]
+
+    y = tmp_path / "run.yaml"
+    y.write_text(f"""
+output_dir: {tmp_path / 'out'}
+rollout: {{gen_length: 8, block_length: 4, steps: 4, temperature: 1.0}}
+objective: {{name: diffu_grpo}}
+credit: [{{name: dispo}}]
+train: {{steps: 1, prompts_per_step: 2, group_size: 3, inner_iterations: 2, lr: 1.0e-2}}
+""")
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    m = RLTrainer(load_config([y]), a, Const(), [Example(id=i, prompt=f"say {i}") for i in range(4)]).step()
+    assert m["credit/dispo/kept_frac"] == 0.0 and "step/policy_loss" not in m
+    assert all(math.isfinite(v) for v in m.values() if isinstance(v, float))
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("task", ["sudoku", "countdown"])
+@pytest.mark.parametrize("base", ["diffu_grpo", "spg"])
+def test_shipped_dispo_recipes(task, base):
+    from maskrl.objectives import OBJECTIVES
+
+    b = load_config([CONFIGS / f"dispo_{task}_{base}_base.yaml"])
+    d = load_config([CONFIGS / f"dispo_{task}_{base}_dispo.yaml"])
+    for cfg in (b, d):
+        assert isinstance(cfg.objective, OBJECTIVES.get(base))
+    assert b.credit == [] and len(d.credit) == 1 and isinstance(d.credit[0], DiSPO)
+    assert d.credit[0].alpha_step == 0.1 and d.credit[0].timing == "late" and d.credit[0].z == 2
+    # the pair differs only in the credit list and the output directory
+    for section in ("model", "task", "rollout", "eval", "train", "objective", "likelihood"):
+        assert getattr(b, section) == getattr(d, section), section
+    if base == "spg":
+        assert type(b.likelihood).__name__ == "SPGBounds" and b.likelihood.masking == "block"
+
+
+def test_skip_equal_false_keeps_every_state_with_zero_advantage(tiny):
+    mod = DiSPO(z=2, skip_equal=False)
+    ro = _gen(tiny, FIXED, mod.observers(FIXED))
+    ctx, _ = _ctx(tiny, lambda rows, c: torch.zeros(len(rows)), ro.batch_size)
+    (term,) = mod(_batch(ro), ctx).terms
+    assert term.rollout.batch_size == 2 * ro.batch_size and (term.advantages == 0).all()
+
+
+def test_threshold_rows_branch_at_their_fraction_or_their_last_step(tiny):
+    obs = BranchObserver(z=2, temperature=0.9, timing="late", power=4.0, steps=None,
+                         generator=torch.Generator().manual_seed(0))
+    obs._init(torch.arange(len(PROMPTS)))
+    obs.target[:] = torch.tensor([0.0, 0.5, 0.999, 0.999], dtype=torch.float64)
+    ro = _gen(tiny, THRESH, [obs])
+    st = ro.step_stats
+    committed_before = (~st["dispo_masked"]).sum(-1).double() / 8  # fraction committed in x_t
+    assert st["dispo_step"][0] == 0
+    t1 = int(st["dispo_step"][1])  # first state with >= half committed
+    assert committed_before[1] >= 0.5 and ((ro.commit_step[1] < t1 - 1).sum() < 4 if t1 > 0 else True)
+    assert (st["dispo_step"][2:] == ro.num_steps[2:] - 1).all()  # never reached: the last step
+
+
+def test_two_processes_with_unequal_kept_states(tmp_path):
+    """Rank 1 keeps no state, rank 0 some: both ranks still have the same term list (a 0-row step term
+    on rank 1), the step completes and the weights agree (gloo, 2 CPU processes)."""
+    import subprocess
+    import sys
+
+    from test_distributed import _env, _free_port, _run
+
+    worker = str(Path(__file__).resolve().parent / "dispo_dist_worker.py")
+    for attempt in range(2):
+        port = str(_free_port())
+        procs = [subprocess.Popen([sys.executable, worker, str(tmp_path)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True,
+                                  env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port)) for r in range(2)]
+        failed = _run(procs)
+        if failed is None or attempt == 1 or not any(e in failed for e in ("EADDRINUSE", "address already in use")):
+            break
+    assert failed is None, failed
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
+    assert all(torch.equal(p, q) for p, q in zip(r0["weights"], r1["weights"]))
+    assert "step/policy_loss" in r0["metrics"]
