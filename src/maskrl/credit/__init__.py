@@ -13,4 +13,8 @@ from maskrl.credit.dps import DPS  # noqa: E402  (registered below; imports only
 
 CREDITS.register("dps")(DPS)
 
-__all__ = ["CREDITS", "DPS", "CreditBatch", "CreditContext", "CreditModule", "apply_credit", "check_credit_batch"]
+from maskrl.credit.rldf import RLDFSteps  # noqa: E402
+
+CREDITS.register("rldf_steps")(RLDFSteps)
+
+__all__ = ["CREDITS", "DPS", "RLDFSteps", "CreditBatch", "CreditContext", "CreditModule", "apply_credit", "check_credit_batch"]
