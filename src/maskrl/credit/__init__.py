@@ -17,4 +17,8 @@ from maskrl.credit.rldf import RLDFSteps  # noqa: E402
 
 CREDITS.register("rldf_steps")(RLDFSteps)
 
-__all__ = ["CREDITS", "DPS", "RLDFSteps", "CreditBatch", "CreditContext", "CreditModule", "apply_credit", "check_credit_batch"]
+from maskrl.credit.dtca import DTCA  # noqa: E402
+
+CREDITS.register("dtca")(DTCA)
+
+__all__ = ["CREDITS", "DPS", "DTCA", "RLDFSteps", "CreditBatch", "CreditContext", "CreditModule", "apply_credit", "check_credit_batch"]
