@@ -227,8 +227,11 @@ class DTCA(CreditModule):
     Attributes:
         selection: ``"coverage"`` (default; §3.2, 70 % of Σ I, clamp [min_steps, max_steps]) or
             ``"sample"`` (RLDF's k steps from softmax(w_s/T); "DTCA − step selection").
-        coverage, min_steps, max_steps: §3.2 (0.7, 2, 32).
-        k, temperature: RLDF's sampling when ``selection: sample`` (4, 1).
+        coverage: share of Σ_t I_t the chosen steps must reach (§3.2; 0.7).
+        min_steps: lower end of the clamp on the number of chosen steps (§3.2; 2).
+        max_steps: upper end of the clamp (§3.2; 32).
+        k: RLDF's steps per sequence when ``selection: sample`` (4).
+        temperature: T of RLDF's softmax(w_s/T) when ``selection: sample`` (1).
         pos_credit: in-step POS credit (§3.3; default True).
         calibration: entropy-flow calibration (§3.4; default True).
         pos_weights: path of the JSON table class -> w_c (§3.1); ``None``: every w_c = 1.
@@ -299,8 +302,7 @@ class DTCA(CreditModule):
         check_state_likelihood(ctx, "dtca")
         w = self.weights(batch, ctx)
         rows, steps = chosen_pairs(self.choose(batch, ctx, w))
-        parts = steps_term(batch, ctx, rows, steps, self.keep_threshold, "dtca", self.weight,
-                           entropy=self.calibration)
+        parts = steps_term(batch, ctx, rows, steps, self.keep_threshold, entropy=self.calibration)
         keep, adv = parts["keep"], parts["advantages"]
         metrics = filter_metrics(parts, batch)
         if self.pos_credit:

@@ -202,7 +202,7 @@ def check_state_likelihood(ctx: CreditContext, who: str) -> Any:
 
 
 def steps_term(batch: CreditBatch, ctx: CreditContext, rows: torch.Tensor, steps: torch.Tensor, keep_threshold: float,
-               name: str, weight: float, entropy: bool = False) -> dict:
+               entropy: bool = False) -> dict:
     """The shared part of ``rldf_steps`` and ``dtca``: the chosen states, their filter and
     probabilities.
 
@@ -275,7 +275,7 @@ class RLDFSteps(CreditModule):
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:
         check_state_likelihood(ctx, "rldf_steps")
         rows, steps = chosen_pairs(self.choose(batch, ctx))
-        parts = steps_term(batch, ctx, rows, steps, self.keep_threshold, "rldf", self.weight)
+        parts = steps_term(batch, ctx, rows, steps, self.keep_threshold)
         return replace_base(batch, ctx, parts, "rldf", self.weight, parts["advantages"], filter_metrics(parts, batch))
 
 
