@@ -218,3 +218,20 @@ train: {{steps: 1, prompts_per_step: 2, group_size: 3, inner_iterations: 2, lr: 
     m = tr.optimize(batch)
     assert "rldf/policy_loss" in m and "rldf/kl" in m and not any(k.startswith("base/") for k in m)
     assert any(not torch.equal(before[k], v) for k, v in a.model.state_dict().items())
+
+
+def test_filter_statistics_do_not_depend_on_the_chunking():
+    a = _sharp()
+    ro = _rollout(a)
+    rows = torch.arange(ro.batch_size).repeat_interleave(2)
+    steps = torch.tensor([1, 3] * ro.batch_size)
+    sro = state_rollout(ro, rows, steps)
+    need = masked_at(ro.commit_step[rows], steps) & ro.completion_mask[rows]
+    p1, h1 = state_token_stats(a, sro, need, entropy=True)
+    p2, h2 = state_token_stats(a, sro, need, entropy=True, chunk=3)
+    p3, h3 = state_token_stats(a, sro, need, entropy=True, max_elements=1)  # one row per forward
+    for p, h in ((p2, h2), (p3, h3)):
+        assert torch.allclose(p, p1, atol=1e-6) and torch.allclose(h, h1, atol=1e-5)
+    assert ((p1 > 0) == need).all()
+    with pytest.raises(ValueError, match="row 0 needs positions of more than one state"):
+        state_token_stats(a, ro, ro.completion_mask)  # the raw rollout: each position at its own step

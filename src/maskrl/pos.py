@@ -45,8 +45,8 @@ def fill_confidence(adapter: Any, prompt_ids: torch.Tensor, prompt_mask: torch.T
     cols = torch.where(valid, order, order[:, :1])
     x = torch.cat([prompt_ids, completion], 1)
     attn = torch.cat([prompt_mask.bool(), torch.ones_like(completion, dtype=torch.bool)], 1)
-    logits = adapter.logits_at(x, attn, cols + prompt_ids.shape[1]).double()  # [R, k, V]
-    top = torch.softmax(logits, -1).max(-1).values  # [R, k]
+    logits = adapter.logits_at(x, attn, cols + prompt_ids.shape[1]).float()  # [R, k, V]
+    top = torch.exp(logits.max(-1).values - torch.logsumexp(logits, -1)).double()  # [R, k] max_v p, no softmax copy
     return (top * valid).sum(-1)
 
 
@@ -64,7 +64,7 @@ def denoising_contributions(adapter: Any, rollout: Rollout, max_rows: int = 64,
         rollout: ``prompt_ids [N, P]``, ``prompt_mask``, ``completion_ids [N, L]``, ``commit_step
             [N, L]``, ``completion_mask [N, L]`` (only valid tokens are scored; all positions count
             for the states).
-        max_rows: forward rows per chunk (>= 1).
+        max_rows: forward rows per chunk (>= 1); a chunk's logits are ``max_rows · |M| · V`` floats.
         progress: called with the number of rows of each finished chunk (e.g. a tqdm ``update``).
 
     Returns:

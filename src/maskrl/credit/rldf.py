@@ -120,7 +120,7 @@ def masked_at(commit_step: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def state_token_stats(policy: Any, rollout: Rollout, need: torch.Tensor, entropy: bool = False,
-                      chunk: int = 16) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      chunk: int = 16, max_elements: int = 2 ** 25) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Current probability of the completion's token (and the entropy of the full distribution) at
     the ``need`` positions, each in the state x_s of its row (positions with ``commit_step >=
     commit_step[i]`` masked; with :func:`state_rollout` rows every needed position of a row shares
@@ -131,7 +131,9 @@ def state_token_stats(policy: Any, rollout: Rollout, need: torch.Tensor, entropy
         rollout: M rows; need: ``[M, L]`` bool (every needed position of a row must share one
             commit step).
         entropy: also return ``H [M, L]`` (nats).
-        chunk: rows per forward.
+        chunk: at most this many rows per forward.
+        max_elements: fewer rows per forward when ``rows · (needed positions per row) · V`` would
+            exceed this (the ``[r, k, V]`` float32 logits of a forward; 2^25 = 128 MiB), down to one.
 
     Returns:
         ``(p [M, L] float32, H [M, L] float32 or None)``, 0 where ``need`` is False.
@@ -144,6 +146,9 @@ def state_token_stats(policy: Any, rollout: Rollout, need: torch.Tensor, entropy
     p = torch.zeros(m, L, dtype=torch.float32, device=cs.device)
     h = torch.zeros(m, L, dtype=torch.float32, device=cs.device) if entropy else None
     big = torch.iinfo(torch.long).max
+    vocab = getattr(getattr(getattr(policy, "model", None), "config", None), "vocab_size", None) or 1
+    k_max = int(need.sum(-1).max().item()) if need.numel() else 0
+    chunk = max(1, min(chunk, max_elements // max(1, k_max * vocab)))
     for a in range(0, m, chunk):
         b = min(m, a + chunk)
         nd, c = need[a:b], cs[a:b]
