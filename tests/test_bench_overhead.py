@@ -27,3 +27,16 @@ def test_overhead_bench_writes_ratios_of_one_run(tmp_path, monkeypatch):
 def test_overhead_bench_names_valid_methods(tmp_path, capsys):
     assert main(["bench", "overhead", "--method", "nope", "--out", str(tmp_path / "x.json")]) == 2
     assert "valid: daca" in capsys.readouterr().err
+
+
+def test_dtca_overhead_variants_are_valid_configs():
+    from maskrl.bench_overhead import BASE_SETS
+    from maskrl.config import load_config
+    from maskrl.credit import DTCA, RLDFSteps
+    from maskrl.objectives import RLDF
+
+    spec = OVERHEAD_METHODS["dtca"]
+    assert next(iter(spec.variants)) == "rldf" and spec.ratios["dtca_step_ratio"] == "dtca"
+    cfgs = {n: load_config([], [*BASE_SETS, *sets]) for n, sets in spec.variants.items()}
+    assert all(isinstance(c.objective, RLDF) and c.rollout.schedule == "threshold" for c in cfgs.values())
+    assert cfgs["rldf"].credit == [RLDFSteps()] and cfgs["dtca"].credit == [DTCA()]

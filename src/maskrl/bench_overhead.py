@@ -115,6 +115,8 @@ def _sml_likelihood_pass(quick: bool) -> dict:
             "sml_likelihood_target": f"<= {1.1 * k:.1f} (1.1·K)"}
 
 
+_RLDF_SETS = ["objective.name=rldf", "rollout.schedule=threshold", "rollout.threshold=0.9"]
+
 OVERHEAD_METHODS: dict[str, OverheadMethod] = {
     # DACA-GRPO (SPEC §2): diffu-GRPO with mean-field ℓ, + DPS (λ 0.5), + SML (K 4, mixed ½/½)
     "daca": OverheadMethod(
@@ -129,6 +131,15 @@ OVERHEAD_METHODS: dict[str, OverheadMethod] = {
         variants={"base": [], "dispo": ["credit=[{name: dispo}]"],
                   "dispo_all": ["credit=[{name: dispo, skip_equal: false}]"]},
         ratios={"dispo_step_ratio": "dispo", "dispo_all_states_step_ratio": "dispo_all"}),
+    # DTCA (SPEC §3) vs its RLDF base (SPEC §1.5): both rldf objective, state likelihood, threshold
+    # rollouts (0.9); RLDF trains k = 4 sampled states per sequence, DTCA the coverage-selected states
+    # (2..32) with POS credit and entropy-flow calibration (uniform w_c: no tagging cost), and
+    # ``dtca_sampled`` DTCA on RLDF's 4 sampled states (what the extra entropy statistics alone cost)
+    "dtca": OverheadMethod(
+        variants={"rldf": [*_RLDF_SETS, "credit=[{name: rldf_steps}]"],
+                  "dtca": [*_RLDF_SETS, "credit=[{name: dtca}]"],
+                  "dtca_sampled": [*_RLDF_SETS, "credit=[{name: dtca, selection: sample}]"]},
+        ratios={"dtca_step_ratio": "dtca", "dtca_sampled_step_ratio": "dtca_sampled"}),
 }
 
 

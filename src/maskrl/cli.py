@@ -235,6 +235,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force-sft", action="store_true", help="ignore the cached SFT model")
     p.set_defaults(func=cmd_demo)
 
+    p = sub.add_parser("estimate-pos-weights", help="DTCA's offline POS contribution table (SPEC §3.1)")
+    p.add_argument("--model", required=True, help="model folder (frozen)")
+    p.add_argument("--task", required=True, help="task whose training prompts are sampled")
+    p.add_argument("--samples", type=int, default=256, help="trajectories (one per prompt)")
+    p.add_argument("--out", required=True, help="JSON table to write")
+    p.add_argument("--gen-length", type=int, default=64, help="L; the sampler commits 2 tokens per step")
+    p.add_argument("--max-rows", type=int, default=64, help="forward rows per batch of reveal-one states")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_estimate_pos_weights)
     p = sub.add_parser("config", help="print the resolved config, or explain a section's fields")
     _add_config_args(p)
     p.add_argument("--explain", metavar="SECTION",
@@ -244,6 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_bench_parser(sub)
     return parser
+
+
+def cmd_estimate_pos_weights(args) -> int:
+    """SPEC §3.1: DTCA's POS contribution table of a frozen model (``maskrl.pos``)."""
+    from maskrl.pos import run_estimate
+
+    res = run_estimate(args.model, args.task, args.samples, args.out, gen_length=args.gen_length,
+                       max_rows=args.max_rows, seed=args.seed, device=args.device, progress=not args.no_progress)
+    print(f"wrote {args.out}: {len(res['w_c'])} classes from {res['samples']} samples in {res['seconds']:.1f} s")
+    return 0
 
 
 def cmd_bench(args) -> int:

@@ -17,4 +17,13 @@ from maskrl.credit.dispo import DiSPO  # noqa: E402
 
 CREDITS.register("dispo")(DiSPO)
 
-__all__ = ["CREDITS", "DPS", "DiSPO", "CreditBatch", "CreditContext", "CreditModule", "apply_credit", "check_credit_batch"]
+from maskrl.credit.rldf import RLDFSteps  # noqa: E402
+
+CREDITS.register("rldf_steps")(RLDFSteps)
+
+from maskrl.credit.dtca import DTCA  # noqa: E402
+
+CREDITS.register("dtca")(DTCA)
+
+__all__ = ["CREDITS", "DPS", "DTCA", "DiSPO", "RLDFSteps", "CreditBatch", "CreditContext", "CreditModule",
+           "apply_credit", "check_credit_batch"]

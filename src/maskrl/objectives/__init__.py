@@ -3,6 +3,7 @@
 from maskrl.objectives.base import Objective, aggregate, kl3
 from maskrl.objectives.diffu_grpo import DiffuGRPO
 from maskrl.objectives.gdpo import GDPO
+from maskrl.objectives.rldf import RLDF
 from maskrl.objectives.spg import SPG
 from maskrl.objectives.wd1 import WD1
 from maskrl.registry import Registry
@@ -11,6 +12,7 @@ OBJECTIVES: Registry = Registry("objective")
 OBJECTIVES.register("diffu_grpo")(DiffuGRPO)
 OBJECTIVES.register("wd1")(WD1)
 OBJECTIVES.register("gdpo")(GDPO)
+OBJECTIVES.register("rldf")(RLDF)
 OBJECTIVES.register("spg")(SPG)
 
-__all__ = ["OBJECTIVES", "DiffuGRPO", "GDPO", "SPG", "WD1", "Objective", "aggregate", "kl3"]
+__all__ = ["OBJECTIVES", "DiffuGRPO", "GDPO", "RLDF", "SPG", "WD1", "Objective", "aggregate", "kl3"]

