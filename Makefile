@@ -6,12 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test install clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and pinned: the team's machines carry a local CPU wheel of exactly this version.
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	# the pos extra (spaCy's English small model, DTCA SPEC §3.1) so that its tests run too
+	$(BIN)/python -m pip install -q -e ".[dev,pos]"
 	touch $(STAMP)
 
 install: $(STAMP)
