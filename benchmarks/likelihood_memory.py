@@ -69,7 +69,9 @@ def run_one(likelihood: str, variant: str, n: int, prompt: int, L: int, steps: i
                  completion_ids=torch.randint(0, VOCAB - 3, (n, L), generator=g),
                  completion_mask=torch.ones(n, L, dtype=torch.bool), commit_step=commit_step,
                  commit_prob=torch.full((n, L), 0.5), num_steps=torch.full((n,), steps), group_ids=torch.zeros(n))
-    est = LIKELIHOODS.get(likelihood)(p_mask_prompt=0.0)
+    name, _, kw = likelihood.partition(":")  # e.g. "stratified:k=8,full=0"
+    params = {k: float(v) if "." in v else int(v) for k, v in (item.split("=") for item in kw.split(",") if item)}
+    est = LIKELIHOODS.get(name)(p_mask_prompt=0.0, **params)
     rows = int(est.rows(ro).sum())
 
     def full_logits() -> torch.Tensor:  # the pre-seam computation, for comparison
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="benchmarks/results/likelihood_memory.json")
     ap.add_argument("--quick", action="store_true", help="L = 64 in 32 steps only (the issue's shape)")
+    ap.add_argument("--sml", action="store_true",
+                    help="instead: SML (stratified, pure) at K = 2, 4, 8, alone and under max_forward_rows = 8, L = 256")
     ap.add_argument("--n", type=int, default=2, help="completions")
     ap.add_argument("--prompt", type=int, default=32, help="prompt length")
     ap.add_argument("--one", nargs=6, metavar=("LIKELIHOOD", "VARIANT", "L", "STEPS", "SEED", "MAX_ROWS"),
@@ -118,6 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
         lik, var, L, steps, seed, max_rows = args.one
         print(json.dumps(run_one(lik, var, args.n, args.prompt, int(L), int(steps), int(seed), int(max_rows))))
         return {}
+    if args.sml:
+        return sml_memory(args)
     # (L, steps, variants); a variant "lean@R" runs under train.max_forward_rows = R
     shapes = [(64, 32, ("lean", "full_logits"))]
     if not args.quick:  # full logits of state at L = 256 would need ~39 GB: not run
@@ -147,6 +153,26 @@ def main(argv: list[str] | None = None) -> dict:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(ratios, indent=2))
+    return result
+
+
+def sml_memory(args) -> dict:
+    """Peak memory of SML's pass as K grows, with and without a row budget (issue 9: peak memory must
+    not grow with K beyond one row budget). Rows per sequence = K; the budget packs whole sequences."""
+    records = []
+    for budget in (0, 8):
+        for k in (2, 4, 8):
+            lik = f"stratified:k={k},full=0.0,sml=1.0"
+            cmd = [sys.executable, __file__, "--n", str(args.n), "--prompt", str(args.prompt),
+                   "--one", lik, "lean", "256", "128", "0", str(budget)]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            rec = json.loads(out.stdout.strip().splitlines()[-1])
+            records.append(rec)
+            print(f"SML K={k} max_forward_rows={budget}: rows={rec['forward_rows']} extra peak "
+                  f"{rec['extra_peak_mb']:.1f} MB  {rec['seconds']:.2f} s", flush=True)
+    result = {"benchmark": "likelihood_memory_sml", "records": records}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
