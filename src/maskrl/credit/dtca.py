@@ -32,8 +32,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from maskrl.credit.base import CreditBatch, CreditContext, CreditModule
-from maskrl.credit.rldf import (chosen_pairs, check_state_likelihood, filter_metrics, replace_base, sample_steps,
-                                step_surprise, steps_term)
+from maskrl.credit.rldf import (check_state_likelihood, check_step_sampling, chosen_pairs, filter_metrics,
+                                replace_base, sample_steps, step_surprise, steps_term)
 
 SELECTIONS = ("coverage", "sample")
 LAMBDA_CLIP = 0.95
@@ -266,12 +266,7 @@ class DTCA(CreditModule):
             raise ValueError(f"coverage (={self.coverage}) must lie in (0, 1]")
         if not 1 <= self.min_steps <= self.max_steps:
             raise ValueError(f"need 1 <= min_steps (={self.min_steps}) <= max_steps (={self.max_steps})")
-        if self.k < 1:
-            raise ValueError(f"k (={self.k}) must be >= 1")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature (={self.temperature}) must be > 0")
-        if not 0.0 <= self.keep_threshold <= 1.0:
-            raise ValueError(f"keep_threshold (={self.keep_threshold}) must lie in [0, 1]")
+        check_step_sampling(self.k, self.temperature, self.keep_threshold)
         if not self.eta > 0:
             raise ValueError(f"eta (={self.eta}) must be > 0")
         if self.pos_weights is not None and self.tagger is None:

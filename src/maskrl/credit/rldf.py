@@ -239,6 +239,20 @@ def replace_base(batch: CreditBatch, ctx: CreditContext, parts: dict, name: str,
                                terms=(*batch.terms, term), metrics=metrics)
 
 
+def check_step_sampling(k: int, temperature: float, keep_threshold: float) -> None:
+    """Validate the step-sampling fields RLDF and DTCA share (SPEC §1.5 rldf).
+
+    Raises:
+        ValueError: naming the field: ``k < 1``, ``temperature <= 0`` or ``keep_threshold`` outside [0, 1].
+    """
+    if k < 1:
+        raise ValueError(f"k (={k}) must be >= 1")
+    if not temperature > 0:
+        raise ValueError(f"temperature (={temperature}) must be > 0")
+    if not 0.0 <= keep_threshold <= 1.0:
+        raise ValueError(f"keep_threshold (={keep_threshold}) must lie in [0, 1]")
+
+
 @dataclass(frozen=True)
 class RLDFSteps(CreditModule):
     """Registered as ``rldf_steps`` (SPEC §1.5 ``rldf``): train on k sampled denoising states per
@@ -264,12 +278,7 @@ class RLDFSteps(CreditModule):
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ValueError(f"k (={self.k}) must be >= 1")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature (={self.temperature}) must be > 0")
-        if not 0.0 <= self.keep_threshold <= 1.0:
-            raise ValueError(f"keep_threshold (={self.keep_threshold}) must lie in [0, 1]")
+        check_step_sampling(self.k, self.temperature, self.keep_threshold)
 
     def choose(self, batch: CreditBatch, ctx: CreditContext) -> torch.Tensor:
         """``[N, k]`` long chosen steps (``-1`` padding), see :func:`sample_steps`."""
