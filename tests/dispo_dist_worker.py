@@ -47,6 +47,9 @@ train: {{steps: 1, prompts_per_step: 4, group_size: 3, inner_iterations: 2, lr: 
     m = tr.step()
     torch.save({"metrics": m, "weights": [p.detach().clone() for p in a.model.parameters()]}, out / f"rank{rank}.pt")
     tr.acc.wait_for_everyone()
+    # tear the process group down before exit: left to interpreter shutdown, gloo's threads can abort
+    # the process ("terminate called without an active exception", exit -6) after the work is done
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -168,6 +168,9 @@ def run_multi(out: Path) -> None:
     result.update(sampling_scenario(tr))
     torch.save(result, out / f"multi{rank}.pt")
     tr.acc.wait_for_everyone()
+    # tear the process group down before exit: left to interpreter shutdown, gloo's threads can abort
+    # the process ("terminate called without an active exception", exit -6) after the work is done
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
