@@ -15,6 +15,7 @@ from maskrl.credit.dps import progress_deltas
 from maskrl.models import build_tiny
 from maskrl.sampling import SamplerConfig, generate
 from maskrl.tasks.base import Example, Task
+from conftest import sharp_tiny as _sharp
 from maskrl.text import encode_prompts
 from maskrl.trainer import RLTrainer
 
@@ -100,14 +101,6 @@ def _ctx(n, reduce=lambda t, op="sum": t):
                          objective=None, likelihood=None)
 
 
-def _sharp():
-    """The tiny model with a 40x output layer: confident enough that the threshold schedule commits
-    several tokens in some steps, so rows take different numbers of steps."""
-    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
-    with torch.no_grad():
-        a.model.get_output_embeddings().weight.mul_(40.0)
-    a.model.eval()
-    return a
 
 
 def _run(tiny, sampler, module, prompts=6):

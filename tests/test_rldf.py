@@ -16,18 +16,13 @@ from maskrl.models import build_tiny
 from maskrl.objectives import OBJECTIVES, RLDF
 from maskrl.sampling import SamplerConfig, generate
 from maskrl.tasks.base import Example, Task
+from conftest import sharp_tiny as _sharp
 from maskrl.text import encode_prompts
 from maskrl.trainer import RLTrainer
 
 THRESH = SamplerConfig(gen_length=12, block_length=4, temperature=1.0, schedule="threshold", threshold=0.5)
 
 
-def _sharp():
-    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
-    with torch.no_grad():
-        a.model.get_output_embeddings().weight.mul_(40.0)
-    a.model.eval()
-    return a
 
 
 def _rollout(adapter, sampler=THRESH):

@@ -589,9 +589,7 @@ def generate(
     completion = x[:, p_len:]
     if (commit_step < 0).any():  # pragma: no cover - guarded by the schedule arithmetic
         raise RuntimeError("sampler finished with uncommitted positions")
-    stop = adapter.is_stop(completion)
-    # valid = up to and including the first stop token
-    completion_mask = (stop.long().cumsum(-1) - stop.long()) == 0
+    completion_mask = adapter.completion_mask(completion)  # up to and including the first stop token
     stats: dict[str, torch.Tensor] = {}
     for obs in observers:
         stats.update(obs.result())

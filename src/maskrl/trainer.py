@@ -254,9 +254,7 @@ class RLTrainer:
         adapter = self.policy_eval
 
         def score(idx: torch.Tensor, completion_ids: torch.Tensor) -> torch.Tensor:
-            stop = adapter.is_stop(completion_ids).long()
-            valid = (stop.cumsum(-1) - stop) == 0  # up to and including the first stop token
-            texts = decode_completions(adapter.tokenizer, completion_ids, valid)
+            texts = decode_completions(adapter.tokenizer, completion_ids, adapter.completion_mask(completion_ids))
             picked = [rows[i] for i in torch.as_tensor(idx).tolist()]
             return torch.tensor(self.task.score_examples(picked, texts), dtype=torch.float32, device=self.device)
 

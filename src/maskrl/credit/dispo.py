@@ -303,8 +303,7 @@ class DiSPO(CreditModule):
         src = idx[keep].repeat_interleave(z)  # [K·Z] batch row of each branch
         comp_b = branch[keep].reshape(-1, L)
         filled = masked[keep].repeat_interleave(z, 0)  # [K·Z, L]
-        stop = ctx.policy.is_stop(comp_b).long()
-        valid = (stop.cumsum(-1) - stop) == 0  # up to and including the first stop token
+        valid = ctx.policy.completion_mask(comp_b)  # [K·Z, L]
         t_b = t_all[src]
         sub = ro.select(src)
         rollout = dataclasses.replace(

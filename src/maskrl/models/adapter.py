@@ -251,6 +251,12 @@ class ModelAdapter:
             stop = stop | (ids == s)
         return stop
 
+    def completion_mask(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[N, L]`` bool: the valid part of each completion ``ids [N, L]`` -- up to and including its
+        first stop token (the rest is padding for the loss and the reward)."""
+        stop = self.is_stop(ids).long()
+        return (stop.cumsum(-1) - stop) == 0
+
     @contextlib.contextmanager
     def reference(self) -> Iterator["ModelAdapter"]:
         """Context giving the reference policy when it shares weights with this one (peft: adapters
