@@ -20,23 +20,12 @@ seeds and a PNG of mean rollout-reward curves next to the JSON.
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
-import time
 from pathlib import Path
 
 import torch
 
+from ablation_runs import ROOT, TaskSetup, load_results, plot_curves, run_cell, save_results, summary_rows
 from maskrl.config import load_config
-from maskrl.demo import sft_cache_key
-from maskrl.evaluate import evaluate_examples
-from maskrl.models import load_tiny, save_model
-from maskrl.pipeline import load_policy, prompt_formatter, sft_from_config, task_and_data
-from maskrl.trainer import RLTrainer
-
-ROOT = Path(__file__).resolve().parents[1]
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 def cell_config(task: str, cell: str, overrides: list[str]):
@@ -48,28 +37,6 @@ def cell_config(task: str, cell: str, overrides: list[str]):
         L = load_config([path], overrides).rollout.gen_length
         return path, ["likelihood={name: state, p_mask_prompt: 0.15}", "rollout.block_length=1", f"rollout.steps={L}"]
     return ROOT / "configs" / f"daca_{task}_{cell}.yaml", []
-
-
-def t_interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and two-sided 95 % Student-t interval (the mean alone for one value)."""
-    n = len(values)
-    m = sum(values) / n
-    if n < 2:
-        return m, m, m
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    h = T95.get(n - 1, 1.96) * sd / math.sqrt(n)
-    return m, m - h, m + h
-
-
-def load_results(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {"runs": {}}
-
-
-def save_results(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)  # an interrupted write never leaves half a file
 
 
 def main() -> None:
@@ -99,98 +66,18 @@ def main() -> None:
     common = list(args.overrides) + (["sft.steps=%d" % args.sft_steps] if args.sft_steps else [])
     if not args.summary:
         for task in [t for t in args.tasks.split(",") if t]:
-            run_task(task, cells, seeds, args, common, data, out)
-    summarise(data, out)
-
-
-def run_task(task: str, cells: list[str], seeds: list[int], args, common: list[str], data: dict, out: Path) -> None:
-    base_cfg = load_config([ROOT / "configs" / f"daca_{task}_diffu_grpo_base.yaml"], common)
-    tk, test, source, train = task_and_data(base_cfg)
-    banned = {tk.instance_key(e) for e in test} | {tk.instance_key(e) for e in train}
-    gen_kw = {"blanks": (8, 8)} if task == "sudoku" else {}
-    val = tk.generate(args.val_size, seed=4242, exclude=banned, **gen_kw)
-    sft_dir = ROOT / "runs" / "daca" / f"{task}_sft" / sft_cache_key(base_cfg)
-    if not (sft_dir / "maskrl_sft.json").is_file():
-        print(f"[daca] SFT {task} ({base_cfg.sft.steps} steps) -> {sft_dir}", flush=True)
-        policy = load_policy(base_cfg)
-        hist = sft_from_config(base_cfg, policy, tk, train, progress=False)
-        save_model(policy, sft_dir)
-        (sft_dir / "maskrl_sft.json").write_text(json.dumps({"steps": base_cfg.sft.steps, "last": hist[-1] if hist else {}}))
-    for cell in cells:
-        for seed in seeds:
-            key = f"{task}/{cell}/seed{seed}/steps{args.steps}"
-            if key in data["runs"]:
-                continue
-            path, extra = cell_config(task, cell, common)
-            cfg = load_config([path], common + extra + [f"train.steps={args.steps}", f"train.seed={seed}",
-                                                        f"output_dir={ROOT / 'runs' / 'daca' / key.replace('/', '_')}",
-                                                        "train.eval_every=0", "train.save_every=0"])
-            policy = load_tiny(sft_dir)
-            fmt = prompt_formatter(policy, cfg.model.chat_template)
-            t0 = time.time()
-            tr = RLTrainer(cfg, policy, tk, train, prompt_fn=fmt)
-            hist = tr.train(progress=False)
-            tr.close()
-            secs = time.time() - t0
-            ev = evaluate_examples(tr.policy_eval, tk, val, cfg.eval, batch_size=250, prompt_fn=fmt).metrics
-            row = {"task": task, "cell": cell, "seed": seed, "steps": args.steps, "rl_seconds": secs,
-                   "val": {k: ev[k] for k in ("accuracy", "cell_accuracy", "mean_reward") if k in ev},
-                   "val_size": len(val), "rewards": [h["reward"] for h in hist], "recipe": str(path.relative_to(ROOT)),
-                   "overrides": common + extra}
-            if args.test:
-                te = evaluate_examples(tr.policy_eval, tk, test, cfg.eval, batch_size=250, prompt_fn=fmt).metrics
-                row["test"] = {k: te[k] for k in ("accuracy", "cell_accuracy", "mean_reward") if k in te}
-                row["test_source"] = source
-            data["runs"][key] = row
-            save_results(out, data)  # each finished run at once: an interrupted ablation resumes
-            print(f"[daca] {key}: val accuracy {row['val']['accuracy']:.3f} ({secs:.0f} s)", flush=True)
-
-
-def summarise(data: dict, out: Path) -> None:
-    groups: dict[tuple, list[dict]] = {}
-    for row in data["runs"].values():
-        groups.setdefault((row["task"], row["cell"], row["steps"]), []).append(row)
-    summary = []
-    for (task, cell, steps), rows in sorted(groups.items()):
-        entry = {"task": task, "cell": cell, "steps": steps, "seeds": sorted(r["seed"] for r in rows)}
-        for split in ("val", "test"):
-            if all(split in r for r in rows):
-                entry[split] = {}
-                # accuracy = solved rate; mean_reward = the papers' Sudoku metric (cell accuracy) and
-                # Countdown's reward with its 0.1 format credit
-                for metric in ("accuracy", "mean_reward"):
-                    m, lo, hi = t_interval([r[split][metric] for r in rows])
-                    entry[split][f"{metric}_mean"] = m
-                    entry[split][f"{metric}_ci95"] = [lo, hi]
-        summary.append(entry)
-    data["summary"] = summary
+            setup = TaskSetup(task, ROOT / "configs" / f"daca_{task}_diffu_grpo_base.yaml", common, "daca", args.val_size,
+                              gen_kw={"blanks": (8, 8)} if task == "sudoku" else None)
+            for cell in cells:
+                path, extra = cell_config(task, cell, common)
+                for seed in seeds:
+                    run_cell(setup, data, out, task, cell, path, common + extra, args.steps, seed, args.test,
+                             group="daca")
+    # accuracy = solved rate; mean_reward = the papers' Sudoku metric (cell accuracy) and Countdown's
+    # reward with its 0.1 format credit
+    data["summary"] = summary_rows(data)
     save_results(out, data)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover
-        return
-    tasks = sorted({t for t, _, _ in groups})
-    if not tasks:
-        return
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 3.8), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        for (t, cell, steps), rows in sorted(groups.items()):
-            if t != task:
-                continue
-            curves = [r["rewards"] for r in rows]
-            n = min(len(c) for c in curves)
-            ax.plot(range(1, n + 1), [sum(c[i] for c in curves) / len(curves) for i in range(n)],
-                    label=f"{cell} ({len(curves)} seeds)")
-        ax.set_title(task)
-        ax.set_xlabel("RL step")
-        ax.set_ylabel("mean rollout reward")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=100)
-    plt.close(fig)
+    plot_curves(data, out.with_suffix(".png"), {"rewards": "mean rollout reward"})
 
 
 if __name__ == "__main__":

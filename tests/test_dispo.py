@@ -214,6 +214,18 @@ def test_step_term_is_token_local_skips_equal_states_and_uses_mean_baselines(tin
         torch.testing.assert_close(lp[b, k], full[k], rtol=1e-4, atol=1e-5)  # the term scores x_t
         torch.testing.assert_close(rec[b, m], nomask[m], rtol=1e-4, atol=1e-5)  # the observer saw x_t
     assert out.metrics["kept_frac"] == pytest.approx(keep.float().mean().item())
+    # distinguishable states by timestep bin, counted by hand from t/T
+    frac = (st["dispo_step"][st["dispo_step"] >= 0].float() / ro.num_steps[st["dispo_step"] >= 0].float()).tolist()
+    kept = keep.tolist()
+    for lo, hi, b in ((0, 1 / 3, "early"), (1 / 3, 2 / 3, "mid"), (2 / 3, 2, "late")):
+        assert out.metrics[f"states_{b}"] == sum(lo <= f < hi for f in frac)
+        assert out.metrics[f"kept_{b}"] == sum(lo <= f < hi and k for f, k in zip(frac, kept))
+    assert sum(out.metrics[f"states_{b}"] for b in ("early", "mid", "late")) == out.metrics["states"]
+
+
+def test_time_bins_edges():
+    from maskrl.credit.dispo import time_bins
+    assert time_bins(torch.tensor([0.0, 0.33, 1 / 3, 0.5, 0.66, 2 / 3, 0.99, 1.0])).tolist() == [0, 0, 1, 1, 1, 2, 2, 2]
 
 
 def test_empty_term_when_every_state_is_skipped_and_none_when_alpha_step_zero(tiny):

@@ -199,6 +199,15 @@ class BranchObserver:
         return {"dispo_step": step, "dispo_masked": masked, "dispo_fill": fill, "dispo_logp_old": lp}
 
 
+BINS = ("early", "mid", "late")
+
+
+def time_bins(frac: torch.Tensor) -> torch.Tensor:
+    """Timestep bin of each state: ``[S]`` float t/T -> ``[S]`` long, 0 early (t/T < 1/3), 1 mid
+    (< 2/3), 2 late (the rest). t/T is the committed fraction of the completion (module docstring)."""
+    return (frac >= 1 / 3).long() + (frac >= 2 / 3).long()
+
+
 @dataclass(frozen=True)
 class DiSPO(CreditModule):
     """Registered as ``dispo`` (SPEC §4): branch-and-score at one intermediate state per trajectory,
@@ -220,7 +229,11 @@ class DiSPO(CreditModule):
 
     Metrics (``credit/dispo/...``): ``states`` (states branched on this process), ``kept_frac``
     (share with distinguishable rewards), ``branch_reward``, ``adv_abs`` (mean |A_z| of kept
-    branches), ``t_frac`` (mean t / num_steps of the branched states).
+    branches), ``t_frac`` (mean t / num_steps of the branched states), and per timestep bin
+    ``b`` in ``early`` / ``mid`` / ``late`` (t/T in [0, 1/3), [1/3, 2/3), [2/3, 1]) the counts
+    ``states_<b>`` and ``kept_<b>`` (states with distinguishable rewards; with ``skip_equal: false``
+    still the distinguishable ones), so that Σ kept_b / Σ states_b over steps is the paper's
+    reward-distinguishable fraction by bin.
     """
 
     z: int = 2
@@ -281,8 +294,12 @@ class DiSPO(CreditModule):
             raise ValueError("dispo: rollout.step_stats has no 'dispo_step'; pass the module's observers to generate()")
         t_all = st["dispo_step"]
         idx = (t_all >= 0).nonzero().squeeze(-1)  # [S]
+        frac = t_all[idx].float() / ro.num_steps[idx].float()  # [S] t/T of each branched state
+        bins = time_bins(frac)
         metrics = {"states": float(idx.numel()), "kept_frac": 0.0, "branch_reward": 0.0, "adv_abs": 0.0,
-                   "t_frac": (t_all[idx].float() / ro.num_steps[idx].float()).mean().item() if idx.numel() else 0.0}
+                   "t_frac": frac.mean().item() if idx.numel() else 0.0}
+        metrics.update({f"states_{b}": float((bins == i).sum()) for i, b in enumerate(BINS)})
+        metrics.update({f"kept_{b}": 0.0 for b in BINS})
         if idx.numel() == 0:
             return self._empty_term(ro), metrics
         z, L = self.z, ro.gen_length
@@ -293,6 +310,7 @@ class DiSPO(CreditModule):
         if not torch.isfinite(rewards).all():
             raise ValueError("dispo: non-finite branch rewards from the score callback")
         keep = rewards.max(1).values > rewards.min(1).values  # [S]; all-equal states carry no gradient
+        metrics.update({f"kept_{b}": float((keep & (bins == i)).sum()) for i, b in enumerate(BINS)})
         if not self.skip_equal:
             keep = torch.ones_like(keep)
         metrics.update(kept_frac=keep.float().mean().item(), branch_reward=rewards.mean().item())

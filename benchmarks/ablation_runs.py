@@ -1,0 +1,177 @@
+"""What every ablation benchmark shares (``daca_ablation.py``, ``dispo_ablation.py``,
+``dtca_ablation.py``): one cached SFT checkpoint per task, a generated validation split disjoint
+from the training rows and the test file, resumable per-run results, mean and 95 % t-intervals
+over seeds, and curve plots.
+
+A *cell* is a recipe plus overrides; a *run* is (task, cell, seed, step budget). Every run starts
+from the same SFT checkpoint, trains the same number of RL steps, and is scored greedily on the
+validation split (and on the test file only with ``--test``). Each finished run is written to the
+JSON at once, so an interrupted ablation resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from maskrl.config import load_config
+from maskrl.demo import sft_cache_key
+from maskrl.evaluate import evaluate_examples
+from maskrl.models import load_tiny, save_model
+from maskrl.pipeline import load_policy, prompt_formatter, sft_from_config, task_and_data
+from maskrl.trainer import RLTrainer
+
+ROOT = Path(__file__).resolve().parents[1]
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+EVAL_KEYS = ("accuracy", "cell_accuracy", "mean_reward")
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and two-sided 95 % Student-t interval (the mean alone for one value)."""
+    n = len(values)
+    m = sum(values) / n
+    if n < 2:
+        return m, m, m
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+    h = T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return m, m - h, m + h
+
+
+def load_results(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+
+
+def save_results(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)  # an interrupted write never leaves half a file
+
+
+class TaskSetup:
+    """Task, training rows, test file and validation split of one task, and its SFT checkpoint.
+
+    ``base_recipe`` decides the SFT model (its ``model``, ``sft``, ``task`` sections): every cell of
+    the task must share them. The SFT checkpoint is cached under ``runs/<group>/<name>_sft/<hash>``.
+    """
+
+    def __init__(self, name: str, base_recipe: Path, overrides: list[str], group: str, val_size: int, val_seed: int = 4242,
+                 gen_kw: dict | None = None, log: Callable[[str], None] = print):
+        self.cfg = load_config([base_recipe], overrides)
+        self.task, self.test, self.source, self.train = task_and_data(self.cfg)
+        banned = {self.task.instance_key(e) for e in self.test} | {self.task.instance_key(e) for e in self.train}
+        self.val = self.task.generate(val_size, seed=val_seed, exclude=banned, **(gen_kw or {}))
+        self.sft_dir = ROOT / "runs" / group / f"{name}_sft" / sft_cache_key(self.cfg)
+        if not (self.sft_dir / "maskrl_sft.json").is_file():
+            log(f"[{group}] SFT {name} ({self.cfg.sft.steps} steps) -> {self.sft_dir}")
+            policy = load_policy(self.cfg)
+            hist = sft_from_config(self.cfg, policy, self.task, self.train, progress=False)
+            save_model(policy, self.sft_dir)
+            (self.sft_dir / "maskrl_sft.json").write_text(json.dumps({"steps": self.cfg.sft.steps,
+                                                                      "last": hist[-1] if hist else {}}))
+
+    def evaluate(self, policy, cfg, rows) -> dict:
+        fmt = prompt_formatter(policy, cfg.model.chat_template)
+        m = evaluate_examples(policy, self.task, rows, cfg.eval, batch_size=250, prompt_fn=fmt).metrics
+        return {k: m[k] for k in EVAL_KEYS if k in m}
+
+    def trainer(self, recipe: Path, overrides: list[str]) -> RLTrainer:
+        """An RL trainer of ``recipe`` + ``overrides`` on the SFT checkpoint."""
+        cfg = load_config([recipe], overrides)
+        policy = load_tiny(self.sft_dir)
+        return RLTrainer(cfg, policy, self.task, self.train, prompt_fn=prompt_formatter(policy, cfg.model.chat_template))
+
+
+def run_cell(setup: TaskSetup, data: dict, out: Path, task: str, cell: str, recipe: Path, overrides: list[str],
+             steps: int, seed: int, test: bool, curves: Callable[[list[dict]], dict] | None = None, group: str = "ablation",
+             row_extra: dict | None = None) -> dict | None:
+    """Train one run (unless ``key`` is in ``data["runs"]``), score it, write it to ``out`` at once.
+
+    ``curves(history)`` returns per-step series to keep (default: the rollout reward as ``rewards``).
+    The run's key is ``<task>/<cell>/seed<seed>/steps<steps>``. Returns the new row, or None when
+    the run was already done."""
+    key = f"{task}/{cell}/seed{seed}/steps{steps}"
+    if key in data["runs"]:
+        return None
+    over = overrides + [f"train.steps={steps}", f"train.seed={seed}",
+                        f"output_dir={ROOT / 'runs' / group / key.replace('/', '_')}",
+                        "train.eval_every=0", "train.save_every=0"]
+    t0 = time.time()
+    tr = setup.trainer(recipe, over)
+    hist = tr.train(progress=False)
+    tr.close()
+    secs = time.time() - t0
+    row = {"task": task, "cell": cell, "seed": seed, "steps": steps, "rl_seconds": secs, "val": setup.evaluate(tr.policy_eval, tr.cfg, setup.val),
+           "val_size": len(setup.val), "rewards": [h["reward"] for h in hist],
+           "recipe": str(Path(recipe).resolve().relative_to(ROOT)), "overrides": overrides,
+           "optimizer_steps": steps * tr.cfg.train.inner_iterations, **(row_extra or {})}
+    if curves is not None:
+        row.update(curves(hist))
+    if test:
+        row["test"] = setup.evaluate(tr.policy_eval, tr.cfg, setup.test)
+        row["test_source"] = setup.source
+    data["runs"][key] = row
+    save_results(out, data)  # each finished run at once: an interrupted ablation resumes
+    print(f"[{group}] {key}: val accuracy {row['val']['accuracy']:.3f} ({secs:.0f} s)", flush=True)
+    return row
+
+
+def summary_rows(data: dict, metrics: tuple[str, ...] = ("accuracy", "mean_reward")) -> list[dict]:
+    """Per (task, cell, steps): seeds, and mean and 95 % t-interval of each metric per split."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in data["runs"].values():
+        groups.setdefault((row["task"], row["cell"], row["steps"]), []).append(row)
+    summary = []
+    for (task, cell, steps), rows in sorted(groups.items()):
+        entry = {"task": task, "cell": cell, "steps": steps, "seeds": sorted(r["seed"] for r in rows)}
+        for split in ("val", "test"):
+            if all(split in r for r in rows):
+                entry[split] = {}
+                for metric in metrics:
+                    if all(metric in r[split] for r in rows):
+                        m, lo, hi = t_interval([r[split][metric] for r in rows])
+                        entry[split][f"{metric}_mean"] = m
+                        entry[split][f"{metric}_ci95"] = [lo, hi]
+        summary.append(entry)
+    return summary
+
+
+def plot_curves(data: dict, path: Path, series: dict[str, str]) -> None:
+    """One panel per (task, series): the seed-mean curve of each (cell, steps). ``series`` maps a
+    run-row key holding a per-step list to its axis label."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return
+    groups: dict[tuple, list[dict]] = {}
+    for row in data["runs"].values():
+        groups.setdefault((row["task"], row["cell"], row["steps"]), []).append(row)
+    tasks = sorted({t for t, _, _ in groups})
+    if not tasks:
+        return
+    fig, axes = plt.subplots(len(series), len(tasks), figsize=(6 * len(tasks), 3.6 * len(series)), squeeze=False)
+    for j, task in enumerate(tasks):
+        for i, (key, label) in enumerate(series.items()):
+            ax = axes[i][j]
+            for (t, cell, steps), rows in sorted(groups.items()):
+                curves = [r[key] for r in rows if t == task and key in r]
+                if not curves:
+                    continue
+                n = min(len(c) for c in curves)
+                ax.plot(range(1, n + 1), [sum(c[s] for c in curves) / len(curves) for s in range(n)],
+                        label=f"{cell}, {steps} steps ({len(curves)} seeds)")
+            ax.set_title(task)
+            ax.set_xlabel("RL step")
+            ax.set_ylabel(label)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
