@@ -23,7 +23,7 @@ from maskrl.config import load_config
 from maskrl.demo import sft_cache_key
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny, save_model
-from maskrl.pipeline import load_policy, prompt_formatter, sft_from_config, task_and_data
+from maskrl.pipeline import PROMPT_CARD, load_policy, prompt_formatter, save_prompt_card, sft_from_config, task_and_data
 from maskrl.trainer import RLTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +74,8 @@ class TaskSetup:
             save_model(policy, self.sft_dir)
             (self.sft_dir / "maskrl_sft.json").write_text(json.dumps({"steps": self.cfg.sft.steps,
                                                                       "last": hist[-1] if hist else {}}))
+        if not (self.sft_dir / PROMPT_CARD).is_file():  # how the model was trained (maskrl eval, estimate-pos-weights)
+            save_prompt_card(self.sft_dir, self.task, self.cfg.model.chat_template, self.cfg.eval)
 
     def evaluate(self, policy, cfg, rows) -> dict:
         fmt = prompt_formatter(policy, cfg.model.chat_template)

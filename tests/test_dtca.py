@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -278,3 +279,28 @@ def test_dtca_with_the_spacy_tagger(tmp_path):
     n = batch.rollout.batch_size
     out = DTCA(pos_weights=str(table), tagger="maskrl.pos:spacy_pos_classes")(batch, _ctx(a, n))
     assert out.terms[0].mask.any() and 0.0 < out.metrics["credit_min"] <= 1.0 <= out.metrics["credit_max"]
+
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("task", ["wordmath", "countdown"])
+def test_shipped_dtca_recipes(task):
+    """RLDF, DTCA, DTCA − calibration and DTCA − POS credit differ only in the credit list (and the
+    output directory); the DTCA cells read the committed POS table of the task's SFT model."""
+    from maskrl.credit.rldf import RLDFSteps
+    from maskrl.objectives.rldf import RLDF
+
+    base = load_config([CONFIGS / f"dtca_{task}_rldf.yaml"])
+    assert isinstance(base.objective, RLDF) and base.rollout.schedule == "threshold" == base.eval.schedule
+    assert [type(c) for c in base.credit] == [RLDFSteps]
+    flags = {"dtca": (True, True), "dtca_nocal": (True, False), "dtca_nopos": (False, True)}
+    for cell, (pos, cal) in flags.items():
+        cfg = load_config([CONFIGS / f"dtca_{task}_{cell}.yaml"])
+        (mod,) = cfg.credit
+        assert isinstance(mod, DTCA) and (mod.pos_credit, mod.calibration) == (pos, cal) and mod.selection == "coverage"
+        for section in ("model", "task", "sft", "rollout", "eval", "train", "objective", "likelihood"):
+            assert getattr(cfg, section) == getattr(base, section), (cell, section)
+        table = json.loads(Path(mod.pos_weights).read_text())
+        assert table["samples"] >= 64 and task in table["corpus"]
+        assert all(0.8 - 1e-9 <= w <= 1.2 + 1e-9 for w in table["w_c"].values()) and len(table["w_c"]) >= 3

@@ -121,3 +121,30 @@ def test_estimate_pos_weights_cli_writes_the_table(tmp_path):
     from maskrl.credit.dtca import load_pos_weights
 
     assert load_pos_weights(out) == pytest.approx(w)  # DTCA reads the file as written
+
+
+def test_estimate_reads_the_prompt_card(tmp_path):
+    """Without --gen-length / --prompt-template the estimate formats prompts as the model was trained
+    (its prompt card), with the card's completion length; flags win over the card."""
+    from maskrl.models import save_model
+    from maskrl.pipeline import save_prompt_card
+    from maskrl.pos import run_estimate
+    from maskrl.sampling import SamplerConfig
+    from maskrl.tasks import get_task
+
+    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    save_model(a, tmp_path / "m")
+    save_prompt_card(tmp_path / "m", get_task("sudoku4x4", "P{puzzle}="), False,
+                     SamplerConfig(gen_length=6, block_length=6, steps=3))
+    seen = []
+
+    def tagger(tok, ids, mask):
+        seen.append(ids.shape)
+        return [["X"] * ids.shape[1] for _ in range(ids.shape[0])]
+
+    res = run_estimate(str(tmp_path / "m"), "sudoku4x4", 2, str(tmp_path / "w.json"), device="cpu", progress=False,
+                       tagger=tagger)
+    assert res["gen_length"] == 6 and res["prompt_template"] == "P{puzzle}=" and seen[0][1] == 6
+    res = run_estimate(str(tmp_path / "m"), "sudoku4x4", 2, str(tmp_path / "w.json"), gen_length=4, device="cpu",
+                       progress=False, tagger=tagger, prompt_template="{puzzle}")
+    assert res["gen_length"] == 4 and res["prompt_template"] == "{puzzle}"

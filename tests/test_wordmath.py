@@ -70,3 +70,20 @@ def test_bpe_tokenizer_round_trips_and_drives_the_tiny_model():
     assert out.shape == (1, len(ids), len(tok))
     with pytest.raises(ValueError, match="vocab_size"):
         build_wordmath_tokenizer(vocab_size=100)
+
+
+def test_tiny_model_tokenizer_is_a_config_field(tmp_path):
+    from maskrl.config import ConfigError, load_config
+    from maskrl.pipeline import load_policy
+
+    small = "model.tiny={hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, tokenizer: %s}"
+    char = load_policy(load_config([], [small % "char"]))
+    assert len(char.tokenizer) < 110 and char.tokenizer.tokenize("Mia 4") == list("Mia 4")
+    bpe = load_policy(load_config([], [small % "wordmath_bpe"]))
+    assert len(bpe.tokenizer) == 384 and bpe.mask_id == 3 and bpe.model.config.vocab_size >= 384
+    assert len(bpe.tokenizer("Mia has 4 apples.")["input_ids"]) < len("Mia has 4 apples.") // 2
+    bpe.tokenizer.save_pretrained(tmp_path / "tok")  # a folder with tokenizer.json
+    folder = load_policy(load_config([], [small % (tmp_path / "tok")]))
+    assert folder.tokenizer.get_vocab() == bpe.tokenizer.get_vocab()
+    with pytest.raises(ConfigError, match="model.tiny.tokenizer"):
+        load_config([], [small % "wordpiece"])

@@ -240,7 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, help="task whose training prompts are sampled")
     p.add_argument("--samples", type=int, default=256, help="trajectories (one per prompt)")
     p.add_argument("--out", required=True, help="JSON table to write")
-    p.add_argument("--gen-length", type=int, default=64, help="L; the sampler commits 2 tokens per step")
+    p.add_argument("--gen-length", type=int, default=None,
+                   help="L; the sampler commits 2 tokens per step (default: the model's prompt card, else 64)")
+    p.add_argument("--prompt-template", default=None,
+                   help="format of the task prompts (default: the model's prompt card, else the task's)")
     p.add_argument("--max-rows", type=int, default=64, help="forward rows per batch of reveal-one states")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
@@ -262,7 +265,7 @@ def cmd_estimate_pos_weights(args) -> int:
     from maskrl.pos import run_estimate
 
     res = run_estimate(args.model, args.task, args.samples, args.out, gen_length=args.gen_length,
-                       max_rows=args.max_rows, seed=args.seed, device=args.device, progress=not args.no_progress)
+                       prompt_template=args.prompt_template, max_rows=args.max_rows, seed=args.seed, device=args.device, progress=not args.no_progress)
     print(f"wrote {args.out}: {len(res['w_c'])} classes from {res['samples']} samples in {res['seconds']:.1f} s")
     return 0
 

@@ -30,6 +30,10 @@ class TinyModelConfig:
         num_heads: attention heads (must divide ``hidden_size``).
         intermediate_size: width of the MLP.
         seed: initialisation seed (the global RNG is not touched).
+        tokenizer: ``char`` (one token per character; puzzles), ``wordmath_bpe`` (the byte-level BPE
+            that :func:`maskrl.tasks.wordmath.build_wordmath_tokenizer` trains on generated word
+            problems; natural-language text, issue 10) or a folder with tokenizer files
+            (``tokenizer.json``). It is saved beside the model, so a loaded checkpoint keeps it.
     """
 
     hidden_size: int = 128
@@ -37,6 +41,7 @@ class TinyModelConfig:
     num_heads: int = 4
     intermediate_size: int = 384
     seed: int = 0
+    tokenizer: str = "char"
 
 
 @dataclass
@@ -479,6 +484,9 @@ def load_plugins(specs: Sequence[str]) -> list:
     return modules
 
 
+#: built-in tokenizers of the tiny model (``model.tiny.tokenizer``)
+TINY_TOKENIZERS = ("char", "wordmath_bpe")
+
 #: dotted keys that must be > 0 (``>= 0`` for those in ``_NON_NEGATIVE``)
 _POSITIVE = ("model.tiny.hidden_size", "model.tiny.num_layers", "model.tiny.num_heads", "model.tiny.intermediate_size",
              "task.train_size", "sft.batch_size", "sft.lr", "train.prompts_per_step", "train.group_size",
@@ -509,6 +517,11 @@ def _check_ranges(cfg: "RunConfig") -> None:
         raise ConfigError(f"train.on_nonfinite: unknown {cfg.train.on_nonfinite!r}; valid: {', '.join(ON_NONFINITE)}")
     _check_dtype(cfg)
     t = cfg.model.tiny
+    from pathlib import Path
+
+    if t.tokenizer not in TINY_TOKENIZERS and not (Path(t.tokenizer) / "tokenizer.json").is_file():
+        raise ConfigError(f"model.tiny.tokenizer: {t.tokenizer!r} is neither one of {', '.join(TINY_TOKENIZERS)} nor a "
+                          f"folder with a tokenizer.json")
     if t.hidden_size % t.num_heads:
         raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
                           f"model.tiny.num_heads ({t.num_heads})")

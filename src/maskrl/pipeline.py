@@ -21,6 +21,28 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def tiny_tokenizer(name: str):
+    """The tiny model's tokenizer named by ``model.tiny.tokenizer``: ``char`` (None: the model's
+    default character tokenizer), ``wordmath_bpe`` or a folder with ``tokenizer.json``.
+
+    Raises:
+        ValueError: an unknown name that is not such a folder.
+    """
+    from pathlib import Path
+
+    if name == "char":
+        return None
+    if name == "wordmath_bpe":
+        from maskrl.tasks.wordmath import build_wordmath_tokenizer
+
+        return build_wordmath_tokenizer()
+    if (Path(name) / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(name)
+    raise ValueError(f"model.tiny.tokenizer: {name!r} is neither 'char', 'wordmath_bpe' nor a folder with a tokenizer.json")
+
+
 def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
     """The model of a run: ``path`` (or ``cfg.model.path``) loaded with :func:`maskrl.models.load`,
     else a freshly initialised tiny model (cast to ``model.dtype``); then LoRA and gradient checkpointing as configured."""
@@ -33,7 +55,7 @@ def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
     else:
         t = mc.tiny
         adapter = build_tiny(hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
-                             intermediate_size=t.intermediate_size, seed=t.seed)
+                             intermediate_size=t.intermediate_size, seed=t.seed, tokenizer=tiny_tokenizer(t.tokenizer))
         from maskrl.models.loading import parse_dtype
 
         adapter.model.to(parse_dtype(mc.dtype))  # model.dtype applies to the built-in model too

