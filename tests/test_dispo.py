@@ -350,7 +350,10 @@ def test_threshold_rows_branch_at_their_fraction_or_their_last_step(tiny):
 
 def test_two_processes_with_unequal_kept_states(tmp_path):
     """Rank 1 keeps no state, rank 0 some: both ranks still have the same term list (a 0-row step term
-    on rank 1), the step completes and the weights agree (gloo, 2 CPU processes)."""
+    on rank 1), the step completes, the weights agree (gloo, 2 CPU processes), and every rank runs the
+    same number of model forwards in ``optimize`` (θ_old, reference and θ passes; FSDP / ZeRO-3 need
+    it): rank 1 pads with dummy forwards whose loss is ×0, so the weights and loss metrics equal those
+    of the same run with the padding turned off (where the forward counts differ)."""
     import subprocess
     import sys
 
@@ -368,5 +371,25 @@ def test_two_processes_with_unequal_kept_states(tmp_path):
             break
     assert failed is None, failed
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
-    assert all(torch.equal(p, q) for p, q in zip(r0["weights"], r1["weights"]))
-    assert "step/policy_loss" in r0["metrics"]
+    for mode in ("nopad", "pad"):
+        assert r0[mode]["term_rows"]["step"] > 0 and r1[mode]["term_rows"]["step"] == 0  # kept states differ
+        assert r0[mode]["term_rows"]["base"] == r1[mode]["term_rows"]["base"] == 12
+        assert all(torch.equal(p, q) for p, q in zip(r0[mode]["weights"], r1[mode]["weights"]))
+        assert "step/policy_loss" in r0[mode]["metrics"]
+    # without padding rank 0 runs the step term's forwards alone (θ_old: μ = 2 passes, θ: 2)
+    f0, f1 = r0["nopad"]["forwards"], r1["nopad"]["forwards"]
+    assert f0["old"] > f1["old"] and f0["theta"] > f1["theta"] and f0["ref"] == f1["ref"] > 0
+    # with it: the same count of every kind on both ranks, rank 0's unchanged
+    assert r0["pad"]["forwards"] == r1["pad"]["forwards"] == f0
+    pads = f0["old"] + f0["theta"] - f1["old"] - f1["theta"]  # rank 1's dummy forwards; rank 0 runs none
+    assert r0["pad"]["metrics"]["pad_forwards"] == pytest.approx(pads / 2)  # averaged over the 2 ranks
+    assert r0["nopad"]["metrics"]["pad_forwards"] == 0.0
+    # the dummy forwards' loss is ×0: the same update and loss metrics as without them
+    assert all(torch.equal(p, q) for p, q in zip(r0["pad"]["weights"], r0["nopad"]["weights"]))
+    assert not all(torch.equal(p, q) for p, q in
+                   zip(r0["pad"]["weights"], build_tiny(hidden_size=32, num_layers=2, num_heads=2,
+                                                        intermediate_size=64, seed=0).model.parameters()))
+    loss_keys = [k for k in r0["pad"]["metrics"] if k.split("/")[0] in ("base", "step") or k == "grad_norm"]
+    assert "step/policy_loss" in loss_keys and "base/kl" in loss_keys
+    for k in loss_keys:
+        assert r0["pad"]["metrics"][k] == r0["nopad"]["metrics"][k], k

@@ -233,3 +233,81 @@ def test_row_budget_gives_the_same_update(tmp_path):
     b.optimize(batch)
     for (n, p), q in zip(a.policy_eval.model.named_parameters(), b.policy_eval.model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7, msg=n)
+
+
+def test_pad_counts_brings_every_process_to_the_most_forwards_per_term():
+    from maskrl.trainer import pad_counts
+
+    work = torch.tensor([[3, 9, 0], [3, 0, 0], [2, 4, 1]])  # [P=3 processes, K=3 terms]
+    assert pad_counts(work).tolist() == [[0, 0, 1], [0, 9, 1], [1, 5, 0]]
+    assert ((work + pad_counts(work)) == work.max(0).values).all()
+    assert pad_counts(torch.tensor([[5, 0]])).tolist() == [[0, 0]]  # one process: never pads
+    for bad in (torch.zeros(3, dtype=torch.long), torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.bool)):
+        with pytest.raises(ValueError, match="work"):
+            pad_counts(bad)
+
+
+def _padding_setup():
+    from maskrl.sampling import SamplerConfig, generate
+    from maskrl.text import encode_prompts
+
+    a = _tiny()
+    ids, mask = encode_prompts(a.tokenizer, ["abc", "hello there", "x"])
+    ro = generate(a, ids, mask, SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0),
+                  generator=torch.Generator().manual_seed(3))
+    return a, ro
+
+
+def _term(ro, likelihood, name="step"):
+    from maskrl.objectives import DiffuGRPO
+    from maskrl.types import LossTerm
+
+    return LossTerm(name=name, weight=1.0, rollout=ro, advantages=torch.zeros(ro.completion_ids.shape),
+                    mask=ro.completion_mask.clone(), objective=DiffuGRPO(beta=0.0), likelihood=likelihood)
+
+
+def test_padding_row_picks_the_terms_row_or_the_batchs_and_stays_in_the_row_budget():
+    from maskrl.likelihood import MeanField, State
+    from maskrl.trainer import padding_row
+
+    _, ro = _padding_setup()
+    other = ro.select(slice(1, 3))
+    # a term with rows: its own first row, every position asked for (mean_field: 1 forward row)
+    r1, need = padding_row(_term(other, MeanField()), ro, max_rows=1)
+    assert torch.equal(r1.completion_ids, other.completion_ids[:1]) and need.dtype == torch.bool
+    assert need.shape == (1, 8) and bool(need.all())
+    # a 0-row term (nothing kept on this process): the batch's first row
+    empty = ro.select(torch.zeros(0, dtype=torch.long))
+    r0, need = padding_row(_term(empty, MeanField()), ro, max_rows=1)
+    assert torch.equal(r0.completion_ids, ro.completion_ids[:1]) and torch.equal(r0.commit_step, ro.commit_step[:1])
+    # state: the whole row costs one forward row per commit step (4 here); over the budget -> position 0 only
+    steps = int(ro.commit_step[0].unique().numel())
+    assert steps == 4
+    _, need = padding_row(_term(ro, State()), ro, max_rows=steps)
+    assert bool(need.all())
+    _, need = padding_row(_term(ro, State()), ro, max_rows=steps - 1)
+    assert need.tolist() == [[True] + [False] * 7]
+    assert int(State().rows(ro.select(slice(0, 1)), need).sum()) == 1
+    with pytest.raises(ValueError, match="no row for a padding forward"):
+        padding_row(_term(empty, MeanField()), empty, max_rows=1)
+
+
+@pytest.mark.parametrize("name", ["mean_field", "state", "stratified", "elbo", "spg_bounds"])
+def test_a_padding_forward_runs_the_model_exactly_once(name):
+    """What the padding relies on: a dummy call of every built-in likelihood runs one model forward,
+    whatever its generator draws (spg_bounds scores one drawn block per call: asking for the whole
+    row is what makes it score something every time)."""
+    from maskrl.likelihood import LIKELIHOODS
+    from maskrl.trainer import padding_row
+
+    a, ro = _padding_setup()
+    lik = LIKELIHOODS.get(name)()
+    calls = []
+    a.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    pad_ro, need = padding_row(_term(ro, lik), ro, max_rows=64)
+    for seed in range(20):
+        calls.clear()
+        with torch.no_grad():
+            out = lik(a, pad_ro, torch.Generator().manual_seed(seed), need)
+        assert len(calls) == 1, (name, seed)
+        assert out.shape == (1, 8)

@@ -79,6 +79,59 @@ def split_rows(rows: torch.Tensor, max_sequences: int = 0, max_rows: int = 0) ->
     return out
 
 
+def pad_counts(work: torch.Tensor) -> torch.Tensor:
+    """Dummy forwards each process adds so that all run as many forwards per loss term.
+
+    Args:
+        work: ``[P, K]`` integer, forward micro-batches of term k on process p (after dropping those
+            with nothing to score).
+
+    Returns:
+        ``[P, K]`` long, ``max_p work[p, k] - work[p, k]``: every process then runs
+        ``max_p work[p, k]`` forwards for term k (in each of the θ_old, reference and θ passes).
+
+    Raises:
+        ValueError: ``work`` is not a 2-D integer tensor.
+    """
+    if work.dim() != 2 or work.is_floating_point() or work.dtype == torch.bool:
+        raise ValueError(f"work must be a [P, K] integer tensor, got shape {tuple(work.shape)} and dtype {work.dtype}")
+    work = work.long()
+    return work.max(0, keepdim=True).values - work
+
+
+def padding_row(term: LossTerm, base: Rollout, max_rows: int) -> tuple[Rollout, torch.Tensor]:
+    """The input of a dummy forward of ``term`` (see :meth:`RLTrainer.optimize`, multi-process).
+
+    The row is the term's first row, or ``base``'s first row when the term has none on this process
+    (a credit term that kept nothing here). Every completion position is asked for (``need`` all
+    True: an estimator that draws which positions it scores, e.g. ``spg_bounds``' block, then still
+    finds one), unless that costs more than ``max_rows`` forward rows (the term's likelihood's
+    ``rows()``; e.g. ``state`` at T commit steps); then only position 0 is, the cheapest call the
+    likelihood has.
+
+    Args:
+        term: the loss term (its ``rollout`` has ``M >= 0`` rows; its ``likelihood`` is asked for
+            ``rows()``).
+        base: a rollout with at least one row (the batch's, ``N`` rows), same completion length L.
+        max_rows: the forward-row budget of the dummy (the largest real micro-batch of the term).
+
+    Returns:
+        ``(rollout, need)``: a 1-row :class:`Rollout` and ``[1, L]`` bool.
+
+    Raises:
+        ValueError: ``term`` and ``base`` both have no row.
+    """
+    src = term.rollout if term.rollout.batch_size else base
+    if not src.batch_size:
+        raise ValueError(f"loss term {term.name!r}: no row for a padding forward (the term and the batch are empty)")
+    ro = src.select(slice(0, 1))
+    need = torch.ones_like(ro.completion_mask, dtype=torch.bool)  # [1, L]
+    if int(term.likelihood.rows(ro, need).sum()) > max_rows:
+        need = torch.zeros_like(need)
+        need[0, 0] = True
+    return ro, need
+
+
 def all_ranks_done(acc: Accelerator) -> Callable[[bool], bool] | None:
     """The sampler's ``all_done`` hook over ``acc``'s processes; ``None`` on a single process.
 
@@ -293,6 +346,22 @@ class RLTrainer:
         global batch, so the update equals a single-process, single-micro-batch one. Metrics follow
         one rule: objectives report shares (:mod:`maskrl.objectives.base`), summed over micro-batches,
         averaged over iterations and processes, and namespaced ``<term>/<key>``.
+
+        **Several processes: the same number of forwards everywhere.** A term's rows can differ
+        between processes (DiSPO keeps a different number of branched states on each; a process that
+        kept none has a 0-row term), and so can its count of micro-batches. Under FSDP / ZeRO-3 every
+        forward is a collective, so for each term every process runs ``max`` over processes of that
+        count (:func:`pad_counts`, one all-gather per step), in the θ_old, reference and θ passes
+        alike; a process with fewer runs *dummy forwards* after the term's real micro-batches. A dummy
+        forward calls the term's likelihood on one row (:func:`padding_row`: the term's first row,
+        or the batch's first row when the term has none here) under a mask seed of its own, and its
+        θ pass back-propagates ``0 · Σ ℓ``: every parameter takes part as in a real forward (and gets
+        a zero gradient), while the gradients, the update and the metrics are those without padding
+        (dummy forwards report no metrics; ``pad_forwards`` counts them, averaged over processes).
+        The DDP gradient sync, on the last θ micro-batch, therefore falls on the same position on
+        every process. The guarantee is on likelihood calls: each built-in estimator runs one model
+        forward per call that scores a position (``elbo`` / ``spg_bounds`` can draw masks that score
+        none of a call's positions, and then run none). On one process nothing changes.
         """
         mu = self.tc.inner_iterations
         terms = self.loss_terms(batch)
@@ -310,9 +379,14 @@ class RLTrainer:
             first = self._global_offset(len(splits))
             work = [(first + j, sl, int(rows[sl].sum())) for j, sl in enumerate(splits)]
             plans.append((ti, t, normalizer, [w for w in work if w[2] > 0]))  # nothing to score: no forward
+        pads = self._padding(terms, plans)  # {term index: (dummy forwards, 1-row rollout, need)}; {} on 1 process
+        n_pad = 0
 
         def seed(ti: int, k: int, mb: int) -> int:
             return mask_seed(self.tc.seed, self.step_count, k, mb, ti)
+
+        def pad_seed(ti: int, k: int, j: int) -> int:  # dummy forwards: seeds no real micro-batch uses
+            return mask_seed(self.tc.seed, self.step_count, k, -1 - j, ti)
 
         old, ref = {}, {}
         with torch.no_grad():
@@ -328,9 +402,20 @@ class RLTrainer:
                         if t.objective.needs_reference:
                             ref[ti, k, mb] = self._ref_loglik(t, sub, seed(ti, k, mb), need)
                             self._check("log-probs (reference)", ref[ti, k, mb], where)
+                    count, pad_ro, pad_need = pads.get(ti, (0, None, None))
+                    for j in range(count):  # multi-process padding: run, discard
+                        if mu > 1 and t.objective.uses_ratio:
+                            self._loglik(t, self.policy_eval, pad_ro, pad_seed(ti, k, j), pad_need)
+                            n_pad += 1
+                        if t.objective.needs_reference:
+                            self._ref_loglik(t, pad_ro, pad_seed(ti, k, j), pad_need)
+                            n_pad += 1
         rl_train_mode(self.policy.model, dropout=self.tc.dropout)
         sums: dict[str, float] = {}
-        flat = [(ti, t, normalizer, mb, sl) for ti, t, normalizer, work in plans for mb, sl, _ in work]
+        flat = []  # θ pass: (term index, term, normaliser, micro-batch, slice); slice None = dummy forward j = mb
+        for ti, t, normalizer, work in plans:
+            flat += [(ti, t, normalizer, mb, sl) for mb, sl, _ in work]
+            flat += [(ti, t, normalizer, j, None) for j in range(pads.get(ti, (0,))[0])]
         for k in range(mu):
             if k == 0 and self._any_rank(self._skip_reason is not None):  # θ_old / reference (on_nonfinite: skip)
                 self._skip_update(k, mu)
@@ -341,6 +426,11 @@ class RLTrainer:
                 sync = w == len(flat) - 1
                 ctx = self.acc.no_sync(self.policy.model) if not sync else contextlib.nullcontext()
                 with ctx:
+                    if sl is None:  # dummy forward: every parameter takes part, zero gradient, no metrics
+                        logp = self._loglik(t, self.policy, pads[ti][1], pad_seed(ti, k, mb), pads[ti][2])
+                        self.acc.backward(0.0 * (torch.view_as_real(logp) if logp.is_complex() else logp).sum())
+                        n_pad += 1
+                        continue
                     where = f" (term {t.name}, micro-batch {mb}, inner iteration {k})"
                     logp = self._loglik(t, self.policy, sub, seed(ti, k, mb), need)
                     self._check("log-probs (θ)", logp, where)
@@ -367,7 +457,24 @@ class RLTrainer:
             self.optimizer.step()
             self.scheduler.step()
         self.policy.model.eval()
+        if self.acc.num_processes > 1:
+            sums["pad_forwards"] = float(n_pad)
         return self._mean_over_processes(sums)
+
+    def _padding(self, terms: list[LossTerm], plans: list) -> dict[int, tuple[int, Rollout, torch.Tensor]]:
+        """The dummy forwards of this process per term (see :meth:`optimize`): ``{term index: (count,
+        1-row rollout, need [1, L])}`` for the terms that need some; ``{}`` on one process. One
+        all-gather of each process's micro-batch count and largest micro-batch (forward rows) per term."""
+        world = self.acc.num_processes
+        if world == 1:
+            return {}
+        local = torch.tensor([[len(work), max((r for *_, r in work), default=0)] for *_, work in plans],
+                             dtype=torch.long, device=self.device)  # [K, 2]
+        every = self.acc.gather(local[None]).view(world, len(plans), 2).cpu()  # [P, K, 2]
+        counts = pad_counts(every[..., 0])[self.acc.process_index].tolist()  # [K]
+        budget = every[..., 1].max(0).values.tolist()  # [K] largest real micro-batch of the term, any process
+        return {ti: (n, *padding_row(t, terms[0].rollout, b))
+                for (ti, t, _, _), n, b in zip(plans, counts, budget) if n > 0}
 
     def _skip_update(self, k: int, mu: int) -> None:
         """Drop this step's update from inner iteration ``k`` on (``on_nonfinite: skip``); the schedule

@@ -28,7 +28,8 @@ the filled positions up to the branch's first stop token (token-local), with dif
 clipped ratio and β = 0, averaged over each branch's tokens and then over all branches of all kept
 states (``seq_mean``; every kept state has Z branches, so this is the mean over states of the mean
 over its branches -- the paper sums over states; we average). With α_step > 0 the term is always
-present, with 0 rows where no state was kept, so every process has the same list of terms.
+present, with 0 rows where no state was kept, so every process has the same list of terms (and the
+trainer pads the term's forwards so that every process runs as many: ``RLTrainer.optimize``).
 ``L = α_base·L_base + α_step·L_step``:
 α_base scales the base term (``CreditBatch.base_weight``), α_step is the term's weight.
 """
