@@ -74,10 +74,18 @@ train: {{steps: 1, prompts_per_step: 4, group_size: 3, inner_iterations: 2, lr: 
         finally:
             counting[0] = False
 
-    tr.loss_terms, tr.optimize = recording_loss_terms, counting_optimize
+    local = {}  # this rank's own credit metrics (before the trainer averages them over ranks)
+    collect = tr.collect
+
+    def recording_collect(*args, **kwargs):
+        b = collect(*args, **kwargs)
+        local.update(b.metrics)
+        return b
+
+    tr.loss_terms, tr.optimize, tr.collect = recording_loss_terms, counting_optimize, recording_collect
     m = tr.step()
     return {"metrics": m, "weights": [p.detach().clone() for p in a.model.parameters()], "forwards": forwards,
-            "term_rows": term_rows}
+            "term_rows": term_rows, "credit_local": local}
 
 
 def main(out: Path) -> None:

@@ -389,6 +389,12 @@ def test_two_processes_with_unequal_kept_states(tmp_path):
     assert not all(torch.equal(p, q) for p, q in
                    zip(r0["pad"]["weights"], build_tiny(hidden_size=32, num_layers=2, num_heads=2,
                                                         intermediate_size=64, seed=0).model.parameters()))
+    # credit metrics are averaged over the ranks as well (rank 1 kept no state, rank 0 some)
+    l0, l1 = r0["pad"]["credit_local"], r1["pad"]["credit_local"]
+    assert l0["dispo/kept_frac"] > 0 == l1["dispo/kept_frac"]
+    for k in l0:
+        assert r0["pad"]["metrics"][f"credit/{k}"] == r1["pad"]["metrics"][f"credit/{k}"] == \
+            pytest.approx((l0[k] + l1[k]) / 2), k
     loss_keys = [k for k in r0["pad"]["metrics"] if k.split("/")[0] in ("base", "step") or k == "grad_norm"]
     assert "step/policy_loss" in loss_keys and "base/kl" in loss_keys
     for k in loss_keys:

@@ -528,7 +528,8 @@ class RLTrainer:
         if self._any_rank(self._skip_reason is not None):
             self.nonfinite_skips += 1
             log.warning("step skipped (train.on_nonfinite: skip): %s", self._skip_reason or "on another process")
-        metrics.update({f"credit/{k}": v for k, v in batch.metrics.items()})
+        # credit modules report per-process values: averaged over processes like the loss metrics
+        metrics.update(self._mean_over_processes({f"credit/{k}": v for k, v in batch.metrics.items()}))
         metrics.update(mismatch)
         rewards = self.acc.gather(batch.rewards)
         self.step_count += 1

@@ -1,0 +1,47 @@
+"""The ablation benchmarks' shared arithmetic (benchmarks/ablation_runs.py, dispo_ablation.py,
+dtca_ablation.py): intervals, pooling of per-step counts, result files."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from ablation_runs import load_results, save_results, summary_rows, t_interval  # noqa: E402
+
+
+def test_t_interval_by_hand():
+    m, lo, hi = t_interval([1.0, 2.0, 3.0])  # sd 1, t_{0.975, 2} = 4.303
+    assert m == 2.0 and hi - m == pytest.approx(4.303 / math.sqrt(3)) and m - lo == pytest.approx(hi - m)
+    assert t_interval([0.5]) == (0.5, 0.5, 0.5)
+
+
+def test_summary_and_resumable_file(tmp_path):
+    runs = {f"t/c/seed{s}/steps5": {"task": "t", "cell": "c", "seed": s, "steps": 5,
+                                    "val": {"accuracy": a, "mean_reward": a}} for s, a in enumerate([0.2, 0.4])}
+    out = tmp_path / "r.json"
+    save_results(out, {"runs": runs})
+    assert load_results(out)["runs"] == runs and load_results(tmp_path / "none.json") == {"runs": {}}
+    (row,) = summary_rows(load_results(out))
+    assert row["seeds"] == [0, 1] and row["val"]["accuracy_mean"] == pytest.approx(0.3)
+    assert row["val"]["accuracy_ci95"][1] == pytest.approx(0.3 + 12.706 * math.sqrt(0.02) / math.sqrt(2))
+
+
+def test_dispo_bins_pool_counts_not_ratios():
+    from dispo_ablation import bin_counts
+
+    steps = [{"credit/dispo/states_late": 10.0, "credit/dispo/kept_late": 1.0},
+             {"credit/dispo/states_late": 2.0, "credit/dispo/kept_late": 2.0, "credit/dispo/states_mid": 1.0}]
+    b = bin_counts(steps, "credit/dispo/")
+    assert b["late"] == {"states": 12.0, "kept": 3.0, "frac": 0.25}  # not the mean of 0.1 and 1.0
+    assert b["mid"]["frac"] == 0.0 and b["early"]["frac"] is None
+
+
+def test_dtca_long_generation_overrides():
+    from dtca_ablation import length_overrides
+
+    assert sorted(length_overrides(64)) == sorted(f"{s}.{k}=64" for s in ("rollout", "eval")
+                                                  for k in ("gen_length", "block_length", "steps"))
