@@ -115,9 +115,15 @@ def test_estimate_pos_weights_cli_writes_the_table(tmp_path):
     assert res["samples"] == 3 and res["steps"] == 4 and res["model"] == str(tmp_path / "m")
     assert "sudoku4x4" in res["corpus"] and sum(res["count"].values()) == res["tokens"]
     w = res["w_c"]
-    assert set(w) == set(res["m_c"]) and all(0.8 - 1e-9 <= v <= 1.2 + 1e-9 for v in w.values())
+    assert all(0.8 - 1e-9 <= v <= 1.2 + 1e-9 for v in w.values())
+    # every spaCy class has a weight: the sampled ones from ΔP, the others the neutral 1.0
+    from maskrl.pos import POS_CLASSES
+
+    assert set(w) == set(POS_CLASSES) and set(res["unseen"]) == set(POS_CLASSES) - set(res["m_c"])
+    assert all(w[c] == 1.0 for c in res["unseen"]) and res["unseen"]
+    seen = [w[c] for c in res["m_c"]]
     if len(set(res["m_c"].values())) > 1:
-        assert min(w.values()) == pytest.approx(0.8) and max(w.values()) == pytest.approx(1.2)
+        assert min(seen) == pytest.approx(0.8) and max(seen) == pytest.approx(1.2)
     from maskrl.credit.dtca import load_pos_weights
 
     assert load_pos_weights(out) == pytest.approx(w)  # DTCA reads the file as written

@@ -108,6 +108,13 @@ def denoising_contributions(adapter: Any, rollout: Rollout, max_rows: int = 64,
     return dp
 
 
+#: spaCy's coarse classes: the 17 Universal POS tags and ``SPACE`` (SPEC §3.1)
+POS_CLASSES = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
+               "SCONJ", "SYM", "VERB", "X", "SPACE")
+#: w_c of a class the offline sample never saw (the middle of SPEC §3.1's [0.8, 1.2])
+UNSEEN_WEIGHT = 1.0
+
+
 def class_means(dp: torch.Tensor, classes: Sequence[Sequence[str]], valid: torch.Tensor) -> tuple[dict, dict]:
     """Per-class mean ΔP (``m_c``) and token counts over the valid positions.
 
@@ -238,7 +245,9 @@ def estimate_pos_weights(adapter: Any, prompts: Sequence[str], gen_length: int =
 
     Returns:
         ``{"samples", "tokens", "gen_length", "steps", "m_c": {class: mean ΔP}, "count": {class: n},
-        "w_c": {class: weight}, "seconds"}``.
+        "w_c": {class: weight}, "unseen", "seconds"}``. With the default tagger ``w_c`` covers all of
+        :data:`POS_CLASSES`: a class no sampled token had gets :data:`UNSEEN_WEIGHT` (the middle of
+        [0.8, 1.2]) and is listed in ``unseen``; a custom tagger's table has its seen classes only.
 
     Raises:
         ValueError: no prompts, or an odd ``gen_length``.
@@ -276,9 +285,14 @@ def estimate_pos_weights(adapter: Any, prompts: Sequence[str], gen_length: int =
         tokens += int(ro.completion_mask.sum())
     bar.close()
     m_c = {c: sums[c] / counts[c] for c in sorted(sums)}
+    w_c = weights_from_means(m_c)
+    # spaCy's classes that no sampled token had still occur in training rollouts (another sampler, a
+    # policy that moved): they get the neutral middle weight instead of failing mid-training
+    unseen = [c for c in (POS_CLASSES if tagger is None else ()) if c not in w_c]
+    w_c.update({c: UNSEEN_WEIGHT for c in unseen})
     return {"samples": len(prompts), "tokens": tokens, "gen_length": gen_length, "steps": gen_length // 2,
             "temperature": temperature, "m_c": m_c, "count": {c: counts[c] for c in sorted(counts)},
-            "w_c": weights_from_means(m_c), "seconds": time.time() - t0}
+            "w_c": dict(sorted(w_c.items())), "unseen": unseen, "seconds": time.time() - t0}
 
 
 def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length: int | None = None,
