@@ -54,7 +54,7 @@ def test_timing_hand_values():
                          ids=["fixed", "threshold", "fixed-prefix-cache", "threshold-dual-cache"])
 def test_main_rollout_is_bit_identical_with_branching(tiny, cfg):
     plain = _gen(tiny, cfg)
-    obs = DiSPO(z=3, timing="uniform").observers(cfg)
+    obs = DiSPO(z=3, timing="uniform").observers(cfg, torch.Generator().manual_seed(0))
     branched = _gen(tiny, cfg, obs)
     for name in ("completion_ids", "commit_step", "commit_prob", "num_steps", "completion_mask"):
         assert torch.equal(getattr(plain, name), getattr(branched, name)), name
@@ -69,7 +69,7 @@ def test_main_rollout_is_bit_identical_with_branching(tiny, cfg):
 
 
 def test_fixed_schedule_branches_at_the_drawn_step(tiny):
-    obs = DiSPO(timing="late", seed=5).observers(FIXED)[0]
+    obs = DiSPO(timing="late").observers(FIXED, torch.Generator().manual_seed(5))[0]
     ro = _gen(tiny, FIXED, [obs])
     assert torch.equal(ro.step_stats["dispo_step"], obs.target)
     assert (obs.target > 0).all()  # late: t = 0 has weight 0
@@ -162,7 +162,7 @@ def _batch(ro):
 
 def test_step_term_is_token_local_skips_equal_states_and_uses_mean_baselines(tiny):
     mod = DiSPO(z=3, timing="uniform", alpha_base=0.7, alpha_step=0.25, p_mask_prompt=0.0)
-    ro = _gen(tiny, FIXED, mod.observers(FIXED))
+    ro = _gen(tiny, FIXED, mod.observers(FIXED, torch.Generator().manual_seed(0)))
     n, L = ro.completion_ids.shape
 
     def rewards_fn(rows, completions):  # state of row 0: all equal; others: a token-sum reward
@@ -230,7 +230,7 @@ def test_time_bins_edges():
 
 def test_empty_term_when_every_state_is_skipped_and_none_when_alpha_step_zero(tiny):
     mod = DiSPO(z=2)
-    ro = _gen(tiny, FIXED, mod.observers(FIXED))
+    ro = _gen(tiny, FIXED, mod.observers(FIXED, torch.Generator().manual_seed(0)))
     ctx, calls = _ctx(tiny, lambda rows, c: torch.zeros(len(rows)), ro.batch_size)
     out = mod(_batch(ro), ctx)
     # a 0-row term (same term list on every process; no forward)
@@ -305,6 +305,31 @@ train: {{steps: 1, prompts_per_step: 2, group_size: 3, inner_iterations: 2, lr: 
     assert all(math.isfinite(v) for v in m.values() if isinstance(v, float))
 
 
+def test_branching_draws_follow_the_run_seed_and_step(tmp_path):
+    """The observers' generator comes from the trainer: (train.seed, step) decide the branching
+    steps, so seeds differ, a repeated seed repeats, and steps differ within a run."""
+    def draws(seed: int, steps: int = 2) -> list[list[int]]:
+        y = tmp_path / f"s{seed}.yaml"
+        y.write_text(f"""
+output_dir: {tmp_path / f'out{seed}'}
+rollout: {{gen_length: 16, block_length: 16, steps: 16, temperature: 1.0}}
+objective: {{name: diffu_grpo}}
+credit: [{{name: dispo, timing: uniform}}]
+train: {{steps: {steps}, prompts_per_step: 4, group_size: 4, inner_iterations: 1, lr: 1.0e-3, seed: {seed}}}
+""")
+        a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+        tr = RLTrainer(load_config([y]), a, OddChars(), [Example(id=i, prompt=f"say {i}") for i in range(8)])
+        out = []
+        for _ in range(steps):
+            out.append(tr.collect().rollout.step_stats["dispo_step"].tolist())
+            tr.step_count += 1
+        return out
+
+    a0, b0 = draws(0), draws(0)
+    a1 = draws(1)
+    assert a0 == b0 and a0[0] != a1[0] and a0[0] != a0[1]
+
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
@@ -328,7 +353,7 @@ def test_shipped_dispo_recipes(task, base):
 
 def test_skip_equal_false_keeps_every_state_with_zero_advantage(tiny):
     mod = DiSPO(z=2, skip_equal=False)
-    ro = _gen(tiny, FIXED, mod.observers(FIXED))
+    ro = _gen(tiny, FIXED, mod.observers(FIXED, torch.Generator().manual_seed(0)))
     ctx, _ = _ctx(tiny, lambda rows, c: torch.zeros(len(rows)), ro.batch_size)
     (term,) = mod(_batch(ro), ctx).terms
     assert term.rollout.batch_size == 2 * ro.batch_size and (term.advantages == 0).all()

@@ -108,7 +108,7 @@ def _run(tiny, sampler, module, prompts=6):
     ids, mask = encode_prompts(tiny.tokenizer, texts)
     keep = KeepAll()
     ro = generate(tiny, ids, mask, sampler, generator=torch.Generator().manual_seed(0),
-                  observers=[keep, *module.observers(sampler)])
+                  observers=[keep, *module.observers(sampler, torch.Generator())])
     n = ro.batch_size
     adv = torch.linspace(-1, 1, n)[:, None] * ro.completion_mask.float()
     batch = CreditBatch(rollout=ro, rewards=torch.zeros(n), advantages=adv, loss_mask=ro.completion_mask.clone())

@@ -255,7 +255,7 @@ class RLTrainer:
         ids, mask = encode_prompts(self.policy.tokenizer, [self.prompt_fn(ex.prompt) for ex in rows])
         self.policy_eval.model.eval()
         guard = NonFiniteLogits(self.policy.mask_id)
-        observers = [guard] + [o for _, c in self.credits for o in c.observers(self.sampler)]
+        observers = [guard] + [o for i, (_, c) in enumerate(self.credits) for o in c.observers(self.sampler, self._observer_generator(i))]
         rollout = generate(self.policy_eval, ids, mask, self.sampler, generator=self.rollout_gen, group_ids=group_ids,
                            all_done=self.all_done, observers=observers)
         if guard.step is not None:
@@ -300,6 +300,11 @@ class RLTrainer:
             return flag
         t = torch.tensor([1.0 if flag else 0.0], device=self.device)
         return self.acc.reduce(t, reduction="sum").item() > 0
+
+    def _observer_generator(self, index: int) -> torch.Generator:
+        """CPU generator of credit module ``index``'s observers for this step's rollout: seeded from
+        (``train.seed``, index, step, process), apart from the sampler's and the context's."""
+        return torch.Generator().manual_seed(mask_seed(self.tc.seed + 1 + index, self.step_count, 1, self.acc.process_index))
 
     def _credit_context(self, rows: list[Example], rewards: torch.Tensor, group_ids: torch.Tensor, adv: torch.Tensor,
                         index: int) -> CreditContext:

@@ -81,7 +81,7 @@ class ToyCredit(CreditModule):
     scale: float = 1.0
     extra_weight: float = 0.0
 
-    def observers(self, sampler):
+    def observers(self, sampler, generator):
         return [CountSteps()]
 
     def __call__(self, batch, ctx):

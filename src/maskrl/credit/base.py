@@ -95,9 +95,14 @@ class CreditModule:
 
     needs_reference: ClassVar[bool] = False
 
-    def observers(self, sampler: Any) -> Sequence[Any]:
+    def observers(self, sampler: Any, generator: torch.Generator) -> Sequence[Any]:
         """Sampler observers (:class:`maskrl.sampling.StepObserver`) this module needs for the
-        sampler config ``sampler``; their results are in ``rollout.step_stats``. Default: none."""
+        sampler config ``sampler``; their results are in ``rollout.step_stats``. Default: none.
+
+        ``generator`` (CPU) is this module's for this rollout: the trainer seeds it from
+        (``train.seed``, the module's index, the step, the process), so runs with different seeds
+        draw differently and a resumed run draws as the uninterrupted one; observers must not use
+        the sampler's generator (the main rollout stays bit-identical with them on or off)."""
         return ()
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:  # pragma: no cover - protocol

@@ -36,7 +36,6 @@ trainer pads the term's forwards so that every process runs as many: ``RLTrainer
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +47,6 @@ from maskrl.objectives.diffu_grpo import DiffuGRPO
 from maskrl.types import LossTerm
 
 TIMINGS = ("late", "uniform", "early")
-_CALLS: dict[int, itertools.count] = {}  # rollouts drawn per module instance (observer seeds)
 
 
 def timing_weights(num_steps: int, timing: str = "late", power: float = 4.0) -> torch.Tensor:
@@ -224,7 +222,6 @@ class DiSPO(CreditModule):
             term and scores nothing.
         clip_eps: ε of the step term's per-token clipped ratio (default 0.5, diffu-GRPO's).
         p_mask_prompt: prompt masking of the step term's state likelihood (default 0.15).
-        seed: seed of the observers' generators (the k-th rollout of this module uses (seed, k)).
         skip_equal: skip states whose Z rewards are all equal (default True, SPEC §4). False keeps
             them (advantages 0, no gradient, full cost): the cost's worst case, for benchmarks.
 
@@ -245,7 +242,6 @@ class DiSPO(CreditModule):
     alpha_step: float = 0.5
     clip_eps: float = 0.5
     p_mask_prompt: float = 0.15
-    seed: int = 0
     skip_equal: bool = True
 
     def __post_init__(self) -> None:
@@ -262,10 +258,11 @@ class DiSPO(CreditModule):
         if not 0.0 <= self.p_mask_prompt <= 1.0:
             raise ValueError(f"p_mask_prompt (={self.p_mask_prompt}) must lie in [0, 1]")
 
-    def observers(self, sampler: Any) -> list[BranchObserver]:
-        """One fresh :class:`BranchObserver` per rollout, seeded from (``seed``, rollout count)."""
-        k = next(_CALLS.setdefault(id(self), itertools.count()))
-        gen = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + k)
+    def observers(self, sampler: Any, generator: torch.Generator) -> list[BranchObserver]:
+        """One fresh :class:`BranchObserver` per rollout; it draws the branching steps and the
+        fillings from ``generator`` (the trainer's, per run seed, step and process), never from the
+        sampler's."""
+        gen = generator
         tau = self.temperature if self.temperature >= 0 else float(getattr(sampler, "temperature", 1.0))
         steps = None if getattr(sampler, "schedule", "fixed") == "threshold" else int(sampler.steps)
         return [BranchObserver(self.z, tau, self.timing, self.power, steps, gen)]

@@ -239,8 +239,8 @@ class DPS(CreditModule):
         if not self.clip > 0:
             raise ValueError(f"clip (={self.clip}) must be > 0")
 
-    def observers(self, sampler: Any) -> list[DPSObserver]:
-        """One fresh :class:`DPSObserver` per rollout."""
+    def observers(self, sampler: Any, generator: torch.Generator) -> list[DPSObserver]:
+        """One fresh :class:`DPSObserver` per rollout (``generator`` unused: DPS draws nothing)."""
         return [DPSObserver(self.dps_scope, self.dps_target, self.top_k)]
 
     def mode(self, sampler: Any) -> str:
