@@ -31,8 +31,7 @@ from pathlib import Path
 import torch
 
 from ablation_runs import ROOT, TaskSetup, load_results, plot_curves, run_cell, save_results, summary_rows
-
-BINS = ("early", "mid", "late")
+from maskrl.credit.dispo import BINS
 
 
 def bin_counts(metric_rows: list[dict], prefix: str) -> dict:

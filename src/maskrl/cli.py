@@ -265,7 +265,8 @@ def cmd_estimate_pos_weights(args) -> int:
     from maskrl.pos import run_estimate
 
     res = run_estimate(args.model, args.task, args.samples, args.out, gen_length=args.gen_length,
-                       prompt_template=args.prompt_template, max_rows=args.max_rows, seed=args.seed, device=args.device, progress=not args.no_progress)
+                       prompt_template=args.prompt_template, max_rows=args.max_rows, seed=args.seed,
+                       device=args.device, progress=not args.no_progress)
     print(f"wrote {args.out}: {len(res['w_c'])} classes from {res['samples']} samples in {res['seconds']:.1f} s")
     return 0
 

@@ -40,7 +40,10 @@ def tiny_tokenizer(name: str):
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast.from_pretrained(name)
-    raise ValueError(f"model.tiny.tokenizer: {name!r} is neither 'char', 'wordmath_bpe' nor a folder with a tokenizer.json")
+    from maskrl.config import TINY_TOKENIZERS
+
+    raise ValueError(f"model.tiny.tokenizer: {name!r} is neither one of {', '.join(TINY_TOKENIZERS)} nor a folder "
+                     f"with a tokenizer.json")
 
 
 def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
