@@ -238,8 +238,10 @@ def test_dtca_config_and_errors(tmp_path):
         load_config([], ["credit=[{name: dtca, selection: all}]"])
     with pytest.raises(ValueError, match="tagger"):
         DTCA(pos_weights=str(tmp_path / "w.json"))
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ValueError, match="pos_weights file .*missing.json.* does not exist .*working directory"):
         DTCA(pos_weights=str(tmp_path / "missing.json"), tagger="x:y")
+    with pytest.raises(ConfigError, match=r"credit\[0\]\.pos_weights: .*nowhere.json' does not exist"):  # the config names the field
+        load_config([], ['credit=[{name: dtca, pos_weights: nowhere.json, tagger: "x:y"}]'])
 
 
 class OddChars(Task):

@@ -272,6 +272,9 @@ class DTCA(CreditModule):
         if self.pos_weights is not None and self.tagger is None:
             raise ValueError("tagger is required with pos_weights (the POS class of each completion position)")
         if self.pos_weights is not None:
+            if not Path(self.pos_weights).is_file():
+                raise ValueError(f"pos_weights file {self.pos_weights!r} does not exist (a relative path is read from the working "
+                                 f"directory, {Path.cwd()}); write one with `maskrl estimate-pos-weights`")
             load_pos_weights(self.pos_weights)  # fail at config time on a bad table
 
     def weights(self, batch: CreditBatch, ctx: CreditContext) -> torch.Tensor:
