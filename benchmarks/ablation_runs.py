@@ -42,8 +42,41 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
-def load_results(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+def load_results(path: Path, must_exist: bool = False) -> dict:
+    """The results file at ``path`` (``{"runs": {...}, ...}``); an empty one when it does not exist
+    (unless ``must_exist``).
+
+    Raises:
+        SystemExit: the file is missing and ``must_exist``, or it is not a results file.
+    """
+    if not path.is_file():
+        if must_exist:
+            raise SystemExit(f"error: no results file {path}")
+        return {"runs": {}}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"error: {path} is not a results file (not JSON: {e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), dict):
+        raise SystemExit(f"error: {path} is not a results file (no 'runs' object)")
+    return data
+
+
+def merge_results(data: dict, parts: str, extra_keys: tuple[str, ...] = ()) -> dict:
+    """Fold the comma-separated result files ``parts`` into ``data`` (runs, and each of
+    ``extra_keys``' mappings). Raises SystemExit for a missing or malformed file."""
+    for part in [p for p in parts.split(",") if p]:
+        other = load_results(Path(part), must_exist=True)
+        data["runs"].update(other["runs"])
+        for k in extra_keys:
+            data.setdefault(k, {}).update(other.get(k, {}))
+    return data
+
+
+def require_runs(data: dict, out: Path) -> None:
+    """A summary of nothing is a mistake (a mistyped --out or --merge path): SystemExit."""
+    if not data["runs"]:
+        raise SystemExit(f"error: no runs in {out} (nor in the --merge files); nothing to summarise")
 
 
 def save_results(path: Path, data: dict) -> None:
@@ -67,8 +100,14 @@ class TaskSetup:
         banned = {self.task.instance_key(e) for e in self.test} | {self.task.instance_key(e) for e in self.train}
         self.val = self.task.generate(val_size, seed=val_seed, exclude=banned, **(gen_kw or {}))
         self.sft_dir = ROOT / "runs" / group / f"{name}_sft" / sft_cache_key(self.cfg)
+        self.name, self.group, self.log = name, group, log
+
+    def ensure_sft(self) -> Path:
+        """Train the SFT checkpoint unless it is cached (only when a run or table needs it); its folder."""
+        name, group, log = self.name, self.group, self.log
         if not (self.sft_dir / "maskrl_sft.json").is_file():
-            log(f"[{group}] SFT {name} ({self.cfg.sft.steps} steps) -> {self.sft_dir}")
+            log(f"[{group}] SFT {name} ({self.cfg.sft.steps} steps, minutes on CPU; --set sft.steps=N for a smoke "
+                f"run) -> {self.sft_dir}")
             policy = load_policy(self.cfg)
             hist = sft_from_config(self.cfg, policy, self.task, self.train, progress=False)
             save_model(policy, self.sft_dir)
@@ -76,6 +115,7 @@ class TaskSetup:
                                                                       "last": hist[-1] if hist else {}}))
         if not (self.sft_dir / PROMPT_CARD).is_file():  # how the model was trained (maskrl eval, estimate-pos-weights)
             save_prompt_card(self.sft_dir, self.task, self.cfg.model.chat_template, self.cfg.eval)
+        return self.sft_dir
 
     def evaluate(self, policy, cfg, rows) -> dict:
         fmt = prompt_formatter(policy, cfg.model.chat_template)
@@ -85,7 +125,7 @@ class TaskSetup:
     def trainer(self, recipe: Path, overrides: list[str]) -> RLTrainer:
         """An RL trainer of ``recipe`` + ``overrides`` on the SFT checkpoint."""
         cfg = load_config([recipe], overrides)
-        policy = load_tiny(self.sft_dir)
+        policy = load_tiny(self.ensure_sft())
         return RLTrainer(cfg, policy, self.task, self.train, prompt_fn=prompt_formatter(policy, cfg.model.chat_template))
 
 
@@ -96,9 +136,20 @@ def run_cell(setup: TaskSetup, data: dict, out: Path, task: str, cell: str, reci
 
     ``curves(history)`` returns per-step series to keep (default: the rollout reward as ``rewards``).
     The run's key is ``<task>/<cell>/seed<seed>/steps<steps>``. Returns the new row, or None when
-    the run was already done."""
+    the run was already done with the same overrides and validation size.
+
+    Raises:
+        SystemExit: the key is in ``data`` with other overrides or another validation size (resuming
+            would mix settings; use another --out or remove the run).
+    """
     key = f"{task}/{cell}/seed{seed}/steps{steps}"
     if key in data["runs"]:
+        old = data["runs"][key]
+        if old.get("overrides") != overrides or old.get("val_size") != len(setup.val):
+            raise SystemExit(f"error: run {key} is already in {out} with other settings (overrides "
+                             f"{old.get('overrides')}, val size {old.get('val_size')}; now {overrides}, "
+                             f"{len(setup.val)}): use another --out, or remove that run to redo it")
+        print(f"[{group}] {key}: already in {out}, skipped", flush=True)
         return None
     over = overrides + [f"train.steps={steps}", f"train.seed={seed}",
                         f"output_dir={ROOT / 'runs' / group / key.replace('/', '_')}",

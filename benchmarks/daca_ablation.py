@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ablation_runs import ROOT, TaskSetup, load_results, plot_curves, run_cell, save_results, summary_rows
+from ablation_runs import ROOT, TaskSetup, load_results, plot_curves, require_runs, run_cell, save_results, summary_rows
 from maskrl.config import load_config
 
 
@@ -75,6 +75,7 @@ def main() -> None:
                              group="daca")
     # accuracy = solved rate; mean_reward = the papers' Sudoku metric (cell accuracy) and Countdown's
     # reward with its 0.1 format credit
+    require_runs(data, out)
     data["summary"] = summary_rows(data)
     save_results(out, data)
     plot_curves(data, out.with_suffix(".png"), {"rewards": "mean rollout reward"})

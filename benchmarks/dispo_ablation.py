@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from ablation_runs import ROOT, TaskSetup, load_results, plot_curves, run_cell, save_results, summary_rows
+from ablation_runs import (ROOT, TaskSetup, load_results, merge_results, plot_curves, require_runs, run_cell,
+                           save_results, summary_rows)
 from maskrl.credit.dispo import BINS
 
 
@@ -74,10 +75,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     data = load_results(out)
-    for part in [p for p in args.merge.split(",") if p]:
-        other = load_results(Path(part))
-        data["runs"].update(other["runs"])
-        data.setdefault("probe", {}).update(other.get("probe", {}))
+    merge_results(data, args.merge, ("probe",))
     seeds = [int(s) for s in args.seeds.split(",") if s != ""]
     cells = [c for c in args.cells.split(",") if c]
     if not args.summary:
@@ -93,6 +91,7 @@ def main() -> None:
                 for seed in seeds:
                     run_cell(setup, data, out, task, cell, ROOT / "configs" / f"dispo_{task}_{cell}.yaml",
                              args.overrides, args.steps, seed, args.test, group="dispo", curves=_curves)
+    require_runs(data, out)
     data["summary"] = summary_rows(data)
     for entry in data["summary"]:
         rows = [r for r in data["runs"].values()

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from ablation_runs import ROOT, TaskSetup, load_results, plot_curves, run_cell, save_results, summary_rows
+from ablation_runs import (ROOT, TaskSetup, load_results, merge_results, plot_curves, require_runs, run_cell,
+                           save_results, summary_rows)
 
 
 def length_overrides(L: int) -> list[str]:
@@ -73,10 +74,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     data = load_results(out)
-    for part in [p for p in args.merge.split(",") if p]:
-        other = load_results(Path(part))
-        data["runs"].update(other["runs"])
-        data.setdefault("pos_tables", {}).update(other.get("pos_tables", {}))
+    merge_results(data, args.merge, ("pos_tables",))
     seeds = [int(s) for s in args.seeds.split(",") if s != ""]
     if not args.summary:
         for task in [t for t in args.tasks.split(",") if t]:
@@ -86,7 +84,7 @@ def main() -> None:
             if args.pos_tables:
                 from maskrl.pos import run_estimate
 
-                res = run_estimate(str(setup.sft_dir), task, args.pos_samples, str(table), device="cpu", progress=False)
+                res = run_estimate(str(setup.ensure_sft()), task, args.pos_samples, str(table), device="cpu", progress=False)
                 res["model"] = f"runs/dtca/{task}_sft/{setup.sft_dir.name} (SFT of configs/dtca_{task}_rldf.yaml)"
                 table.write_text(__import__("json").dumps(res, indent=2) + "\n")
                 data.setdefault("pos_tables", {})[task] = {k: res[k] for k in ("w_c", "m_c", "count", "seconds", "samples")}
@@ -101,13 +99,14 @@ def main() -> None:
                              args.steps, seed, args.test, curves=curves, group="dtca")
             if args.long:
                 over = args.overrides + length_overrides(args.long)
-                long_setup = TaskSetup(task, rldf, over + [f"model.path={setup.sft_dir}", f"sft.steps={args.long_sft_steps}"],
+                long_setup = TaskSetup(task, rldf, over + [f"model.path={setup.ensure_sft()}", f"sft.steps={args.long_sft_steps}"],
                                        "dtca", args.val_size)
                 for cell in [c for c in args.long_cells.split(",") if c]:
                     for seed in seeds:
                         run_cell(long_setup, data, out, task, f"{cell}@L{args.long}",
                                  ROOT / "configs" / f"dtca_{task}_{cell}.yaml", over, args.steps, seed, args.test,
                                  curves=curves, group="dtca")
+    require_runs(data, out)
     data["summary"] = summary_rows(data)
     save_results(out, data)
     plot_curves(data, out.with_suffix(".png"), {"rewards": "mean rollout reward",

@@ -45,3 +45,37 @@ def test_dtca_long_generation_overrides():
 
     assert sorted(length_overrides(64)) == sorted(f"{s}.{k}=64" for s in ("rollout", "eval")
                                                   for k in ("gen_length", "block_length", "steps"))
+
+
+def test_bad_result_files_are_clear_errors(tmp_path):
+    from ablation_runs import merge_results, require_runs
+
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "obj.json").write_text("{}")
+    for name, msg in (("empty.json", "not JSON"), ("obj.json", "no 'runs'")):
+        with pytest.raises(SystemExit, match=msg):
+            load_results(tmp_path / name)
+    with pytest.raises(SystemExit, match="no results file"):
+        merge_results({"runs": {}}, str(tmp_path / "typo.json"))
+    with pytest.raises(SystemExit, match="nothing to summarise"):
+        require_runs({"runs": {}}, tmp_path / "out.json")
+    save_results(tmp_path / "a.json", {"runs": {"k": {"x": 1}}, "probe": {"t": 1}})
+    data = merge_results({"runs": {}}, str(tmp_path / "a.json"), ("probe",))
+    assert data == {"runs": {"k": {"x": 1}}, "probe": {"t": 1}}
+
+
+def test_resume_skips_only_runs_with_the_same_settings(tmp_path):
+    """A finished run is skipped when the overrides and validation size match; with other settings
+    the resume stops with an error instead of silently mixing them (nothing is trained here)."""
+    from types import SimpleNamespace
+
+    from ablation_runs import run_cell
+
+    out = tmp_path / "r.json"
+    data = {"runs": {"t/c/seed0/steps5": {"overrides": ["sft.steps=5"], "val_size": 2}}}
+    setup = SimpleNamespace(val=[1, 2])
+    assert run_cell(setup, data, out, "t", "c", tmp_path / "x.yaml", ["sft.steps=5"], 5, 0, False) is None
+    with pytest.raises(SystemExit, match="other settings"):
+        run_cell(setup, data, out, "t", "c", tmp_path / "x.yaml", ["sft.steps=6"], 5, 0, False)
+    with pytest.raises(SystemExit, match="other settings"):
+        run_cell(SimpleNamespace(val=[1]), data, out, "t", "c", tmp_path / "x.yaml", ["sft.steps=5"], 5, 0, False)

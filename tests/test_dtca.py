@@ -242,6 +242,12 @@ def test_dtca_config_and_errors(tmp_path):
         DTCA(pos_weights=str(tmp_path / "missing.json"), tagger="x:y")
     with pytest.raises(ConfigError, match=r"credit\[0\]\.pos_weights: .*nowhere.json' does not exist"):  # the config names the field
         load_config([], ['credit=[{name: dtca, pos_weights: nowhere.json, tagger: "x:y"}]'])
+    (tmp_path / "empty.json").write_text("")
+    with pytest.raises(ValueError, match="empty.json: not a JSON weight table"):
+        load_pos_weights(tmp_path / "empty.json")
+    (tmp_path / "w.json").write_text('{"w_c": {"NOUN": 1.0}}')
+    with pytest.raises(ConfigError, match="tagger .*'nope' is not a callable"):  # before any model is loaded
+        load_config([], [f'credit=[{{name: dtca, pos_weights: {tmp_path / "w.json"}, tagger: "maskrl.pos:nope"}}]'])
 
 
 class OddChars(Task):

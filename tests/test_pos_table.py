@@ -154,3 +154,6 @@ def test_estimate_reads_the_prompt_card(tmp_path):
     res = run_estimate(str(tmp_path / "m"), "sudoku4x4", 2, str(tmp_path / "w.json"), gen_length=4, device="cpu",
                        progress=False, tagger=tagger, prompt_template="{puzzle}")
     assert res["gen_length"] == 4 and res["prompt_template"] == "{puzzle}"
+    with pytest.raises(ValueError, match="prompt card is for task 'sudoku4x4'.*--prompt-template"):
+        run_estimate(str(tmp_path / "m"), "countdown", 2, str(tmp_path / "w.json"), device="cpu", progress=False,
+                     tagger=tagger)

@@ -306,7 +306,8 @@ def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length:
     per class).
 
     Raises:
-        ValueError: ``samples < 1``.
+        ValueError: ``samples < 1``, or the model's prompt card is for another task and no
+            ``prompt_template`` is given.
     """
     import json
     from pathlib import Path
@@ -319,6 +320,9 @@ def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length:
         raise ValueError(f"--samples (={samples}) must be >= 1")
     card = read_prompt_card(model)
     cfg = load_config([], [f"task.name={task_name}", f"task.train_size={samples}"])
+    if card and prompt_template is None and card["task"] != task_name:
+        raise ValueError(f"--task {task_name}: the model's prompt card is for task {card['task']!r} (template "
+                         f"{card['prompt_template']!r}); pass --prompt-template to format {task_name} prompts for it")
     template = prompt_template if prompt_template is not None else (card["prompt_template"] if card else "")
     cfg.task.prompt_template = template or ""
     if gen_length is None:

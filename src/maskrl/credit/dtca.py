@@ -164,7 +164,10 @@ def load_pos_weights(path: str | Path) -> dict[str, float]:
         FileNotFoundError: no such file. ValueError: no classes, or a weight that is not a finite
             number > 0 (names the class).
     """
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a JSON weight table ({e})") from None
     table = data.get("w_c", data.get("weights", data)) if isinstance(data, dict) else None
     if not isinstance(table, dict) or not table:
         raise ValueError(f"{path}: expected a JSON object of POS class -> weight (or under 'w_c'), got none")
@@ -276,6 +279,8 @@ class DTCA(CreditModule):
                 raise ValueError(f"pos_weights file {self.pos_weights!r} does not exist (a relative path is read from the working "
                                  f"directory, {Path.cwd()}); write one with `maskrl estimate-pos-weights`")
             load_pos_weights(self.pos_weights)  # fail at config time on a bad table
+        if self.tagger is not None:
+            resolve_tagger(self.tagger)  # and on a tagger that cannot be imported
 
     def weights(self, batch: CreditBatch, ctx: CreditContext) -> torch.Tensor:
         """``[N, L]`` float32 ``w_{c_i}`` of the batch's positions (all 1 without a table)."""
