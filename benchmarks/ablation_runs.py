@@ -10,6 +10,7 @@ JSON at once, so an interrupted ablation resumes where it stopped.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -84,6 +85,30 @@ def save_results(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)  # an interrupted write never leaves half a file
+
+
+def ablation_parser(doc: str, tasks: str, out_name: str, merge: bool = True) -> argparse.ArgumentParser:
+    """The options every ablation script takes (each adds its cells and ``--steps``)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default=tasks)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--val-size", type=int, default=300)
+    ap.add_argument("--test", action="store_true", help="also score the test file (final table only)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / out_name))
+    if merge:
+        ap.add_argument("--merge", default="", help="comma-separated result files to merge into --out (with --summary)")
+    ap.add_argument("--summary", action="store_true", help="only (re)write the summary and the PNG")
+    return ap
+
+
+def start(args: argparse.Namespace, extra_keys: tuple[str, ...] = ()) -> tuple[Path, dict, list[int], list[str]]:
+    """Set the thread count; ``(out path, results with --merge folded in, seeds, tasks)``."""
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    data = merge_results(load_results(out), getattr(args, "merge", ""), extra_keys)
+    return out, data, [int(s) for s in args.seeds.split(",") if s != ""], [t for t in args.tasks.split(",") if t]
 
 
 class TaskSetup:

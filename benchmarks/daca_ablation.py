@@ -19,12 +19,9 @@ seeds and a PNG of mean rollout-reward curves next to the JSON.
 """
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 
-import torch
-
-from ablation_runs import ROOT, TaskSetup, load_results, plot_curves, require_runs, run_cell, save_results, summary_rows
+from ablation_runs import (ROOT, TaskSetup, ablation_parser, plot_curves, require_runs, run_cell, save_results, start,
+                           summary_rows)
 from maskrl.config import load_config
 
 
@@ -40,32 +37,21 @@ def cell_config(task: str, cell: str, overrides: list[str]):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", default="sudoku,countdown")
+    ap = ablation_parser(__doc__, "sudoku,countdown", "daca_ablation.json", merge=False)
     ap.add_argument("--bases", default="diffu_grpo,wd1")
     ap.add_argument("--variants", default="base,dps,sml,both")
     ap.add_argument("--extra", default="state,ltr", help="reference rows ('' for none)")
-    ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, required=True, help="RL steps per run (equal for every cell)")
     ap.add_argument("--sft-steps", type=int, default=0, help="override the recipes' SFT steps (0 = keep)")
-    ap.add_argument("--val-size", type=int, default=300)
-    ap.add_argument("--test", action="store_true", help="also score the test file (final table only)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "daca_ablation.json"))
-    ap.add_argument("--summary", action="store_true", help="only (re)write the summary and the PNG")
     args = ap.parse_args()
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    data = load_results(out)
-    seeds = [int(s) for s in args.seeds.split(",") if s != ""]
+    out, data, seeds, tasks = start(args)
     cells = [f"{b}_{v}" for b in args.bases.split(",") if b for v in args.variants.split(",") if v]
     cells += [c for c in args.extra.split(",") if c]
     common = list(args.overrides) + (["sft.steps=%d" % args.sft_steps] if args.sft_steps else [])
     if not args.summary:
-        for task in [t for t in args.tasks.split(",") if t]:
+        for task in tasks:
             setup = TaskSetup(task, ROOT / "configs" / f"daca_{task}_diffu_grpo_base.yaml", common, "daca", args.val_size,
                               gen_kw={"blanks": (8, 8)} if task == "sudoku" else None)
             for cell in cells:

@@ -25,13 +25,10 @@ same step budget.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-import torch
-
-from ablation_runs import (ROOT, TaskSetup, load_results, merge_results, plot_curves, require_runs, run_cell,
-                           save_results, summary_rows)
+from ablation_runs import (ROOT, TaskSetup, ablation_parser, plot_curves, require_runs, run_cell, save_results, start,
+                           summary_rows)
 from maskrl.credit.dispo import BINS
 
 
@@ -56,30 +53,17 @@ def probe(setup: TaskSetup, recipe: Path, common: list[str], batches: int, seed:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", default="sudoku,countdown")
+    ap = ablation_parser(__doc__, "sudoku,countdown", "dispo_ablation.json")
     ap.add_argument("--cells", default="diffu_grpo_base,diffu_grpo_dispo,spg_base,spg_dispo")
-    ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=0, help="RL steps per run (equal for every cell)")
-    ap.add_argument("--val-size", type=int, default=300)
     ap.add_argument("--probe-batches", type=int, default=4, help="rollout batches of the SFT-model probe (0 = none)")
-    ap.add_argument("--test", action="store_true", help="also score the test file (final table only)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "dispo_ablation.json"))
-    ap.add_argument("--merge", default="", help="comma-separated result files to merge into --out (with --summary)")
-    ap.add_argument("--summary", action="store_true", help="only (re)write the summary and the PNG")
     args = ap.parse_args()
     if not args.summary and args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    data = load_results(out)
-    merge_results(data, args.merge, ("probe",))
-    seeds = [int(s) for s in args.seeds.split(",") if s != ""]
+    out, data, seeds, tasks = start(args, ("probe",))
     cells = [c for c in args.cells.split(",") if c]
     if not args.summary:
-        for task in [t for t in args.tasks.split(",") if t]:
+        for task in tasks:
             base = ROOT / "configs" / f"dispo_{task}_diffu_grpo_base.yaml"
             setup = TaskSetup(task, base, args.overrides, "daca", args.val_size,
                               gen_kw={"blanks": (8, 8)} if task == "sudoku" else None)

@@ -30,13 +30,10 @@ Resumable: each finished run is written to ``--out`` at once.
 """
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
+import json
 
-import torch
-
-from ablation_runs import (ROOT, TaskSetup, load_results, merge_results, plot_curves, require_runs, run_cell,
-                           save_results, summary_rows)
+from ablation_runs import (ROOT, TaskSetup, ablation_parser, plot_curves, require_runs, run_cell, save_results, start,
+                           summary_rows)
 
 
 def length_overrides(L: int) -> list[str]:
@@ -51,33 +48,20 @@ def curves(hist: list[dict]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", default="wordmath,countdown")
+    ap = ablation_parser(__doc__, "wordmath,countdown", "dtca_ablation.json")
     ap.add_argument("--cells", default="rldf,dtca,dtca_nocal,dtca_nopos")
-    ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=0, help="RL steps per run (equal for every cell)")
     ap.add_argument("--long", type=int, default=0, help="also run the cells at this completion length (0 = no)")
     ap.add_argument("--long-sft-steps", type=int, default=300, help="SFT steps at the long length")
     ap.add_argument("--long-cells", default="rldf,dtca,dtca_nocal", help="cells of the long-generation rows")
-    ap.add_argument("--val-size", type=int, default=300)
     ap.add_argument("--pos-tables", action="store_true", help="(re)write configs/pos_weights/<task>_tiny.json first")
     ap.add_argument("--pos-samples", type=int, default=128)
-    ap.add_argument("--test", action="store_true", help="also score the test file (final table only)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "dtca_ablation.json"))
-    ap.add_argument("--merge", default="", help="comma-separated result files to merge into --out (with --summary)")
-    ap.add_argument("--summary", action="store_true", help="only (re)write the summary and the PNG")
     args = ap.parse_args()
     if not args.summary and args.steps < 1 and not args.pos_tables:
         ap.error(f"--steps must be >= 1, got {args.steps}")
-    torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    data = load_results(out)
-    merge_results(data, args.merge, ("pos_tables",))
-    seeds = [int(s) for s in args.seeds.split(",") if s != ""]
+    out, data, seeds, tasks = start(args, ("pos_tables",))
     if not args.summary:
-        for task in [t for t in args.tasks.split(",") if t]:
+        for task in tasks:
             rldf = ROOT / "configs" / f"dtca_{task}_rldf.yaml"
             setup = TaskSetup(task, rldf, args.overrides, "dtca", args.val_size)
             table = ROOT / "configs" / "pos_weights" / f"{task}_tiny.json"
@@ -86,16 +70,15 @@ def main() -> None:
 
                 res = run_estimate(str(setup.ensure_sft()), task, args.pos_samples, str(table), device="cpu", progress=False)
                 res["model"] = f"runs/dtca/{task}_sft/{setup.sft_dir.name} (SFT of configs/dtca_{task}_rldf.yaml)"
-                table.write_text(__import__("json").dumps(res, indent=2) + "\n")
+                table.write_text(json.dumps(res, indent=2) + "\n")  # the model as a repository path
                 data.setdefault("pos_tables", {})[task] = {k: res[k] for k in ("w_c", "m_c", "count", "seconds", "samples")}
                 save_results(out, data)
                 print(f"[dtca] POS table {task}: {res['w_c']} ({res['seconds']:.0f} s)", flush=True)
             if args.steps < 1:
                 continue
-            rows = [(c, c, args.overrides) for c in args.cells.split(",") if c]
-            for cell, name, over in rows:
+            for cell in [c for c in args.cells.split(",") if c]:
                 for seed in seeds:
-                    run_cell(setup, data, out, task, name, ROOT / "configs" / f"dtca_{task}_{cell}.yaml", over,
+                    run_cell(setup, data, out, task, cell, ROOT / "configs" / f"dtca_{task}_{cell}.yaml", args.overrides,
                              args.steps, seed, args.test, curves=curves, group="dtca")
             if args.long:
                 over = args.overrides + length_overrides(args.long)
