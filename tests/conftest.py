@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from maskrl.config import load_config
 from maskrl.models import build_tiny
+from maskrl.tasks.base import Task
 
 
 @pytest.fixture(autouse=True)
@@ -13,12 +15,37 @@ def _threads():
     yield
 
 
-@pytest.fixture
-def tiny():
-    """A randomly initialised tiny bidirectional Llama (fp32, eval mode)."""
+def fresh_tiny():
+    """A randomly initialised tiny bidirectional Llama (fp32, eval mode, seed 0)."""
     a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
     a.model.eval()
     return a
+
+
+@pytest.fixture
+def tiny():
+    """:func:`fresh_tiny` as a fixture."""
+    return fresh_tiny()
+
+
+class OddChars(Task):
+    """Toy task: reward = fraction of the completion's characters with an odd code point (varies a lot
+    across random samples, so advantages are non-zero)."""
+
+    name = "odd_chars"
+
+    def reward(self, prompts, completions, **_):
+        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
+
+
+def small_cfg(tmp_path, **over):
+    """A trainer config for the tiny model: L = 8 in blocks of 4, 2 prompts x 3, mu = 2; ``over``
+    adds ``key=value`` overrides."""
+    sets = [f"output_dir={tmp_path}", "rollout.gen_length=8", "rollout.block_length=4", "rollout.steps=4",
+            "rollout.temperature=1.0", "train.prompts_per_step=2", "train.group_size=3",
+            "train.inner_iterations=2", "train.lr=1e-3", "likelihood.p_mask_prompt=0.5"]
+    sets += [f"{k}={v}" for k, v in over.items()]
+    return load_config([], sets)
 
 
 def sharp_tiny():

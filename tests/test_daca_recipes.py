@@ -11,17 +11,11 @@ from maskrl.config import load_config
 from maskrl.credit import DPS
 from maskrl.likelihood import MeanField, Stratified
 from maskrl.models import build_tiny
-from maskrl.tasks.base import Example, Task
+from maskrl.tasks.base import Example
 from maskrl.trainer import RLTrainer
+from conftest import OddChars
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-class OddChars(Task):
-    name = "odd_chars_daca"
-
-    def reward(self, prompts, completions, **_):
-        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
 
 
 @pytest.mark.parametrize("credit", ["[]", "[{name: dps}]"])

@@ -14,9 +14,10 @@ from maskrl.credit.dispo import BranchObserver, draw_fractions, draw_fillings, t
 from maskrl.likelihood import State
 from maskrl.models import build_tiny
 from maskrl.sampling import SamplerConfig, generate
-from maskrl.tasks.base import Example, Task
+from maskrl.tasks.base import Example
 from maskrl.text import encode_prompts
 from maskrl.trainer import RLTrainer
+from conftest import OddChars
 
 PROMPTS = ["ab", "a longer prompt", "c", "dd"]
 
@@ -242,13 +243,6 @@ def test_empty_term_when_every_state_is_skipped_and_none_when_alpha_step_zero(ti
     assert out.terms == () and calls == [] and out.base_weight == 1.0
     with pytest.raises(ValueError, match="dispo_step"):
         mod(_batch(_gen(tiny, FIXED)), ctx)
-
-
-class OddChars(Task):
-    name = "odd_chars_dispo"
-
-    def reward(self, prompts, completions, **_):
-        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
 
 
 def _run(tmp_path, credit, objective="diffu_grpo", likelihood="state", schedule="fixed"):

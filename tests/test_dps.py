@@ -14,10 +14,11 @@ from maskrl.credit import CREDITS, DPS, CreditBatch, CreditContext, apply_credit
 from maskrl.credit.dps import progress_deltas
 from maskrl.models import build_tiny
 from maskrl.sampling import SamplerConfig, generate
-from maskrl.tasks.base import Example, Task
+from maskrl.tasks.base import Example
 from conftest import sharp_tiny as _sharp
 from maskrl.text import encode_prompts
 from maskrl.trainer import RLTrainer
+from conftest import OddChars
 
 
 class KeepAll:
@@ -195,13 +196,6 @@ def test_dps_config_and_errors():
     assert DPS().mode(SAMPLERS["threshold"]) == "pooled" and DPS().mode(SAMPLERS["fixed"]) == "per_step"
     cfg = load_config([], ["credit=[{name: dps, lam: 0.25, dps_scope: block}]"])
     assert cfg.credit[0] == DPS(lam=0.25, dps_scope="block")
-
-
-class OddChars(Task):
-    name = "odd_chars_dps"
-
-    def reward(self, prompts, completions, **_):
-        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
 
 
 def _trainer_weights(tmp_path, credit):

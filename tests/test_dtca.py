@@ -18,10 +18,11 @@ from maskrl.likelihood.state import State
 from maskrl.models import build_tiny
 from maskrl.objectives import RLDF
 from maskrl.sampling import SamplerConfig, generate
-from maskrl.tasks.base import Example, Task
+from maskrl.tasks.base import Example
 from conftest import sharp_tiny as _sharp
 from maskrl.text import encode_prompts
 from maskrl.trainer import RLTrainer
+from conftest import OddChars
 
 
 # ------------------------------------------------------------------------------------ step selection
@@ -248,13 +249,6 @@ def test_dtca_config_and_errors(tmp_path):
     (tmp_path / "w.json").write_text('{"w_c": {"NOUN": 1.0}}')
     with pytest.raises(ConfigError, match="tagger .*'nope' is not a callable"):  # before any model is loaded
         load_config([], [f'credit=[{{name: dtca, pos_weights: {tmp_path / "w.json"}, tagger: "maskrl.pos:nope"}}]'])
-
-
-class OddChars(Task):
-    name = "odd_chars_dtca"
-
-    def reward(self, prompts, completions, **_):
-        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
 
 
 def test_one_dtca_trainer_step(tmp_path, parity_tagger):

@@ -11,19 +11,13 @@ import torch
 from maskrl.config import ConfigError, load_config
 from maskrl.health import (NonFiniteError, NonFiniteLogits, check_rewards, collapse_message, nonfinite_rows,
                            rollout_diagnostics)
-from maskrl.models import apply_lora, build_tiny, enable_gradient_checkpointing
+from maskrl.models import apply_lora, enable_gradient_checkpointing
 from maskrl.models.scale import rl_train_mode
 from maskrl.tasks.base import Example, Task
 from maskrl.trainer import RLTrainer
-
-
-class OddChars(Task):
-    """Reward = fraction of characters with an odd code point (non-zero advantages)."""
-
-    name = "odd_chars"
-
-    def reward(self, prompts, completions, **_):
-        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
+from conftest import OddChars
+from conftest import fresh_tiny as _tiny
+from conftest import small_cfg as _cfg
 
 
 class BadReward(Task):
@@ -43,20 +37,6 @@ class BadReward(Task):
 
 def _examples(n=6):
     return [Example(id=100 + i, prompt=f"say a {i}") for i in range(n)]
-
-
-def _cfg(tmp_path, **over):
-    sets = [f"output_dir={tmp_path}", "rollout.gen_length=8", "rollout.block_length=4", "rollout.steps=4",
-            "rollout.temperature=1.0", "train.prompts_per_step=2", "train.group_size=3",
-            "train.inner_iterations=2", "train.lr=1e-3", "likelihood.p_mask_prompt=0.5"]
-    sets += [f"{k}={v}" for k, v in over.items()]
-    return load_config([], sets)
-
-
-def _tiny():
-    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
-    a.model.eval()
-    return a
 
 
 def _params(model):

@@ -16,18 +16,12 @@ from maskrl.likelihood import LIKELIHOODS
 from maskrl.models import build_tiny
 from maskrl.objectives import OBJECTIVES
 from maskrl.sampling import SamplerConfig, generate
-from maskrl.tasks.base import Example, Task
+from maskrl.tasks.base import Example
 from maskrl.text import encode_prompts
 from maskrl.trainer import RLTrainer
+from conftest import OddChars
 
 PLUGIN = Path(__file__).resolve().parent / "plugins" / "toy_plugin.py"
-
-
-class OddChars(Task):
-    name = "odd_chars_plugin"
-
-    def reward(self, prompts, completions, **_):
-        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
 
 
 def _examples():

@@ -8,17 +8,11 @@ import torch
 
 from maskrl.config import load_config
 from maskrl.models import build_tiny
-from maskrl.tasks.base import Example, Task
+from maskrl.tasks.base import Example
 from maskrl.trainer import RLTrainer
+from conftest import OddChars
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-
-
-class OddChars(Task):
-    name = "odd_chars_readme"
-
-    def reward(self, prompts, completions, **_):
-        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
 
 
 def test_readme_credit_module_runs_as_a_plugin(tmp_path):

@@ -15,10 +15,11 @@ from maskrl.likelihood.state import State
 from maskrl.models import build_tiny
 from maskrl.objectives import OBJECTIVES, RLDF
 from maskrl.sampling import SamplerConfig, generate
-from maskrl.tasks.base import Example, Task
+from maskrl.tasks.base import Example
 from conftest import sharp_tiny as _sharp
 from maskrl.text import encode_prompts
 from maskrl.trainer import RLTrainer
+from conftest import OddChars
 
 THRESH = SamplerConfig(gen_length=12, block_length=4, temperature=1.0, schedule="threshold", threshold=0.5)
 
@@ -186,13 +187,6 @@ def test_reinforce_at_mu_one_and_clipped_above():
     a2 = torch.ones(1, 3)
     RLDF(beta=0.0)(logp2, old, None, a2, torch.ones(1, 3, dtype=torch.bool), normalizer=1.0).loss.backward()
     assert logp2.grad[0, 0] == 0.0 and torch.allclose(logp2.grad[0, 1:], torch.tensor([-1 / 3, -1 / 3]))
-
-
-class OddChars(Task):
-    name = "odd_chars_rldf"
-
-    def reward(self, prompts, completions, **_):
-        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
 
 
 def test_one_trainer_step_trains_only_the_chosen_states(tmp_path):

@@ -6,15 +6,9 @@ import torch
 import maskrl.sampling as sampling
 from maskrl.config import load_config
 from maskrl.models import build_tiny
-from maskrl.tasks.base import Example, Task
+from maskrl.tasks.base import Example
 from maskrl.trainer import RLTrainer
-
-
-class OddChars(Task):
-    name = "odd_chars_mismatch"
-
-    def reward(self, prompts, completions, **_):
-        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
+from conftest import OddChars
 
 
 def test_mismatch_logged_every_k_steps_against_the_sampling_weights(tmp_path, monkeypatch):

@@ -270,14 +270,12 @@ def test_observers_same_shapes_and_unchanged_trajectory_with_cache(tiny, schedul
 def test_step_view_reductions_match_slow_reference(tiny):
     ids, mask = _batch(tiny, PROMPTS[:2])
     obs = _Stats()
-    r = generate(tiny, ids, mask, SamplerConfig(gen_length=8, block_length=4, steps=8), observers=[obs])
+    generate(tiny, ids, mask, SamplerConfig(gen_length=8, block_length=4, steps=8), observers=[obs])
     assert len(obs.views) == 8
     for step, rows, covered, exact, logits, masked, maxlp, ent, toklp in obs.views:
         lp = torch.log_softmax(logits.float(), -1)  # [M, V]
-        tokens = r.completion_ids[rows]
         ref_max = torch.full(covered.shape, float("nan"))
         ref_ent = torch.full(covered.shape, float("nan"))
-        ref_tok = torch.full(covered.shape, float("nan"))
         k = 0
         for j in range(covered.shape[0]):
             for pos in range(covered.shape[1]):

@@ -3,7 +3,6 @@ sandwiched loss; hand values, a loop reference, and a hostile batch that stays f
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch

@@ -6,38 +6,15 @@ import copy
 import pytest
 import torch
 
-from maskrl.config import load_config
-from maskrl.models import build_tiny
-from maskrl.tasks.base import Example, Task
+from maskrl.tasks.base import Example
 from maskrl.trainer import RLTrainer, latest_checkpoint
-
-
-class CountA(Task):
-    """Toy task: reward = fraction of the completion's characters with an odd code point (varies a lot
-    across random samples, so advantages are non-zero)."""
-
-    name = "odd_chars"
-
-    def reward(self, prompts, completions, **_):
-        return [sum(ord(ch) % 2 for ch in c) / max(1, len(c)) for c in completions]
+from conftest import OddChars
+from conftest import fresh_tiny as _tiny
+from conftest import small_cfg as _cfg
 
 
 def _examples(n=6):
     return [Example(id=i, prompt=f"say a {i}") for i in range(n)]
-
-
-def _cfg(tmp_path, **over):
-    sets = [f"output_dir={tmp_path}", "rollout.gen_length=8", "rollout.block_length=4", "rollout.steps=4",
-            "rollout.temperature=1.0", "train.prompts_per_step=2", "train.group_size=3",
-            "train.inner_iterations=2", "train.lr=1e-3", "likelihood.p_mask_prompt=0.5"]
-    sets += [f"{k}={v}" for k, v in over.items()]
-    return load_config([], sets)
-
-
-def _tiny():
-    a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
-    a.model.eval()
-    return a
 
 
 def _spy(adapter, tag, log):
@@ -62,7 +39,7 @@ def _optimize_logging_inputs(tr, batch):
 
 
 def test_masks_shared_by_policy_old_ref_within_iteration_and_fresh_across(tmp_path):
-    tr = RLTrainer(_cfg(tmp_path), _tiny(), CountA(), _examples())
+    tr = RLTrainer(_cfg(tmp_path), _tiny(), OddChars(), _examples())
     batch = tr.collect()
     by = _optimize_logging_inputs(tr, batch)
     P = batch.rollout.prompt_ids.shape[1]
@@ -81,7 +58,7 @@ def test_masks_shared_by_policy_old_ref_within_iteration_and_fresh_across(tmp_pa
 def test_state_likelihood_scores_commit_states_shared_by_policy_old_ref(tmp_path):
     """objective.likelihood=state: every forward of θ, θ_old and the reference sees the same rollout
     states, one per (sequence, commit step), with exactly the later-committed positions masked."""
-    tr = RLTrainer(_cfg(tmp_path, **{"likelihood.name": "state"}), _tiny(), CountA(), _examples())
+    tr = RLTrainer(_cfg(tmp_path, **{"likelihood.name": "state"}), _tiny(), OddChars(), _examples())
     assert type(tr.likelihood).__name__ == "State"
     batch = tr.collect()
     by = _optimize_logging_inputs(tr, batch)
@@ -103,9 +80,9 @@ def test_micro_batching_gives_the_same_update_as_one_batch(tmp_path, likelihood)
     init = _tiny()
     # with one micro-batch the mask seed of micro-batch 0 differs from b's split; p_mask_prompt=0 removes that
     over = {"train.inner_iterations": 1, "likelihood.name": likelihood, "likelihood.p_mask_prompt": 0.0}
-    a = RLTrainer(_cfg(tmp_path / "a", **over), copy.deepcopy(init), CountA(), _examples())
+    a = RLTrainer(_cfg(tmp_path / "a", **over), copy.deepcopy(init), OddChars(), _examples())
     b = RLTrainer(_cfg(tmp_path / "b", **over, **{"train.micro_batch_size": 2}),
-                  copy.deepcopy(init), CountA(), _examples())
+                  copy.deepcopy(init), OddChars(), _examples())
     batch = a.collect()
     a.optimize(batch)
     b.optimize(batch)
@@ -116,7 +93,7 @@ def test_micro_batching_gives_the_same_update_as_one_batch(tmp_path, likelihood)
 
 
 def test_a_few_steps_change_every_trainable_parameter(tmp_path):
-    tr = RLTrainer(_cfg(tmp_path), _tiny(), CountA(), _examples())
+    tr = RLTrainer(_cfg(tmp_path), _tiny(), OddChars(), _examples())
     before = {n: p.detach().clone() for n, p in tr.policy_eval.model.named_parameters()}
     hist = tr.train(steps=3, progress=False)
     assert len(hist) == 3 and all("reward" in h and "base/kl" in h for h in hist)
@@ -131,13 +108,13 @@ def test_a_few_steps_change_every_trainable_parameter(tmp_path):
 
 def test_resume_gives_the_same_next_step(tmp_path):
     init = _tiny()
-    a = RLTrainer(_cfg(tmp_path / "a"), copy.deepcopy(init), CountA(), _examples())
+    a = RLTrainer(_cfg(tmp_path / "a"), copy.deepcopy(init), OddChars(), _examples())
     a.step()
     ckpt = a.save_checkpoint(tmp_path / "a" / "checkpoints" / "step_1")
     m2 = a.step()
     assert latest_checkpoint(tmp_path / "a") == ckpt
 
-    b = RLTrainer(_cfg(tmp_path / "b"), copy.deepcopy(init), CountA(), _examples())
+    b = RLTrainer(_cfg(tmp_path / "b"), copy.deepcopy(init), OddChars(), _examples())
     b.load_checkpoint(ckpt)
     assert b.step_count == 1
     n2 = b.step()
@@ -148,7 +125,7 @@ def test_resume_gives_the_same_next_step(tmp_path):
 
 
 def test_bad_checkpoint_path_is_a_clear_error(tmp_path):
-    tr = RLTrainer(_cfg(tmp_path), _tiny(), CountA(), _examples())
+    tr = RLTrainer(_cfg(tmp_path), _tiny(), OddChars(), _examples())
     with pytest.raises(FileNotFoundError, match="not a maskrl checkpoint"):
         tr.load_checkpoint(tmp_path)
 
@@ -158,7 +135,7 @@ def test_bad_checkpoint_path_is_a_clear_error(tmp_path):
 def test_lr_schedule_steps_once_per_optimizer_step(tmp_path, kind, step_one, step_two, after):
     """train.lr_scheduler via transformers.get_scheduler over steps × μ optimizer steps (μ = 2 here);
     the logged lr is the rate of the step's first optimizer step."""
-    tr = RLTrainer(_cfg(tmp_path, **{"train.steps": 2, "train.lr_scheduler": kind}), _tiny(), CountA(), _examples())
+    tr = RLTrainer(_cfg(tmp_path, **{"train.steps": 2, "train.lr_scheduler": kind}), _tiny(), OddChars(), _examples())
     lrs = [h["lr"] for h in tr.train(progress=False)]
     assert lrs == pytest.approx([step_one, step_two], abs=1e-12)
     assert tr.scheduler.get_last_lr()[0] == pytest.approx(after, abs=1e-12)
@@ -182,7 +159,7 @@ def test_metrics_do_not_depend_on_micro_batching(tmp_path, likelihood):
             "train.prompts_per_step": 3}  # N = 9: micro-batches of 4 leave a remainder of 1
     splits = [{"train.micro_batch_size": 0}, {"train.micro_batch_size": 4}, {"train.micro_batch_size": 1},
               {"train.max_forward_rows": 7}]
-    trainers = [RLTrainer(_cfg(tmp_path / str(i), **over, **s), copy.deepcopy(init), CountA(), _examples())
+    trainers = [RLTrainer(_cfg(tmp_path / str(i), **over, **s), copy.deepcopy(init), OddChars(), _examples())
                 for i, s in enumerate(splits)]
     batch = trainers[0].collect()
     assert batch.advantages.abs().sum() > 0
@@ -197,7 +174,7 @@ def test_metrics_do_not_depend_on_micro_batching(tmp_path, likelihood):
     assert metrics[2]["base/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert metrics[2]["base/clip_frac"] == 0.0
     # KL of the whole batch, recomputed in one call with the initial weights (the first step's input)
-    tr = RLTrainer(_cfg(tmp_path / "ref", **over), copy.deepcopy(init), CountA(), _examples())
+    tr = RLTrainer(_cfg(tmp_path / "ref", **over), copy.deepcopy(init), OddChars(), _examples())
     with torch.no_grad():
         ro, mask = batch.rollout, batch.rollout.completion_mask
         lp = tr.likelihood(tr.policy_eval, ro, None, mask)
@@ -223,8 +200,8 @@ def test_row_budget_gives_the_same_update(tmp_path):
     forwards; the accumulated gradient equals the whole batch's."""
     init = _tiny()
     over = {"train.inner_iterations": 1, "likelihood.name": "state", "likelihood.p_mask_prompt": 0.0}
-    a = RLTrainer(_cfg(tmp_path / "a", **over), copy.deepcopy(init), CountA(), _examples())
-    b = RLTrainer(_cfg(tmp_path / "b", **over, **{"train.max_forward_rows": 5}), copy.deepcopy(init), CountA(),
+    a = RLTrainer(_cfg(tmp_path / "a", **over), copy.deepcopy(init), OddChars(), _examples())
+    b = RLTrainer(_cfg(tmp_path / "b", **over, **{"train.max_forward_rows": 5}), copy.deepcopy(init), OddChars(),
                   _examples())
     batch = a.collect()
     rows = b.likelihood.rows(batch.rollout, batch.rollout.completion_mask)
