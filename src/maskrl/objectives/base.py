@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from maskrl.advantages import group_advantages
+from maskrl.advantages import NORMALIZE, group_advantages
 
 AGGREGATIONS = ("token_mean", "seq_mean")
 
@@ -83,6 +83,20 @@ class Objective:
         """Sequence advantages ``[N]`` float32 from rewards ``[N]`` and group ids ``[N]`` (SPEC §1.3),
         with this objective's ``normalize`` (default ``"mean"``)."""
         return group_advantages(rewards, group_ids, getattr(self, "normalize", "mean"))
+
+    def check_fields(self) -> None:
+        """Validate the fields objectives share, where the subclass has them: ``clip_eps >= 0``,
+        ``beta >= 0``, ``normalize`` one of :data:`maskrl.advantages.NORMALIZE`.
+
+        Raises:
+            ValueError: naming the field.
+        """
+        if getattr(self, "clip_eps", 0.0) < 0:
+            raise ValueError(f"clip_eps (={self.clip_eps}) must be >= 0")
+        if getattr(self, "beta", 0.0) < 0:
+            raise ValueError(f"beta (={self.beta}) must be >= 0")
+        if getattr(self, "normalize", "mean") not in NORMALIZE:
+            raise ValueError(f"normalize {self.normalize!r} is not one of {NORMALIZE}")
 
     def share(self, values: torch.Tensor, mask: torch.Tensor, normalizer: float | None) -> float:
         """A per-token metric aggregated like the loss (a share of the batch value; see module doc)."""

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.advantages import NORMALIZE
 from maskrl.objectives.base import AGGREGATIONS, Objective, aggregate, kl3
 from maskrl.types import LossOutput
 
@@ -30,14 +29,9 @@ class DiffuGRPO(Objective):
     normalize: str = "mean"
 
     def __post_init__(self) -> None:
-        if self.clip_eps < 0:
-            raise ValueError(f"clip_eps (={self.clip_eps}) must be >= 0")
-        if self.beta < 0:
-            raise ValueError(f"beta (={self.beta}) must be >= 0")
+        self.check_fields()
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation {self.aggregation!r} is not one of {AGGREGATIONS}")
-        if self.normalize not in NORMALIZE:
-            raise ValueError(f"normalize {self.normalize!r} is not one of {NORMALIZE}")
 
     def __call__(self, logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None,
                  advantages: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> LossOutput:

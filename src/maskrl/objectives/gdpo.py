@@ -10,7 +10,6 @@ from typing import ClassVar
 
 import torch
 
-from maskrl.advantages import NORMALIZE
 from maskrl.objectives.base import Objective, kl3
 from maskrl.types import LossOutput
 
@@ -43,12 +42,7 @@ class GDPO(Objective):
     normalize: str = "mean"
 
     def __post_init__(self) -> None:
-        if self.clip_eps < 0:
-            raise ValueError(f"clip_eps (={self.clip_eps}) must be >= 0")
-        if self.beta < 0:
-            raise ValueError(f"beta (={self.beta}) must be >= 0")
-        if self.normalize not in NORMALIZE:
-            raise ValueError(f"normalize {self.normalize!r} is not one of {NORMALIZE}")
+        self.check_fields()
 
     def __call__(self, logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None,
                  advantages: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> LossOutput:

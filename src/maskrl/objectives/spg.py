@@ -26,7 +26,6 @@ from typing import ClassVar
 
 import torch
 
-from maskrl.advantages import NORMALIZE
 from maskrl.objectives.base import Objective
 from maskrl.types import LossOutput
 
@@ -59,8 +58,7 @@ class SPG(Objective):
     def __post_init__(self) -> None:
         if not 0.0 <= self.omega <= 1.0:
             raise ValueError(f"omega (={self.omega}) must lie in [0, 1]")
-        if self.normalize not in NORMALIZE:
-            raise ValueError(f"normalize {self.normalize!r} is not one of {NORMALIZE}")
+        self.check_fields()
 
     def __call__(self, logp: torch.Tensor, logp_old: torch.Tensor | None, logp_ref: torch.Tensor | None,
                  advantages: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> LossOutput:

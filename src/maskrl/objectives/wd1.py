@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from maskrl.advantages import NORMALIZE, group_advantages
+from maskrl.advantages import group_advantages
 from maskrl.objectives.base import Objective, kl3
 from maskrl.types import LossOutput
 
@@ -64,12 +64,9 @@ class WD1(Objective):
     beta: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.normalize not in NORMALIZE:
-            raise ValueError(f"normalize {self.normalize!r} is not one of {NORMALIZE}")
+        self.check_fields()
         if self.aggregation not in WD1_AGGREGATIONS:
             raise ValueError(f"aggregation {self.aggregation!r} is not one of {WD1_AGGREGATIONS}")
-        if self.beta < 0:
-            raise ValueError(f"beta (={self.beta}) must be >= 0")
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """Per-sequence wd1 weights ``softmax_g(A) − softmax_g(−A)``: ``[N]`` float32 in (−1, 1),
