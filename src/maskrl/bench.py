@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 

@@ -367,7 +367,6 @@ def _trusted_builtins() -> dict[str, Any]:
 def _test_namespace(setup: str, tests: list[str], remote: set[str]) -> tuple[dict, list, list[str]]:
     """Namespace with ``setup`` run in it, each test compiled (or the SyntaxError text), and the
     names the tests use that neither the builtins nor ``setup`` define (the program's names)."""
-    import ast
     import builtins
 
     ns: dict[str, Any] = {"__builtins__": _trusted_builtins(), "__name__": "maskrl_tests"}
