@@ -466,6 +466,55 @@ def test_hub_failure_gives_a_clear_error(monkeypatch):
         load("GSAI-ML/LLaDA-8B-Instruct")
 
 
+
+@pytest.mark.parametrize("arg", ["runs/does-not-exist", "./model", "~/no/such/model", "a/b/c", "..\\x"])
+def test_path_like_model_args_never_reach_the_hub(arg, tmp_path, monkeypatch):
+    """Issue 20 item 3: a mistyped local path (its first folder exists, or it is written like a
+    path) is one clear FileNotFoundError, never a Hub download."""
+    import huggingface_hub
+
+    def hub(*a, **k):
+        raise AssertionError("the Hub was asked")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no model folder at .*nearest existing folder"):
+        load(arg)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileNotFoundError, match="is a file"):
+        load("afile")
+
+
+def test_hub_failure_is_one_line(monkeypatch):
+    import huggingface_hub
+
+    def offline(*args, **kwargs):
+        raise OSError("line one\nline two\nline three")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(OSError) as info:
+        load("owner/name")
+    assert "\n" not in str(info.value) and "line one" in str(info.value) and info.value.__cause__ is None
+
+
+def test_unavailable_devices_are_one_clear_error():
+    from maskrl.pipeline import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(ValueError, match="'cuda:x' is not a device string"):
+        resolve_device("cuda:x")
+    with pytest.raises(ValueError, match="'gpu' is not a device string"):
+        resolve_device("gpu")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match=rf"'cuda:{n}' is not available here \({n} CUDA"):
+        resolve_device(f"cuda:{n}")
+    if not torch.backends.mps.is_available():
+        with pytest.raises(ValueError, match="'mps' is not available here"):
+            resolve_device("mps")
+
+
 # --------------------------------------------------------------------------------------------------
 # tied output layers (issue 13 item 7)
 # --------------------------------------------------------------------------------------------------
@@ -525,3 +574,16 @@ def test_tied_tiny_and_masked_lm_folders_load_tied(tmp_path):
     BertForMaskedLM(config).save_pretrained(tmp_path / "bert")
     b = load(tmp_path / "bert")
     assert b.model.get_output_embeddings().weight is b.model.get_input_embeddings().weight
+
+
+def test_cli_mistyped_model_path_and_device_are_one_line(tmp_path, monkeypatch, capsys):
+    from maskrl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert main(["eval", "--model", "runs/does-not-exist", "--task", "sudoku4x4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no model folder at 'runs/does-not-exist'" in err[0]
+    if not torch.cuda.is_available():
+        assert main(["generate", "--model", "runs", "--device", "cuda", "--prompt", "x"]) == 2
+        assert "device 'cuda' is not available here" in capsys.readouterr().err

@@ -128,9 +128,10 @@ def cmd_generate(args) -> int:
     empty = [i for i, p in enumerate(prompts) if not p.strip()]
     if empty:
         raise ValueError(f"prompt {empty[0]} is empty")
+    device = resolve_device(args.device)
     print("maskrl generate: " + "; ".join(used) + (f"; prompt card {Path(args.model) / 'maskrl_prompt.json'}"
           if card else "; no prompt card") + " (prompts are used as given: no task template)", file=sys.stderr)
-    adapter = load(args.model, dtype=dtype, device=resolve_device(args.device))
+    adapter = load(args.model, dtype=dtype, device=device)
     fmt = prompt_formatter(adapter, chat)
     gen = torch.Generator(device=adapter.device).manual_seed(args.seed)
     for p, c in zip(prompts, complete(adapter, [fmt(p) for p in prompts], sampler, generator=gen)):
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
+    except (ConfigError, OSError, KeyError, ValueError) as e:  # OSError: missing files, Hub failures
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"maskrl {args.command}: error: {msg}", file=sys.stderr)
         return 2

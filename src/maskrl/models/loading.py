@@ -213,27 +213,44 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
 # ----------------------------------------------------------------------------------------------
 # folders, configs, families
 # ----------------------------------------------------------------------------------------------
+def looks_like_path(text: str) -> bool:
+    """Whether a model argument is meant as a local path rather than a Hub id (``owner/name``): it
+    starts with ``.``, ``/`` or ``~``, holds a backslash or more than one ``/``, or its first part is
+    an existing local folder (``runs/does-not-exist`` while ``runs/`` exists)."""
+    if text.startswith((".", "/", "~")) or "\\" in text or text.count("/") != 1:
+        return True
+    return Path(text.split("/", 1)[0]).is_dir()
+
+
 def resolve(path_or_id: str | os.PathLike, revision: str | None = None) -> Path:
     """Local folder for ``path_or_id``: the folder itself, or a Hub snapshot download.
 
     Raises:
-        FileNotFoundError: not a folder and not shaped like a Hub id (``owner/name``).
-        OSError: the download failed (offline, unknown repo, gated model, ...).
+        FileNotFoundError: not a folder, and path-like (:func:`looks_like_path`) or not shaped like a
+            Hub id (``owner/name``); the message names the nearest existing parent folder.
+        OSError: the download failed (offline, unknown repo, gated model, ...); a one-line message.
     """
     path = Path(path_or_id).expanduser()
     if path.is_dir():
         return path
     text = str(path_or_id)
-    if not re.fullmatch(r"[\w.\-]+/[\w.\-]+", text) or text.startswith((".", "/")):
-        raise FileNotFoundError(f"no model folder at {text!r} (and it is not a Hub id of the form 'owner/name')")
+    if path.exists():
+        raise FileNotFoundError(f"model {text!r} is a file, not a model folder (config.json + safetensors weights)")
+    if looks_like_path(text) or not re.fullmatch(r"[\w.\-]+/[\w.\-]+", text):
+        parent = path.absolute().parent
+        while not parent.is_dir():
+            parent = parent.parent
+        raise FileNotFoundError(f"no model folder at {text!r} (nearest existing folder: {parent}); a Hub id "
+                                "looks like 'owner/name', with no local folder named 'owner'")
     try:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(repo_id=text, revision=revision, allow_patterns=_HUB_PATTERNS))
     except Exception as err:  # network errors, missing repo, gated repo, offline mode, ...
+        first = (str(err).strip().splitlines() or [""])[0][:200]
         raise OSError(f"{text!r} is not a local folder and downloading it from the Hugging Face Hub failed "
-                      f"({type(err).__name__}: {err}). Download it where the Hub is reachable, e.g. "
-                      f"`hf download {text} --local-dir DIR`, and pass DIR.") from err
+                      f"({type(err).__name__}: {first}). Download it where the Hub is reachable, e.g. "
+                      f"`hf download {text} --local-dir DIR`, and pass DIR.") from None
 
 
 def read_config(folder: str | os.PathLike) -> dict:
