@@ -587,3 +587,30 @@ def test_cli_mistyped_model_path_and_device_are_one_line(tmp_path, monkeypatch, 
     if not torch.cuda.is_available():
         assert main(["generate", "--model", "runs", "--device", "cuda", "--prompt", "x"]) == 2
         assert "device 'cuda' is not available here" in capsys.readouterr().err
+
+
+def test_every_end_id_of_the_checkpoint_stops_a_completion(tmp_path):
+    """Issue 20 item 3: ``eos_token_id: [eos, end_of_turn]`` (and generation_config.json's list) all
+    end a completion: adapter ids, ``completion_mask`` and the sampler's rollout mask."""
+    from maskrl.sampling import SamplerConfig, generate
+
+    folder = write_folder(tmp_path / "m", {**LLADA_CFG, "eos_token_id": [61, 59]}, llada_weights())
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [61, 59, 58]}))
+    adapter = load(folder, tokenizer=False)
+    assert adapter.eos_id == 61 and adapter.stop_ids == (126348, 59, 58)
+    ids = torch.tensor([[1, 2, 59, 3, 4], [1, 58, 2, 61, 3], [1, 2, 3, 4, 5]])
+    assert adapter.completion_mask(ids).tolist() == [[True, True, True, False, False],
+                                                     [True, True, False, False, False], [True] * 5]
+    # the sampler: a model that always prefers id 59 writes it first; the completion ends there
+    hook = adapter.model.lm_head.register_forward_hook(lambda m, a, out: out + 100.0 * F.one_hot(
+        torch.tensor(59), out.shape[-1]).to(out.dtype))
+    try:
+        ro = generate(adapter, torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long),
+                      SamplerConfig(gen_length=4, block_length=4, steps=4))
+    finally:
+        hook.remove()
+    assert ro.completion_ids.tolist() == [[59, 59, 59, 59]]
+    assert ro.completion_mask.tolist() == [[True, False, False, False]]
+    # a single id keeps working, and the family's end-of-turn id stays a stop id
+    single = load(write_folder(tmp_path / "s", LLADA_CFG, llada_weights()), tokenizer=False)
+    assert (single.eos_id, single.stop_ids) == (61, (126348,))
