@@ -58,6 +58,17 @@ def test_out_of_range_values_name_the_key(item, key):
         load_config([], [item])
 
 
+@pytest.mark.parametrize("item,why", [
+    ("train.group_size=1", r"train\.group_size: must be >= 2, got 1: .*every advantage is 0"),
+    ("train.steps=0", r"train\.steps: must be >= 1, got 0: .*train nothing"),
+])
+def test_settings_that_leave_every_gradient_zero_are_refused(item, why):
+    """Issue 20 item 3: G = 1 makes every group-relative advantage 0; 0 steps train nothing."""
+    with pytest.raises(ConfigError, match=why):
+        load_config([], [item])
+    load_config([], [item.split("=")[0] + "=2"])
+
+
 def test_missing_and_broken_yaml_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config([tmp_path / "nope.yaml"])
@@ -144,3 +155,39 @@ def test_config_explain_lists_every_field_with_its_doc(capsys):
     assert "valid:" in capsys.readouterr().err
     assert main(["config", "--set", "likelihood=state"]) == 0
     assert "name: state" in capsys.readouterr().out
+
+
+def test_a_component_can_be_switched_from_the_command_line(tmp_path):
+    """Issue 20 item 3: ``--set objective='{name: wd1}'`` replaces the whole section; switching only
+    the name when the section's keys do not fit says how to replace it. Same for every section."""
+    from maskrl.objectives import WD1
+    from maskrl.sampling import SamplerConfig
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("objective: {name: diffu_grpo, clip_eps: 0.3, beta: 0.1}\n"
+                      "credit: [{name: dps, lam: 0.5}]\nrollout: {gen_length: 32, block_length: 8, steps: 32}\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'objective\.clip_eps'.*clip_eps is a field of diffu_grpo.*"
+                                          r"not of wd1.*--set objective='\{name: wd1\}'"):
+        load_config([recipe], ["objective.name=wd1"])
+    cfg = load_config([recipe], ["objective={name: wd1}"])
+    assert cfg.objective == WD1()
+    assert load_config([recipe], ["objective={name: wd1, beta: 0.2}"]).objective == WD1(beta=0.2)
+    # list entries by index (both spellings), and a whole list
+    assert load_config([recipe], ["credit.0.lam=0.25"]).credit[0].lam == 0.25
+    assert load_config([recipe], ["credit[0].lam=0.125"]).credit[0].lam == 0.125
+    with pytest.raises(ConfigError, match=r"credit\.1: credit has 1 entries"):
+        load_config([recipe], ["credit.1.lam=0.25"])
+    with pytest.raises(ConfigError, match=r"credit\[0\]\.clip_eps.*--set credit='\{name: dps\}' \(a list"):
+        load_config([recipe], ["credit.0.clip_eps=0.2"])
+    assert load_config([recipe], ["credit=[]"]).credit == []
+    # a non-component section: a mapping replaces it (the rest take the run's defaults), a key merges
+    assert load_config([recipe], ["rollout={gen_length: 16, block_length: 16}"]).rollout == \
+        SamplerConfig(gen_length=16, block_length=16, steps=16, temperature=0.9)
+    assert load_config([recipe], ["rollout.temperature=0.5"]).rollout.gen_length == 32
+
+
+def test_a_removed_key_says_why():
+    with pytest.raises(ConfigError, match=r"credit\[0\]\.seed: removed: DiSPO's branch generator .* train\.seed"):
+        load_config([], ["credit=[{name: dispo, seed: 3}]"])
+    with pytest.raises(ConfigError, match=r"unknown key 'credit\[0\]\.sead'"):
+        load_config([], ["credit=[{name: dispo, sead: 3}]"])

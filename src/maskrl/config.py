@@ -5,7 +5,9 @@ Every field is typed; an unknown key or a value of the wrong type is an error th
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,6 +243,23 @@ MOVED = {
 }
 
 
+#: keys that existed and were removed: ``section.key`` (components: ``kind.name.key``) -> why, and
+#: what to use instead; consulted by the unknown-key errors
+REMOVED = {
+    "credit.dispo.seed": "removed: DiSPO's branch generator is seeded by the trainer from (train.seed, module, "
+                         "step, process), so branching differs across run seeds and survives a resume (a per-module "
+                         "seed repeated the same branches across run seeds); set train.seed instead",
+}
+
+
+def _unknown_key_error(key: str, removed_as: str, valid: Sequence[str], where: str) -> ConfigError:
+    """The error for an unknown key ``key``: the :data:`REMOVED` reason when ``removed_as`` is listed
+    there, else the valid keys under ``where``."""
+    if removed_as in REMOVED:
+        return ConfigError(f"{key}: {REMOVED[removed_as]}")
+    return ConfigError(f"unknown key '{key}'; valid keys under {where}: {', '.join(sorted(valid))}")
+
+
 def _component(value: Any, kind: str, key: str, default: Any, default_name: str | None) -> Any:
     """Build one registered component (objective, likelihood or credit entry) from its YAML section.
 
@@ -269,6 +288,19 @@ def _component(value: Any, kind: str, key: str, default: Any, default_name: str 
         valid = ", ".join(reg.names()) or "none registered (a plugin registers its own: `plugins: [my_module]`)"
         raise ConfigError(f"{key}.name: unknown {kind} {name!r}; valid: {valid}")
     cls = reg.get(name)
+    fields = _field_types(cls)
+    unknown = [k for k in params if k not in fields]
+    if unknown:
+        k = unknown[0]
+        err = _unknown_key_error(f"{key}.{k}", f"{key.split('[')[0]}.{name}.{k}", fields, key)
+        if f"{key.split('[')[0]}.{name}.{k}" not in REMOVED:
+            owners = [n for n in reg.names() if n != name and k in _field_types(reg.get(n))]
+            if owners:
+                err = ConfigError(f"{err}. {k} is a field of {', '.join(owners)}, not of {name}: to switch {key} to "
+                                  f"{name}, replace the whole section, e.g. --set {key.split('[')[0]}='"
+                                  f"{{name: {name}}}'" + (" (a list of entries)" if "[" in key else "")
+                                  + " or a YAML section holding only its fields")
+        raise err
     base = default if (default is not None and name == default_named) else None
     return _build(cls, params, key + ".", base)
 
@@ -323,8 +355,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "", defaults: Any =
     types = _field_types(cls)
     unknown = [k for k in data if k not in types]
     if unknown:
-        raise ConfigError(f"unknown key '{prefix}{unknown[0]}'; valid keys under "
-                          f"{prefix.rstrip('.') or 'the top level'}: {', '.join(sorted(types))}")
+        raise _unknown_key_error(prefix + unknown[0], prefix + unknown[0], types, prefix.rstrip(".") or "the top level")
     defaults = defaults if defaults is not None else cls()
     meta = {f.name: f.metadata for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -377,20 +408,18 @@ def _key_type(parts: Sequence[str], root: type) -> Any:
     return typ
 
 
-def parse_override(item: str, root: type | None = None) -> dict:
-    """``"a.b=3"`` -> ``{"a": {"b": 3}}``; the value is parsed as YAML (``true``, ``1e-5``, ``[1,2]``).
+def _override_parts(key: str) -> list[str]:
+    """``"credit[0].lam"`` / ``"credit.0.lam"`` -> ``["credit", "0", "lam"]``."""
+    return [p for p in re.sub(r"\[(\d+)\]", r".\1", key.strip()).split(".") if p != ""]
 
-    For a key whose declared type under ``root`` (default :class:`RunConfig`) is ``str``, the text after
-    ``=`` is the value as typed (``task.prompt_template={puzzle}=`` is the string ``{puzzle}=``, not
-    YAML); only a YAML-quoted string (``'"a b"'``) is unquoted.
 
-    Raises:
-        ConfigError: when the item has no ``=``, or a non-string value is not valid YAML (naming the key).
-    """
+def _parse_override(item: str, root: type | None = None) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like key.sub=value")
     key, raw = item.split("=", 1)
-    parts = key.strip().split(".")
+    parts = _override_parts(key)
+    if not parts:
+        raise ConfigError(f"override {item!r} has no key before '='")
     is_str = _key_type(parts, root or RunConfig) is str
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
@@ -402,11 +431,63 @@ def parse_override(item: str, root: type | None = None) -> dict:
         value = raw
     if is_str and not isinstance(value, str):
         value = raw  # "{puzzle}" would be a YAML mapping, "true" a bool: keep the text
+    return parts, value
+
+
+def parse_override(item: str, root: type | None = None) -> dict:
+    """``"a.b=3"`` -> ``{"a": {"b": 3}}``; the value is parsed as YAML (``true``, ``1e-5``, ``[1,2]``,
+    a flow mapping ``{name: wd1}``).
+
+    For a key whose declared type under ``root`` (default :class:`RunConfig`) is ``str``, the text after
+    ``=`` is the value as typed (``task.prompt_template={puzzle}=`` is the string ``{puzzle}=``, not
+    YAML); only a YAML-quoted string (``'"a b"'``) is unquoted. ``credit[0].lam`` is ``credit.0.lam``.
+
+    Raises:
+        ConfigError: when the item has no ``=``, or a non-string value is not valid YAML (naming the key).
+    """
+    parts, value = _parse_override(item, root)
     out: dict = {}
     cur = out
     for p in parts[:-1]:
         cur = cur.setdefault(p, {})
     cur[parts[-1]] = value
+    return out
+
+
+def apply_override(data: dict, item: str) -> dict:
+    """``data`` (a merged YAML mapping) with the override ``key.sub=value`` applied: the value
+    *replaces* what is at ``key.sub`` (a mapping value such as ``objective={name: wd1}`` replaces the
+    whole section, whose other keys then take their defaults), while the rest of ``data`` is kept.
+    A number in the key indexes a list (``credit.0.lam=0.3``, ``credit[0].lam=0.3``); a component
+    given by its bare name (``objective: wd1``) is read as ``{name: wd1}`` when a key below it is set.
+
+    Raises:
+        ConfigError: as :func:`parse_override`, or for an index into a list that has no such entry.
+    """
+    parts, value = _parse_override(item)
+    out = copy.deepcopy(data)
+    cur: Any = out
+    for i, p in enumerate(parts):
+        last = i == len(parts) - 1
+        where = ".".join(parts[:i + 1])
+        if isinstance(cur, list):
+            if not p.isdigit() or int(p) >= len(cur):
+                raise ConfigError(f"{where}: {'.'.join(parts[:i]) or 'the list'} has {len(cur)} entries "
+                                  f"(indices 0-{len(cur) - 1}); set the whole list, e.g. --set "
+                                  f"{'.'.join(parts[:i])}='[{{name: ...}}]'")
+            p = int(p)
+        elif not isinstance(cur, dict):
+            raise ConfigError(f"{where}: {'.'.join(parts[:i])} is {cur!r}, not a section")
+        if last:
+            cur[p] = value
+            break
+        nxt = cur[p] if isinstance(cur, list) else cur.get(p)
+        if nxt is None:
+            nxt = {}
+        elif isinstance(nxt, str):
+            nxt = {"name": nxt}
+        cur[p] = nxt
+        cur = nxt
     return out
 
 
@@ -434,7 +515,7 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = (),
             raise ConfigError(f"{p}: top level must be a mapping")
         data = _merge(data, loaded)
     for item in overrides:
-        data = _merge(data, parse_override(item))
+        data = apply_override(data, item)
     if plugins:
         data["plugins"] = _coerce(data.get("plugins", []), list, "plugins") + list(plugins)
     load_plugins(_coerce(data.get("plugins", []), list, "plugins"))
@@ -496,6 +577,14 @@ _NON_NEGATIVE = ("model.lora_rank", "sft.steps", "sft.warmup_steps", "sft.weight
                  "train.warmup_steps", "train.eval_every", "train.save_every", "task.eval_limit", "train.max_forward_rows")
 
 
+#: settings that leave every gradient zero or undefined: dotted key -> (smallest valid value, why)
+_MEANINGLESS = {
+    "train.group_size": (2, "the advantages are relative to each prompt's group (SPEC §1.3): with one completion "
+                            "per prompt every advantage is 0 (leave_one_out: undefined) and so is every gradient"),
+    "train.steps": (1, "0 RL steps train nothing (for SFT alone use `maskrl sft`)"),
+}
+
+
 def _check_ranges(cfg: "RunConfig") -> None:
     def get(key: str) -> Any:
         obj = cfg
@@ -503,6 +592,9 @@ def _check_ranges(cfg: "RunConfig") -> None:
             obj = getattr(obj, part)
         return obj
 
+    for key, (least, why) in _MEANINGLESS.items():
+        if get(key) < least:
+            raise ConfigError(f"{key}: must be >= {least}, got {get(key)!r}: {why}")
     for key in _POSITIVE:
         if get(key) <= 0:
             raise ConfigError(f"{key}: must be > 0, got {get(key)!r}")
