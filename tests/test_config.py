@@ -191,3 +191,18 @@ def test_a_removed_key_says_why():
         load_config([], ["credit=[{name: dispo, seed: 3}]"])
     with pytest.raises(ConfigError, match=r"unknown key 'credit\[0\]\.sead'"):
         load_config([], ["credit=[{name: dispo, sead: 3}]"])
+
+
+def test_explain_one_field_of_a_section_or_component():
+    from maskrl.config import explain
+
+    text = explain("credit.dispo.z")
+    assert text.splitlines()[0] == "[credit.dispo]" and "z = 2" in text and "fillings per state" in text
+    assert "lr = 1e-05" in explain("train.lr") and "group_size" not in explain("train.lr")
+    assert "clip_eps = " in explain("objective.diffu_grpo.clip_eps")
+    with pytest.raises(ConfigError, match=r"credit\.dispo\.seed: removed"):
+        explain("credit.dispo.seed")
+    with pytest.raises(ConfigError, match=r"credit\.dispo\.zz: unknown field; valid: .*\bz\b"):
+        explain("credit.dispo.zz")
+    with pytest.raises(ConfigError, match=r"train\.nope: unknown field"):
+        explain("train.nope")

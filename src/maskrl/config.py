@@ -707,26 +707,46 @@ def explain(section: str) -> str:
     """Text listing each field of a config section with its default and description (``maskrl config
     --explain SECTION``). Sections: ``model``, ``model.tiny``, ``task``, ``rollout``, ``eval``, ``sft``,
     ``train``, and the components ``objective``, ``likelihood``, ``credit`` (every registered entry;
-    ``objective.NAME`` for one).
+    ``objective.NAME`` for one, user plug-ins' included). One field: ``train.lr``,
+    ``credit.dispo.z``, ``objective.diffu_grpo.clip_eps``.
 
     Raises:
-        ConfigError: on an unknown section, listing the valid ones.
+        ConfigError: on an unknown section, component or field, listing the valid ones.
     """
     import inspect
 
     if section in _SECTIONS:
         return "\n".join(_explain_class(_SECTIONS[section], f"[{section}]"))
-    kind, _, name = section.partition(".")
+    head, _, field_name = section.rpartition(".")
+    if head in _SECTIONS:
+        return _explain_field(_SECTIONS[head], head, field_name)
+    kind, _, rest = section.partition(".")
     if kind in ("objective", "likelihood", "credit"):
         reg = _registry(kind)
+        name, _, field_name = rest.partition(".")
         names = [name] if name else reg.names()
         out = []
         for n in names:
             if n not in reg:
                 raise ConfigError(f"{kind}.{n}: unknown {kind}; valid: {', '.join(reg.names())}")
             cls = reg.get(n)
+            if field_name:
+                return _explain_field(cls, f"{kind}.{n}", field_name)
             summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
             out += _explain_class(cls, f"[{kind}] name: {n}\n  {summary}") + [""]
         return "\n".join(out).rstrip() or f"(no {kind} registered)"
     valid = sorted(_SECTIONS) + ["objective", "likelihood", "credit"]
-    raise ConfigError(f"unknown section {section!r}; valid: {', '.join(valid)}")
+    raise ConfigError(f"unknown section {section!r}; valid: {', '.join(valid)} (or SECTION.FIELD, "
+                      "e.g. train.lr, credit.dispo.z)")
+
+
+def _explain_field(cls: type, where: str, name: str) -> str:
+    """One field of ``cls`` (named ``where.name``): its default and description; a removed field says why."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if name not in fields:
+        if f"{where}.{name}" in REMOVED:
+            raise ConfigError(f"{where}.{name}: {REMOVED[where + '.' + name]}")
+        raise ConfigError(f"{where}.{name}: unknown field; valid: {', '.join(sorted(fields))}")
+    lines = _explain_class(cls, f"[{where}]")
+    i = lines.index(next(line for line in lines if line.startswith(f"  {name} = ")))
+    return "\n".join([f"[{where}]"] + lines[i:i + 2])
