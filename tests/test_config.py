@@ -206,3 +206,61 @@ def test_explain_one_field_of_a_section_or_component():
         explain("credit.dispo.zz")
     with pytest.raises(ConfigError, match=r"train\.nope: unknown field"):
         explain("train.nope")
+
+
+def test_paths_in_a_yaml_file_are_read_from_its_folder(tmp_path, monkeypatch):
+    """Issue 20 item 3: every input path field of a YAML file is relative to the file's folder (as
+    its reader takes it); --set values stay relative to the working directory."""
+    import json as _json
+    import os
+
+    recipes = tmp_path / "recipes"
+    (recipes / "tables").mkdir(parents=True)
+    (recipes / "tables" / "w.json").write_text(_json.dumps({"w_c": {"NOUN": 1.1}}))
+    (recipes / "my_plugin.py").write_text("VALUE = 1\n")
+    (recipes / "data").mkdir()
+    (recipes / "tok").mkdir()
+    (recipes / "tok" / "tokenizer.json").write_text("{}")
+    (recipes / "r.yaml").write_text(
+        "plugins: [my_plugin.py, json]\n"
+        "model: {path: ckpt, tiny: {tokenizer: tok}}\n"
+        "task: {data_path: data/test.jsonl}\n"
+        "credit: [{name: dtca, pos_weights: tables/w.json, tagger: 'maskrl.pos:spacy_pos_classes'}]\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(["../recipes/r.yaml"])
+    assert cfg.credit[0].pos_weights == str(recipes / "tables" / "w.json")
+    assert cfg.plugins[0] == str(recipes / "my_plugin.py") and cfg.plugins[1] == "json"  # a module name stays
+    assert cfg.model.path == str(recipes / "ckpt") and cfg.task.data_path == str(recipes / "data" / "test.jsonl")
+    assert cfg.model.tiny.tokenizer == str(recipes / "tok")
+    assert all(type(p) is str for p in cfg.plugins) and type(cfg.model.path) is str
+    # the command line: relative to the working directory
+    (elsewhere / "w2.json").write_text(_json.dumps({"w_c": {"NOUN": 0.9}}))
+    cfg = load_config(["../recipes/r.yaml"], ["model.path=ckpt", "credit.0.pos_weights=w2.json", "task.data_path=d"])
+    assert (cfg.model.path, cfg.credit[0].pos_weights, cfg.task.data_path) == ("ckpt", "w2.json", "d")
+    # a Hub id stays a Hub id, built-in tokenizer names stay names, absolute paths stay
+    (recipes / "hub.yaml").write_text(f"model: {{path: GSAI-ML/LLaDA-8B-Instruct, tiny: {{tokenizer: char}}}}\n"
+                                      f"task: {{data_path: {tmp_path}}}\n")
+    cfg = load_config([recipes / "hub.yaml"])
+    assert (cfg.model.path, cfg.model.tiny.tokenizer, cfg.task.data_path) == ("GSAI-ML/LLaDA-8B-Instruct", "char",
+                                                                             str(tmp_path))
+    # the resolved config reloads to the same paths from any folder (config.json of a run)
+    import yaml as _yaml
+
+    from maskrl.config import to_dict
+
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(_yaml.safe_dump(to_dict(load_config(["../recipes/r.yaml"]))))
+    monkeypatch.chdir(tmp_path)
+    assert load_config([saved]).credit[0].pos_weights == str(recipes / "tables" / "w.json")
+    assert os.path.isabs(load_config([saved]).plugins[0])
+
+
+def test_shipped_recipes_with_paths_load_from_any_folder(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config([root / "dtca_countdown_dtca.yaml"])
+    assert Path(cfg.credit[0].pos_weights).is_file()

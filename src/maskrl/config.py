@@ -35,7 +35,7 @@ class TinyModelConfig:
         tokenizer: ``char`` (one token per character; puzzles), ``wordmath_bpe`` (the byte-level BPE
             that :func:`maskrl.tasks.wordmath.build_wordmath_tokenizer` trains on generated word
             problems; natural-language text, issue 10) or a folder with tokenizer files
-            (``tokenizer.json``). It is saved beside the model, so a loaded checkpoint keeps it.
+            (``tokenizer.json``; relative: see ``RunConfig``'s paths). It is saved beside the model, so a loaded checkpoint keeps it.
     """
 
     hidden_size: int = 128
@@ -43,7 +43,7 @@ class TinyModelConfig:
     num_heads: int = 4
     intermediate_size: int = 384
     seed: int = 0
-    tokenizer: str = "char"
+    tokenizer: str = field(default="char", metadata={"path": "tokenizer"})
 
 
 @dataclass
@@ -52,6 +52,9 @@ class ModelConfig:
 
     Attributes:
         path: a local folder (or hub id) for :func:`maskrl.models.load`; empty = build the tiny model.
+            In a YAML file a relative folder is read from the file's folder (a value that is no
+            folder there and looks like ``owner/name`` stays a Hub id); on the command line from the
+            working directory.
         dtype: parameter dtype of a loaded model (``float32``, ``bfloat16``, ``float16``).
         tiny: shape of the built-in tiny model.
         lora_rank: 0 = full fine-tuning; > 0 wraps the model with peft LoRA of this rank.
@@ -62,7 +65,7 @@ class ModelConfig:
         chat_template: apply the tokenizer's chat template to prompts when it has one.
     """
 
-    path: str = ""
+    path: str = field(default="", metadata={"path": "model"})
     dtype: str = "float32"
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     lora_rank: int = 0
@@ -81,7 +84,8 @@ class TaskConfig:
         name: registered task (``sudoku4x4``, ``countdown``, ``gsm8k``, ``math500``, ``mbpp``, ``humaneval``,
             ``jsonschema``).
         prompt_template: Python format string for prompts; empty = the task's default template.
-        data_path: data file or folder; empty = ``$MASKRL_DATA_DIR`` or ``../shared/data``.
+        data_path: data file or folder; empty = ``$MASKRL_DATA_DIR`` or ``../shared/data``. Relative:
+            see ``RunConfig``'s paths.
         train_size: training rows (generated tasks: how many to generate).
         train_seed: seed of generated training rows.
         eval_limit: evaluate on the first rows only; 0 = all rows.
@@ -93,7 +97,7 @@ class TaskConfig:
 
     name: str = "sudoku4x4"
     prompt_template: str = ""
-    data_path: str = ""
+    data_path: str = field(default="", metadata={"path": "file"})
     train_size: int = 4000
     train_seed: int = 1234
     eval_limit: int = 0
@@ -202,8 +206,16 @@ def _default_objective():
 class RunConfig:
     """Everything one command needs.
 
+    Paths: every field that names an input file or folder (``plugins`` entries that are ``.py``
+    paths, ``model.path``, ``model.tiny.tokenizer``, ``task.data_path``, a credit module's
+    ``pos_weights``; fields marked ``metadata={"path": ...}``, plug-ins' too) is read, when relative
+    and written in a YAML file, from that file's folder, as a reader of the file would take it, and
+    stored as an absolute path. Values given with ``--set`` / ``--plugin`` are relative to the
+    working directory. ``output_dir`` is where the command writes, relative to the working directory.
+
     Attributes:
-        output_dir: where runs write checkpoints, metrics and models.
+        output_dir: where runs write checkpoints, metrics and models (relative to the working
+            directory, also in a YAML file).
         plugins: modules (dotted names or ``.py`` paths) imported before the config is built, so that
             their registered objectives, likelihoods, credit modules and tasks can be named here.
         model: which model (see ``model``).
@@ -219,7 +231,7 @@ class RunConfig:
     """
 
     output_dir: str = "runs/default"
-    plugins: list = field(default_factory=list)
+    plugins: list = field(default_factory=list, metadata={"path": "module"})
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: SamplerConfig = field(default_factory=lambda: SamplerConfig(gen_length=16, block_length=16, steps=16,
@@ -241,6 +253,63 @@ MOVED = {
     "objective.likelihood": "likelihood.name (a section of its own: `likelihood: {name: state, p_mask_prompt: 0.15}`)",
     "objective.p_mask_prompt": "likelihood.p_mask_prompt (`likelihood: {name: mean_field, p_mask_prompt: 0.15}`)",
 }
+
+
+class _FromFile(str):
+    """A string read from a YAML file; ``base`` is that file's folder (for path fields)."""
+
+    base: Path
+
+    def __reduce__(self):  # copy.deepcopy keeps the folder
+        return (_from_file, (str(self), self.base))
+
+
+def _from_file(text: str, base: Path) -> "_FromFile":
+    s = _FromFile(text)
+    s.base = base
+    return s
+
+
+def _mark(obj: Any, base: Path) -> Any:
+    """``obj`` (loaded YAML) with every string value remembering the YAML file's folder ``base``."""
+    if isinstance(obj, str):
+        return _from_file(obj, base)
+    if isinstance(obj, Mapping):
+        return {k: _mark(v, base) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_mark(v, base) for v in obj]
+    return obj
+
+
+def _resolve_path(value: Any, kind: str) -> Any:
+    """A path field's value (``kind`` from its ``metadata["path"]``) with a relative path written in
+    a YAML file made absolute against that file's folder; other values are returned unchanged
+    (plain strings: command-line values are relative to the working directory).
+
+    Kinds: ``file`` (any file or folder), ``model`` (a Hub id ``owner/name`` that is no folder next to
+    the YAML stays as written), ``tokenizer`` (the built-in names stay), ``module`` (a list: dotted
+    module names stay, ``.py`` paths are resolved).
+    """
+    import os
+
+    if kind == "module" and isinstance(value, list):
+        return [_resolve_path(v, "module") for v in value]
+    if not isinstance(value, _FromFile):
+        return value
+    text = str(value)
+    if not text or Path(text).expanduser().is_absolute() or text.startswith("~"):
+        return os.path.expanduser(text) if text.startswith("~") else text
+    if kind == "tokenizer" and text in TINY_TOKENIZERS:
+        return text
+    if kind == "module" and not (text.endswith(".py") or "/" in text or "\\" in text):
+        return text
+    resolved = os.path.abspath(value.base / text)
+    if kind == "model" and not Path(resolved).exists():
+        from maskrl.models.loading import looks_like_path
+
+        if re.fullmatch(r"[\w.\-]+/[\w.\-]+", text) and not looks_like_path(text):
+            return text  # a Hub id
+    return resolved
 
 
 #: keys that existed and were removed: ``section.key`` (components: ``kind.name.key``) -> why, and
@@ -362,8 +431,14 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "", defaults: Any =
     for name, typ in types.items():
         kind = meta[name].get("component")
         if kind is None:
-            kwargs[name] = (_coerce(data[name], typ, prefix + name, getattr(defaults, name)) if name in data
+            raw = _resolve_path(data[name], meta[name]["path"]) if name in data and "path" in meta[name] else \
+                data.get(name)
+            kwargs[name] = (_coerce(raw, typ, prefix + name, getattr(defaults, name)) if name in data
                             else getattr(defaults, name))
+            if isinstance(kwargs[name], list):
+                kwargs[name] = [str(v) if isinstance(v, str) else v for v in kwargs[name]]
+            elif isinstance(kwargs[name], _FromFile):
+                kwargs[name] = str(kwargs[name])
         elif meta[name].get("many"):
             items = data.get(name, getattr(defaults, name)) or []
             if not isinstance(items, (list, tuple)):
@@ -498,6 +573,9 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = (),
     The ``plugins`` list of the result (modules imported before the config is built, see
     :func:`load_plugins`) is the YAML's followed by ``plugins`` (the command line's ``--plugin``).
 
+    Relative input paths in a YAML file are read from that file's folder, those of overrides from the
+    working directory (see :class:`RunConfig`).
+
     Raises:
         ConfigError: on an unknown key (naming it and the valid ones) or a mistyped value.
         FileNotFoundError: when a YAML file does not exist.
@@ -513,12 +591,12 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = (),
             raise ConfigError(f"{p}: not valid YAML ({e})") from None
         if not isinstance(loaded, Mapping):
             raise ConfigError(f"{p}: top level must be a mapping")
-        data = _merge(data, loaded)
+        data = _merge(data, _mark(loaded, Path(p).parent))
     for item in overrides:
         data = apply_override(data, item)
-    if plugins:
-        data["plugins"] = _coerce(data.get("plugins", []), list, "plugins") + list(plugins)
-    load_plugins(_coerce(data.get("plugins", []), list, "plugins"))
+    data["plugins"] = [str(v) for v in _resolve_path(_coerce(data.get("plugins", []), list, "plugins"), "module")]
+    data["plugins"] += list(plugins)
+    load_plugins(data["plugins"])
     cfg = _build(RunConfig, data)
     _check_ranges(cfg)
     return cfg
