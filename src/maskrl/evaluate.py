@@ -364,7 +364,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     """
     from maskrl.health import check_rewards
     from maskrl.models import load
-    from maskrl.pipeline import prompt_formatter, resolve_device, write_json
+    from maskrl.pipeline import check_lengths, prompt_formatter, resolve_device, write_json
     from maskrl.scoring import file_source
     from maskrl.tasks import get_task
 
@@ -402,6 +402,8 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     templated = bool(chat_template and getattr(adapter.tokenizer, "chat_template", None))
     fmt = prompt_formatter(adapter, chat_template)
     prompts = {ex.id: fmt(ex.prompt) for ex in examples}
+    check_lengths(adapter, list(prompts.values()), max(samplers), "--gen-length",
+                  [f"row {i} of {data_file}" for i in prompts])
 
     out = Path(out_dir) if out_dir is not None else Path("runs") / "eval" / task.name
     data_src = file_source(data_file)
