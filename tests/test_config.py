@@ -69,6 +69,14 @@ def test_settings_that_leave_every_gradient_zero_are_refused(item, why):
     load_config([], [item.split("=")[0] + "=2"])
 
 
+def test_greedy_rollouts_without_credit_modules_are_refused():
+    """Greedy, confidence-ordered rollouts make a group's completions identical: every advantage 0."""
+    with pytest.raises(ConfigError, match=r"rollout\.temperature: 0 .* identical.*every gradient is 0"):
+        load_config([], ["rollout.temperature=0"])
+    load_config([], ["rollout.temperature=0", "rollout.remasking=random"])  # random order differs per completion
+    load_config([], ["rollout.temperature=0", "credit=[{name: dispo}]"])    # DiSPO branches with its own τ
+
+
 def test_missing_and_broken_yaml_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config([tmp_path / "nope.yaml"])

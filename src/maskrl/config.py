@@ -673,6 +673,11 @@ def _check_ranges(cfg: "RunConfig") -> None:
     for key, (least, why) in _MEANINGLESS.items():
         if get(key) < least:
             raise ConfigError(f"{key}: must be >= {least}, got {get(key)!r}: {why}")
+    r = cfg.rollout
+    if r.temperature == 0 and r.remasking == "low_confidence" and not cfg.credit:
+        raise ConfigError("rollout.temperature: 0 with rollout.remasking: low_confidence makes the G completions of "
+                          "a prompt identical, so every group-relative advantage (SPEC §1.3) and every gradient is 0; "
+                          "sample the rollouts (e.g. rollout.temperature: 0.9) or use rollout.remasking: random")
     for key in _POSITIVE:
         if get(key) <= 0:
             raise ConfigError(f"{key}: must be > 0, got {get(key)!r}")
