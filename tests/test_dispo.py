@@ -418,3 +418,34 @@ def test_two_processes_with_unequal_kept_states(tmp_path):
     assert "step/policy_loss" in loss_keys and "base/kl" in loss_keys
     for k in loss_keys:
         assert r0["pad"]["metrics"][k] == r0["nopad"]["metrics"][k], k
+
+
+@pytest.mark.parametrize("cfg", [dataclasses.replace(FIXED, cache="prefix"), dataclasses.replace(THRESH, cache="prefix"),
+                                 dataclasses.replace(THRESH, cache="dual")],
+                         ids=["fixed-prefix", "threshold-prefix", "threshold-dual"])
+def test_fillings_under_a_cache_come_from_thetas_exact_logits(cfg):
+    """Issue 19 item 3: the fillings' recorded log-probs are θ's full-forward log-softmax at x_t (the
+    distribution the step term's ratio scores them under), not the key/value cache's approximation."""
+    from conftest import sharp_tiny
+
+    a = sharp_tiny()
+    ids, mask = encode_prompts(a.tokenizer, PROMPTS)
+    obs = DiSPO(z=2, timing="uniform").observers(cfg, torch.Generator().manual_seed(1))
+    ro = generate(a, ids, mask, cfg, generator=torch.Generator().manual_seed(0), observers=obs)
+    st = ro.step_stats
+    checked = 0
+    for i in range(ro.batch_size):
+        t = int(st["dispo_step"][i])
+        sel = st["dispo_masked"][i]
+        x = torch.cat([ids[i], torch.where(sel, a.mask_id, ro.completion_ids[i])])[None]
+        attn = torch.cat([mask[i], torch.ones(ro.gen_length, dtype=torch.bool)])[None]
+        with torch.no_grad():
+            z = a.logits(x, attn)[0, ids.shape[1]:].double()
+        z[:, a.mask_id] = float("-inf")
+        lp = torch.log_softmax(z, -1)
+        for k in range(2):
+            fill = st["dispo_fill"][i, k]
+            want = lp[sel].gather(-1, fill[sel][:, None]).squeeze(-1)
+            torch.testing.assert_close(st["dispo_logp_old"][i, k][sel].double(), want, rtol=1e-4, atol=1e-4)
+        checked += int(t > 0 and (ro.commit_step[i] < t).any())
+    assert checked  # some branch lies past a block's first step, where the cache would have answered

@@ -516,6 +516,7 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if cfg.train.on_nonfinite not in ON_NONFINITE:
         raise ConfigError(f"train.on_nonfinite: unknown {cfg.train.on_nonfinite!r}; valid: {', '.join(ON_NONFINITE)}")
     _check_dtype(cfg)
+    _check_observer_logits(cfg)
     t = cfg.model.tiny
     from pathlib import Path
 
@@ -525,6 +526,29 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if t.hidden_size % t.num_heads:
         raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
                           f"model.tiny.num_heads ({t.num_heads})")
+
+
+def _check_observer_logits(cfg: "RunConfig") -> None:
+    """``rollout.observer_logits: refuse`` with a cache: no credit module may read per-step logits that
+    must be theta's exact ones (its observers declare ``exact_logits``; issue 19 item 3). Decided
+    here, before any model is loaded, naming the fields."""
+    r = cfg.rollout
+    if r.cache == "none" or r.observer_logits != "refuse":
+        return
+    import torch
+
+    from maskrl.credit import CREDITS
+    from maskrl.sampling import exact_observers
+
+    for i, module in enumerate(cfg.credit):
+        names = exact_observers(module.observers(r, torch.Generator()))
+        if names:
+            raise ConfigError(
+                f"credit[{i}] ({CREDITS.name_of(module)}) with rollout.cache: {r.cache} and rollout.observer_logits: "
+                f"refuse: its observers ({', '.join(names)}) read statistics defined on theta's exact logits at the "
+                "rollout states, which a cached step does not compute (no silent inexact credit). Use rollout.cache: "
+                "none, or rollout.observer_logits: exact (the sampler then runs one extra full forward per cached "
+                "step they read; rollouts cost more than with cache none).")
 
 
 def _check_dtype(cfg: "RunConfig") -> None:

@@ -117,15 +117,26 @@ class BranchObserver:
         timing, power: the branching distribution.
         steps: T of the fixed schedule, or ``None`` for the threshold schedule.
         generator: the observer's own CPU generator (never the sampler's).
+        block_length: the sampler's b (threshold schedule: which rows are in their last block;
+            ``None``: every row not yet branched counts as possibly finishing).
 
     ``result()``: ``dispo_step [N]`` long (−1: no branch), ``dispo_masked [N, L]`` bool (masked in
     x_t), ``dispo_fill [N, Z, L]`` long (the fillings at those positions, −1 elsewhere),
     ``dispo_logp_old [N, Z, L]`` float32 (``log softmax(logits)`` of each filled token, 0 elsewhere).
+
+    ``exact_logits = True``: the fillings are drawn from θ's distribution at x_t, the one the step
+    term's ratio scores them under (SPEC §4), so under a key/value cache the sampler gives the rows
+    this observer asks for exact logits (one full forward per branching row; under the threshold
+    schedule also the steps of a row's last block, where its fallback branch may fall) or refuses
+    (:attr:`maskrl.sampling.SamplerConfig.observer_logits`).
     """
 
+    exact_logits = True
+
     def __init__(self, z: int, temperature: float, timing: str, power: float, steps: int | None,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, block_length: int | None = None) -> None:
         self.z, self.temperature, self.timing, self.power, self.steps = z, temperature, timing, power, steps
+        self.block_length = block_length
         self.gen = generator
         self.target: torch.Tensor | None = None  # [N] step (fixed) or fraction (threshold)
         self.done: torch.Tensor | None = None  # [N] bool, branched
@@ -153,12 +164,21 @@ class BranchObserver:
         return (due & ~self.done[r]).to(masked.device)
 
     def logit_positions(self, step: int, rows: torch.Tensor, masked: torch.Tensor, block_start: torch.Tensor):
-        """Every masked position of the rows that branch at this step; nothing extra elsewhere."""
+        """Every masked position of the rows that branch at this step; nothing extra elsewhere. Under
+        the threshold schedule also the rows not yet branched whose masks all lie in their current
+        block (they may finish at this step and then branch there, :meth:`on_step`): in-block
+        positions, which cost nothing extra, but with a cache they get exact logits."""
         if self.target is None:
             self._init(rows)
         due = self._due(step, rows, masked)
         self._pending = (step, due)
-        return masked & due[:, None]
+        ask = due
+        if self.steps is None:
+            pos = torch.arange(masked.shape[1], device=masked.device)
+            b = self.block_length if self.block_length is not None else masked.shape[1]
+            beyond = masked & (pos[None, :] >= block_start[:, None] + b)
+            ask = due | (~beyond.any(-1) & ~self.done[rows.cpu()].to(masked.device))
+        return masked & ask[:, None]
 
     def on_step(self, view: Any) -> None:
         step, due = self._pending if self._pending is not None and self._pending[0] == view.step else \
@@ -172,6 +192,9 @@ class BranchObserver:
         sel = view.masked & due[:, None]  # [n, L]
         if (sel & ~view.covered).any():
             raise ValueError("DiSPO: the sampler did not compute logits at every masked position of a branching row")
+        if not view.exact[due].all():
+            raise ValueError("DiSPO: a branching row's logits came from the key/value cache, not theta's full forward; "
+                             "the sampler must honour exact_logits (SamplerConfig.observer_logits='exact')")
         vidx = view.covered.flatten().long().cumsum(0).view(view.covered.shape) - 1
         tokens, logp = draw_fillings(view.logits[vidx[sel]], self.z, self.temperature, self.gen)  # [Z, M]
         local = due.nonzero().squeeze(-1)
@@ -265,7 +288,8 @@ class DiSPO(CreditModule):
         gen = generator
         tau = self.temperature if self.temperature >= 0 else float(getattr(sampler, "temperature", 1.0))
         steps = None if getattr(sampler, "schedule", "fixed") == "threshold" else int(sampler.steps)
-        return [BranchObserver(self.z, tau, self.timing, self.power, steps, gen)]
+        return [BranchObserver(self.z, tau, self.timing, self.power, steps, gen,
+                               block_length=getattr(sampler, "block_length", None))]
 
     def _term(self, rollout, adv: torch.Tensor, mask: torch.Tensor) -> LossTerm:
         return LossTerm(name="step", weight=float(self.alpha_step), rollout=rollout,
