@@ -8,7 +8,9 @@
   the rollout's states. Reference: replay every state of the *cached* rollout (positions with
   ``commit_step >= k`` masked) through a full forward and compute S(k, k+1), S(k+1, k+1) in float64.
   Reported: the maximum ``|δ_library − δ_reference|`` over valid (row, step) pairs, and the sampler's
-  wall time with the DPS observer under each cache mode.
+  cost with and without the DPS observer under each cache mode: model forwards, query token
+  positions (rows × columns summed over forwards; deterministic) and wall time (best of 3; noisy on
+  a shared machine).
 
 Runs on any maskrl version (it passes no option that older versions lack), so the same command
 gives the "before" numbers on an older checkout:
@@ -43,12 +45,14 @@ def tiny(sharp: float = 1.0):
 
 
 @torch.no_grad()
-def full_log_probs(a, prompt_ids, prompt_mask, completion) -> torch.Tensor:
-    """``[R, L, V]`` float64 log-softmax of a full forward (the ``[M]`` logit excluded)."""
+def full_log_probs(a, prompt_ids, prompt_mask, completion, drop_mask: bool = True) -> torch.Tensor:
+    """``[R, L, V]`` float64 log-softmax of a full forward; ``drop_mask``: the ``[M]`` logit excluded
+    (the sampler's convention; the likelihoods normalise over all V)."""
     x = torch.cat([prompt_ids, completion], 1)
     attn = torch.cat([prompt_mask.bool(), torch.ones_like(completion, dtype=torch.bool)], 1)
     z = a.logits(x, attn)[:, prompt_ids.shape[1]:].double()
-    z[..., a.mask_id] = float("-inf")
+    if drop_mask:
+        z[..., a.mask_id] = float("-inf")
     return torch.log_softmax(z, -1)
 
 
@@ -73,7 +77,7 @@ def sml_gap(a, L: int = 24, k: int = 4, seed: int = 0) -> dict:
         ref = torch.zeros(n, L, dtype=torch.float64)
         for s in range(k):
             hidden = (s_of == s) & valid  # SPEC §2.2: only the stratum is masked
-            lp = full_log_probs(a, ids, mask, torch.where(hidden, a.mask_id, comp))
+            lp = full_log_probs(a, ids, mask, torch.where(hidden, a.mask_id, comp), drop_mask=False)
             ref = torch.where(hidden, lp.gather(-1, comp[..., None]).squeeze(-1), ref)
         gap = (lib - ref).abs()[valid]
         out[layout] = {"max_abs_nats": gap.max().item(), "mean_abs_nats": gap.mean().item(),
@@ -111,6 +115,17 @@ def dps_gap(a, cfg: SamplerConfig, scope: str = "all", reps: int = 3) -> dict:
     assert set(ref) == {tuple(x) for x in valid.nonzero().tolist()}
     gaps = [abs(delta[n, k].item() - v) for (n, k), v in ref.items()]
     ref_vals = torch.tensor(list(ref.values()))
+    cost = {}
+    for name, obs_list in (("with_dps", lambda: [DPSObserver(scope)]), ("without_observer", lambda: [])):
+        seen = []
+        hook = a.model.get_decoder().register_forward_pre_hook(  # every forward of the sampler runs the decoder
+            lambda _m, args, kw: seen.append(kw.get("input_ids", args[0] if args else None).shape), with_kwargs=True)
+        try:
+            generate(a, ids, mask, cfg, generator=torch.Generator().manual_seed(0), observers=obs_list())
+        finally:
+            hook.remove()
+        cost[f"forwards_{name}"] = len(seen)
+        cost[f"token_positions_{name}"] = int(sum(sh[0] * sh[1] for sh in seen))  # rows x query columns
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -123,7 +138,7 @@ def dps_gap(a, cfg: SamplerConfig, scope: str = "all", reps: int = 3) -> dict:
         t_plain.append(time.perf_counter() - t0)
     return {"max_abs_delta_gap": max(gaps), "mean_abs_delta_gap": sum(gaps) / len(gaps), "pairs": len(gaps),
             "delta_std": ref_vals.std(unbiased=False).item(), "sampler_s_with_dps": min(times),
-            "sampler_s_without_observer": min(t_plain)}
+            "sampler_s_without_observer": min(t_plain), **cost}
 
 
 def main() -> None:
