@@ -46,6 +46,16 @@ def test_rldf_objective_defaults_and_registry():
     assert cfg.credit[0] == RLDFSteps() and CREDITS.name_of(cfg.credit[0]) == "rldf_steps"
     cfg = load_config([], ["objective={name: rldf, clip_eps: 0.3}"])
     assert cfg.objective.clip_eps == 0.3 and cfg.objective.beta == 0.01
+    # issue 19 item 5: one default -- the state likelihood with the clean prompt the p >= 0.6 filter and
+    # DTCA's calibration read, whether the section is absent or names `state` without the field
+    assert RLDF.default_likelihood_fields == {"p_mask_prompt": 0.0}
+    for sets in ([], ["likelihood={name: state}"], ["likelihood.name=state"]):
+        assert load_config([], ["objective.name=rldf", *sets]).likelihood == State(p_mask_prompt=0.0), sets
+    assert load_config([], ["objective.name=rldf", "likelihood={name: state, p_mask_prompt: 0.2}"]).likelihood == \
+        State(p_mask_prompt=0.2)  # still a choice
+    assert load_config([], ["likelihood={name: state}"]).likelihood == State()  # other objectives: SPEC §1.4's 0.15
+    from maskrl.config import explain
+    assert "(default likelihood: {name: state, p_mask_prompt: 0.0})" in explain("objective.rldf")
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
     g = torch.tensor([0, 0, 0, 0, 1, 1])
     assert torch.allclose(RLDF().advantages(r, g), torch.tensor([1.0, -1.0, -1.0, 1.0, 0.0, 0.0]))  # (r-.5)/.5

@@ -231,7 +231,15 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.likelihood is None:  # the objective's own estimator, with its defaults
-            self.likelihood = _registry("likelihood").get(self.objective.default_likelihood)()
+            self.likelihood = own_likelihood(self.objective)
+
+
+def own_likelihood(objective: Any) -> Any:
+    """The objective's own estimator: its ``default_likelihood`` built with its
+    ``default_likelihood_fields`` (e.g. ``rldf``: ``state`` with a clean prompt). Used when the YAML
+    has no ``likelihood`` section, and as the defaults of one that names the same estimator."""
+    fields = dict(getattr(objective, "default_likelihood_fields", {}) or {})
+    return _registry("likelihood").get(objective.default_likelihood)(**fields)
 
 
 #: flat keys of earlier versions -> where they live now
@@ -343,9 +351,9 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "", defaults: Any =
             # the objective's own estimator unless named; fields kept when the name is unchanged
             own = kwargs["objective"].default_likelihood
             current = getattr(defaults, name)
-            keep = current if current is not None and _registry(kind).name_of(current) == own else None
-            kwargs[name] = _component(data.get(name), kind, prefix + name, keep, own) \
-                if name in data or keep is None else keep
+            keep = current if current is not None and _registry(kind).name_of(current) == own \
+                else own_likelihood(kwargs["objective"])
+            kwargs[name] = _component(data.get(name), kind, prefix + name, keep, own) if name in data else keep
         else:
             kwargs[name] = (_component(data[name], kind, prefix + name, getattr(defaults, name), None)
                             if name in data else getattr(defaults, name))
@@ -658,7 +666,12 @@ def explain(section: str) -> str:
                 raise ConfigError(f"{kind}.{n}: unknown {kind}; valid: {', '.join(reg.names())}")
             cls = reg.get(n)
             summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
-            out += _explain_class(cls, f"[{kind}] name: {n}\n  {summary}") + [""]
+            out += _explain_class(cls, f"[{kind}] name: {n}\n  {summary}")
+            if kind == "objective":  # what an absent `likelihood:` section (or one naming it) starts from
+                lik = own_likelihood(cls())
+                fields = "".join(f", {k}: {v!r}" for k, v in dataclasses.asdict(lik).items())
+                out.append(f"  (default likelihood: {{name: {cls.default_likelihood}{fields}}})")
+            out.append("")
         return "\n".join(out).rstrip() or f"(no {kind} registered)"
     valid = sorted(_SECTIONS) + ["objective", "likelihood", "credit"]
     raise ConfigError(f"unknown section {section!r}; valid: {', '.join(valid)}")
