@@ -24,9 +24,10 @@ first stop token). ``A_z = R_z − mean_Z R``; states whose Z rewards are all eq
 gradient). Each kept branch becomes one row of the term's rollout whose ``commit_step`` is t at the
 filled positions and the original (< t) elsewhere, so the ``state`` likelihood scores the filled
 tokens at x_t in one forward row per branch (prompt masked as mean-field). The term trains only on
-the filled positions up to the branch's first stop token (token-local), with diffu-GRPO's per-token
-clipped ratio and β = 0, averaged over each branch's tokens and then over all branches of all kept
-states (``seq_mean``; every kept state has Z branches, so this is the mean over states of the mean
+the filled positions (token-local) -- by default those up to the branch's first stop token
+(``train_after_stop``), with diffu-GRPO's per-token clipped ratio and a β·KL3 term to the reference
+(``beta``; the paper adds one, SPEC §4), averaged over each branch's tokens and then over all
+branches of all kept states (``seq_mean``; every kept state has Z branches, so this is the mean over states of the mean
 over its branches -- the paper sums over states; we average). With α_step > 0 the term is always
 present, with 0 rows where no state was kept, so every process has the same list of terms (and the
 trainer pads the term's forwards so that every process runs as many: ``RLTrainer.optimize``).
@@ -244,6 +245,15 @@ class DiSPO(CreditModule):
         alpha_step: α_step, weight of the step term (default 0.5; SPEC: 0.1 after SFT); 0 adds no
             term and scores nothing.
         clip_eps: ε of the step term's per-token clipped ratio (default 0.5, diffu-GRPO's).
+        beta: **[choice]** β of the step term's KL3 to the reference (SPEC §4 leaves it open; the
+            paper adds a KL term to the step loss, whose value we do not have: default 0.04, the
+            diffu-GRPO base's β (d1, SPEC §1.5), which the step term's ratio copies). 0 drops the term
+            and, when nothing else needs one, the reference policy. With β > 0 the trainer keeps a
+            reference (a frozen copy, or the LoRA base) and scores each branch row under it.
+        train_after_stop: **[choice]** also train the filled positions after the branch's first stop
+            token (default False: as the base term's ``completion_mask`` and the reward, which reads a
+            completion up to its first stop token, so those tokens cannot change A_z; True trains every
+            filled position, "only the newly filled tokens" read literally).
         p_mask_prompt: prompt masking of the step term's state likelihood (default 0.15).
         skip_equal: skip states whose Z rewards are all equal (default True, SPEC §4). False keeps
             them (advantages 0, no gradient, full cost): the cost's worst case, for benchmarks.
@@ -264,6 +274,8 @@ class DiSPO(CreditModule):
     alpha_base: float = 1.0
     alpha_step: float = 0.5
     clip_eps: float = 0.5
+    beta: float = 0.04
+    train_after_stop: bool = False
     p_mask_prompt: float = 0.15
     skip_equal: bool = True
 
@@ -278,8 +290,15 @@ class DiSPO(CreditModule):
             raise ValueError(f"alpha_base (={self.alpha_base}) and alpha_step (={self.alpha_step}) must be >= 0")
         if self.clip_eps < 0:
             raise ValueError(f"clip_eps (={self.clip_eps}) must be >= 0")
+        if not self.beta >= 0:
+            raise ValueError(f"beta (={self.beta}) must be >= 0")
         if not 0.0 <= self.p_mask_prompt <= 1.0:
             raise ValueError(f"p_mask_prompt (={self.p_mask_prompt}) must lie in [0, 1]")
+
+    @property
+    def needs_reference(self) -> bool:
+        """True when the step term has a KL to the reference (``alpha_step > 0`` and ``beta > 0``)."""
+        return self.alpha_step > 0 and self.beta > 0
 
     def observers(self, sampler: Any, generator: torch.Generator) -> list[BranchObserver]:
         """One fresh :class:`BranchObserver` per rollout; it draws the branching steps and the
@@ -294,7 +313,7 @@ class DiSPO(CreditModule):
     def _term(self, rollout, adv: torch.Tensor, mask: torch.Tensor) -> LossTerm:
         return LossTerm(name="step", weight=float(self.alpha_step), rollout=rollout,
                         advantages=(adv[:, None] * mask.float()).float(), mask=mask,
-                        objective=DiffuGRPO(clip_eps=self.clip_eps, beta=0.0, aggregation="seq_mean"),
+                        objective=DiffuGRPO(clip_eps=self.clip_eps, beta=self.beta, aggregation="seq_mean"),
                         likelihood=State(p_mask_prompt=self.p_mask_prompt))
 
     def _empty_term(self, ro) -> LossTerm:
@@ -350,7 +369,7 @@ class DiSPO(CreditModule):
             sub, completion_ids=comp_b, completion_mask=valid,
             commit_step=torch.where(filled, t_b[:, None], sub.commit_step),
             group_ids=torch.arange(int(keep.sum()), device=comp.device).repeat_interleave(z), step_stats={})
-        return self._term(rollout, adv, filled & valid), metrics
+        return self._term(rollout, adv, filled if self.train_after_stop else filled & valid), metrics
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:
         weight = batch.base_weight * float(self.alpha_base)
