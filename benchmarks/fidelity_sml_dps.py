@@ -141,6 +141,35 @@ def dps_gap(a, cfg: SamplerConfig, scope: str = "all", reps: int = 3) -> dict:
             "sampler_s_without_observer": min(t_plain), **cost}
 
 
+def observer_cost(a) -> dict:
+    """Forwards and query token positions of one rollout of the 8 prompts with no observer, DiSPO's
+    and RLDF's (θ's exact commit probabilities) under each cache mode (``"exact"`` honoured)."""
+    from maskrl.credit import DiSPO, RLDFSteps
+
+    ids, mask = encode_prompts(a.tokenizer, PROMPTS)
+    out = {}
+    samplers = {"fixed": dict(gen_length=32, block_length=8, steps=16, temperature=1.0),
+                "threshold": dict(gen_length=32, block_length=8, temperature=1.0, schedule="threshold", threshold=0.5)}
+    for sched, kw in samplers.items():
+        for cache in ("none", "prefix", "dual"):
+            cfg = SamplerConfig(**kw, cache=cache)
+            makers = {"none": lambda: [], "dispo": lambda: DiSPO().observers(cfg, torch.Generator().manual_seed(0))}
+            if hasattr(RLDFSteps, "observers") and "observers" in RLDFSteps.__dict__:  # versions with exact p_i
+                makers["rldf_steps"] = lambda: RLDFSteps().observers(cfg, torch.Generator())
+            for name, mk in makers.items():
+                seen = []
+                hook = a.model.get_decoder().register_forward_pre_hook(
+                    lambda _m, args, kw: seen.append(kw.get("input_ids", args[0] if args else None).shape),
+                    with_kwargs=True)
+                try:
+                    generate(a, ids, mask, cfg, generator=torch.Generator().manual_seed(0), observers=mk())
+                finally:
+                    hook.remove()
+                out[f"{sched}/{cache}/{name}"] = {"forwards": len(seen),
+                                                  "token_positions": int(sum(sh[0] * sh[1] for sh in seen))}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/fidelity_sml_dps.json")
@@ -157,6 +186,7 @@ def main() -> None:
             for cache in ("none", "prefix", "dual"):
                 for scope in ("all", "block"):
                     res["dps"][f"{model}/{sched}/{cache}/{scope}"] = dps_gap(a, SamplerConfig(**kw, cache=cache), scope)
+    res["observer_cost_sharp"] = observer_cost(tiny(40.0))
     text = json.dumps(res, indent=1)
     print(text)
     with open(args.out, "w", encoding="utf-8") as f:
