@@ -225,7 +225,10 @@ def _layout(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator 
         return _Rows(prompt, hide, score, seq, coef, coef, zero, (length / union)[:, None])
     prompt = mask_prompt(rollout.prompt_ids, rollout.prompt_mask, adapter.mask_id, p_mask_prompt, generator)
     t, w = gauss_legendre_unit(nodes)
-    quad = torch.tensor([wj / tj for tj, wj in zip(t, w)], dtype=torch.float32, device=device)  # [J] w_j / t_j
+
+    def per_node(scale: float) -> torch.Tensor:  # [J] float32 scale·w_j/t_j (computed in float64)
+        return torch.tensor([scale * wj / tj for tj, wj in zip(t, w)], dtype=torch.float32, device=device)
+
     seq = torch.arange(n, device=device).repeat_interleave(nodes * draws)  # [R]
     node = torch.arange(nodes, device=device).repeat_interleave(draws).repeat(n)
     draw = torch.arange(draws, device=device).repeat(n * nodes)
@@ -236,11 +239,11 @@ def _layout(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator 
         hide = score | after[None]
         nb = L // block_length
         # the drawn block's sums are scaled by n_blocks / D outside the EUBO's log (one log per draw)
-        elbo_coef, eubo_coef, group = quad[node] * (nb / draws), quad[node], draw
+        elbo_coef, eubo_coef, group = per_node(nb / draws)[node], per_node(1.0)[node], draw
         outer = torch.full((n, draws), nb / draws, dtype=torch.float32, device=device)
     else:
         score = hide = elbo_masks((n, L), nodes, draws, coupled, generator, device, "random")
-        elbo_coef = eubo_coef = quad[node] / draws
+        elbo_coef = eubo_coef = per_node(1.0 / draws)[node]
         group, outer = torch.zeros_like(seq), torch.ones((n, 1), dtype=torch.float32, device=device)
     flat = lambda x: x.permute(2, 0, 1, 3).reshape(n * nodes * draws, L)  # noqa: E731  [J, D, N, L] -> [R, L]
     return _Rows(prompt[seq], flat(hide), flat(score), seq, elbo_coef, eubo_coef, group, outer)
