@@ -356,3 +356,21 @@ def test_spg_public_is_validated():
                                                                           torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="masking"):
         SPGBounds(masking="blocks")
+
+
+def test_a_trainer_step_with_spgs_released_scheme(tmp_path):
+    """The README's line for SPG's released code builds and trains: spg_public masking (2 distinct
+    blocks of 2, clean-token perturbation) and length-weighted (token_mean) aggregation."""
+    from conftest import OddChars, fresh_tiny, small_cfg
+    from maskrl.tasks.base import Example
+    from maskrl.trainer import RLTrainer
+
+    cfg = small_cfg(tmp_path, **{"objective.name": "spg", "objective.aggregation": "token_mean",
+                                 "likelihood.masking": "spg_public", "likelihood.nodes": 1, "likelihood.draws": 2,
+                                 "likelihood.p_mask_prompt": 0.15})
+    assert isinstance(cfg.likelihood, SPGBounds) and cfg.likelihood.masking == "spg_public"
+    a = fresh_tiny()
+    w0 = [p.detach().clone() for p in a.model.parameters()]
+    m = RLTrainer(cfg, a, OddChars(), [Example(id=i, prompt=f"say {i}") for i in range(4)]).step()
+    assert all(math.isfinite(m[k]) for k in ("base/policy_loss", "base/elbo", "base/eubo"))
+    assert any(not torch.equal(p, q) for p, q in zip(w0, a.model.parameters()))

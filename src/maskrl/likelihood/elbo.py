@@ -438,7 +438,8 @@ class SPGBounds(ELBO):
             ``spg_public``: must be 1).
         draws: block-and-mask draws per node **[choice]** (1; ``spg_public``: SPG's ``num_t``, 2 in its runs).
         coupled: complementary masks across symmetric nodes inside the drawn block.
-        p_mask_prompt: prompt masking probability (default 0; SPG's runs with ``spg_public``: 0.15).
+        p_mask_prompt: prompt masking probability (default 0; ``spg_public``: also each clean
+            completion token left of the drawn block, per row; SPG's runs: 0.15).
         masking: ``"block"`` (SPEC §1.5, default), ``"spg_public"`` (SPG's released code) or ``"random"``.
         block_length: block size (0: the rollout sampler's block length).
         eubo_beta: β of the EUBO **[choice]** (default 1.5).
