@@ -105,9 +105,9 @@ def padding_row(term: LossTerm, base: Rollout, max_rows: int) -> tuple[Rollout, 
 
     The row is the term's first row, or ``base``'s first row when the term has none on this process
     (a credit term that kept nothing here). Every completion position is asked for (``need`` all
-    True; every built-in estimator runs its forward whatever its masks draw), unless that costs more than ``max_rows`` forward rows (the term's likelihood's
-    ``rows()``; e.g. ``state`` at T commit steps); then only position 0 is, the cheapest call the
-    likelihood has.
+    True; every built-in estimator runs its forward whatever its masks draw), unless that costs more
+    than ``max_rows`` forward rows (the term's likelihood's ``rows()``; e.g. ``state`` at T commit
+    steps); then only position 0 is, the cheapest call the likelihood has.
 
     Args:
         term: the loss term (its ``rollout`` has ``M >= 0`` rows; its ``likelihood`` is asked for

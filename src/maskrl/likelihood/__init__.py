@@ -17,5 +17,6 @@ LIKELIHOODS.register("elbo")(ELBO)
 LIKELIHOODS.register("spg_bounds")(SPGBounds)
 
 __all__ = ["ELBO", "SPGBounds", "LIKELIHOODS", "Likelihood", "MeanField", "PerToken", "State", "Stratified", "bounds",
-           "check_pairing", "per_token_output", "provides", "reads", "spg_bounds", "elbo", "gauss_legendre_unit", "strata", "stratified", "commit_states", "mask_prompt", "mean_field", "needed",
-           "scatter_scores", "score_positions", "state", "token_log_probs"]
+           "check_pairing", "commit_states", "elbo", "gauss_legendre_unit", "mask_prompt", "mean_field", "needed",
+           "per_token_output", "provides", "reads", "scatter_scores", "score_positions", "spg_bounds", "state",
+           "strata", "stratified", "token_log_probs"]

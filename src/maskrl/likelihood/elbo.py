@@ -259,7 +259,7 @@ def bounds(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator |
     One batched forward of the rows with a scored needed position; the output layer runs only at
     positions that are both needed and scored. When the masks score none of the needed positions,
     one row still runs (a zero contribution), so that a call with a needed position always runs one
-    forward (ARCHITECTURE.md, "equal forwards"; issue 21 §4).
+    forward (the equal-forwards rule of :meth:`maskrl.trainer.RLTrainer.optimize`; issue 21 §4).
 
     Args:
         adapter: the policy (grad mode is the caller's).
