@@ -21,7 +21,7 @@ one metric rule of the trainer (issue "plug-in seams", item 4).
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar, Mapping
 
 import torch
 
@@ -68,6 +68,9 @@ class Objective:
     Class attributes (override in a subclass):
         default_likelihood: registry name of the SPEC §1.4 estimator used when the YAML has no
             ``likelihood`` section.
+        default_likelihood_fields: that estimator's fields where the objective's own defaults differ
+            from the estimator's (e.g. ``rldf``: ``{"p_mask_prompt": 0.0}``); also the defaults of a
+            ``likelihood`` section that names the same estimator.
         uses_ratio: True when the loss reads ``logp_old`` (θ_old's log-probs are then computed for
             μ > 1; with μ = 1 ``logp_old`` is ``logp.detach()``).
         reads: the per-token tensors the loss reads from its likelihood (default ``("logp",)``: one
@@ -78,6 +81,7 @@ class Objective:
     """
 
     default_likelihood: ClassVar[str] = "mean_field"
+    default_likelihood_fields: ClassVar[Mapping[str, Any]] = {}
     uses_ratio: ClassVar[bool] = True
     reads: ClassVar[tuple[str, ...]] = ("logp",)
 
