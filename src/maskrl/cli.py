@@ -97,6 +97,7 @@ def cmd_eval(args) -> int:
                           dtype=args.dtype, prompt_template=args.prompt_template, chat_template=args.chat_template,
                           overwrite=args.overwrite)
     print(summary["markdown"])
+    print(f"maskrl eval: results in {summary['out']}", file=sys.stderr)
     return 0
 
 

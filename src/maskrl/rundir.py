@@ -261,8 +261,9 @@ def _lr_at(train: dict, step: int) -> float:
 def resume_changes(old: dict, new: dict, step: int) -> tuple[list[str], list[str]]:
     """What a resume at ``step`` changes, as ``(safe, unsafe)`` lines ``"key: old -> new"``.
 
-    Safe: keys of :data:`SAFE_ON_RESUME`, and a raised ``train.steps`` when the schedule does not
-    depend on it (:data:`STEP_FREE_SCHEDULES`) -- the run then just goes on longer. Everything else
+    Safe: keys of :data:`SAFE_ON_RESUME`, a raised ``train.steps`` when the schedule does not
+    depend on it (:data:`STEP_FREE_SCHEDULES`) -- the run then just goes on longer --, and a key only
+    one of the two configs has (a field added or removed by another maskrl version; flagged as such). Everything else
     changes what the run trains (an objective's field, the learning rate, the data, the rollout
     sampler, the seed, ...) and is unsafe. A changed ``train.steps`` under a ``linear`` or ``cosine``
     schedule is unsafe: the decay is over ``train.steps``, so the learning rate of every later step
@@ -292,6 +293,8 @@ def resume_changes(old: dict, new: dict, step: int) -> tuple[list[str], list[str
                               f"learning rate of step {step + 1} would jump, {lrs})")
         elif _is_safe(key):
             safe.append(line)
+        elif _MISSING in (a, b):  # a field another maskrl version has and this one lacks (or vice versa)
+            safe.append(f"{line} (a setting {'new in' if a == _MISSING else 'removed from'} this maskrl version)")
         else:
             unsafe.append(line)
     return safe, unsafe
