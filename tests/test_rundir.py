@@ -373,3 +373,15 @@ def test_sigint_saves_a_checkpoint_prints_the_resume_command_and_resumes_exactly
     assert steps_of(run / "metrics.jsonl") == list(range(1, 9))
     a, b = weights(ref / "model"), weights(run / "model")
     assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_latest_checkpoint_skips_incomplete_ones(tmp_path):
+    from maskrl.trainer import TRAINER_STATE, latest_checkpoint
+
+    for name, complete in (("step_2", True), ("step_10", True), ("step_12", False), ("step_x", False)):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+        if complete:
+            (tmp_path / "checkpoints" / name / TRAINER_STATE).write_bytes(b"")
+    # step_12 was cut off while saving (its trainer state is written last): not a checkpoint to resume
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_10"
+    assert latest_checkpoint(tmp_path / "none") is None

@@ -666,7 +666,7 @@ class RLTrainer:
                 from maskrl.rundir import truncate_metrics
 
                 truncate_metrics(self.out_dir / "metrics.jsonl", self._resumed_step)
-                purge = self._resumed_step + 1
+                purge, self._resumed_step = self._resumed_step + 1, None  # once: later rows are this run's
             self._metrics_fh = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
             from torch.utils.tensorboard import SummaryWriter
 
