@@ -65,6 +65,30 @@ def test_train_refuses_a_folder_holding_another_run_until_resume_or_overwrite(tm
     assert main(train_args(run, "--resume", "--overwrite")) == 2
 
 
+def test_train_refuses_an_initial_model_inside_its_own_output_folder(tmp_path, capsys):
+    # `maskrl sft` writes <output_dir>/model by default; training from it into the same output_dir would
+    # replace the model it starts from (and its reference), with or without --overwrite
+    run = tmp_path / "run"
+    save_model(build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0), run / "model")
+    before = (run / "model" / "model.safetensors").read_bytes()
+    for extra in ([], ["--overwrite"]):
+        assert main(train_args(run, "--set", f"model.path={run / 'model'}", "--set", "train.steps=1", *extra)) == 2
+        assert "which this run writes" in capsys.readouterr().err
+    assert (run / "model" / "model.safetensors").read_bytes() == before
+
+
+def test_eval_refuses_a_training_runs_folder(tmp_path, sudoku_csv):
+    from maskrl.evaluate import run_harness
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds a run .*not an evaluation"):
+        run_harness(model=build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32), task_name="sudoku4x4",
+                    gen_lengths=[16], block_length=16, steps=4, data_path=sudoku_csv, out_dir=tmp_path / "run",
+                    overwrite=True, progress=False, prompt_template="{puzzle}=", chat_template=False)
+    assert (tmp_path / "run" / "summary.json").read_text() == "{}"
+
+
 def test_prepare_run_dir_removes_only_run_files_and_keeps_the_sft_cache(tmp_path):
     (tmp_path / "sft-cache" / "abc").mkdir(parents=True)
     (tmp_path / "metrics.jsonl").write_text("{}\n")

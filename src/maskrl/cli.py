@@ -386,6 +386,7 @@ def _open_train_run(args, cfg) -> dict:
         raise rundir.RunDirError("--force only applies to --resume")
     if main_proc:
         args.cleanup.enter_context(rundir.run_lock(out, "maskrl train"))
+    rundir.check_not_inside_run(cfg.model.path, out, "model.path")
     weights = rundir.weights_fingerprint(cfg.model.path) if cfg.model.path else None
     run = {"event": "start", "checkpoint": None, "changes": [], "forced": False, "weights": weights}
     if not args.resume:

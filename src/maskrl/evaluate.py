@@ -206,18 +206,23 @@ def _write_lines(path: Path, rows: Sequence[dict]) -> None:
 def _check_settings(out: Path, settings: dict, resume: bool, overwrite: bool) -> None:
     """Check ``out`` before an evaluation writes into it (issue 20).
 
-    ``out`` holding samples of other settings (:data:`_RESUME_KEYS`: another model's weights, task,
+    A folder holding a training run (:data:`maskrl.rundir.RUN_FILES`) and no ``settings.json`` is
+    refused, ``overwrite`` or not. ``out`` holding samples of other settings (:data:`_RESUME_KEYS`: another model's weights, task,
     data, sampler, template or dtype) is refused, with ``resume`` (its rows would pass for this
     evaluation's) and without (they would be replaced), unless ``overwrite``: then the old files are
     removed. Same settings without ``resume``: the files are started afresh.
 
     Raises:
-        ValueError: ``resume`` with ``overwrite``; an unreadable ``settings.json``; other settings
-            without ``overwrite`` (naming each key ``old -> new``).
+        ValueError: ``resume`` with ``overwrite``; a run's folder; an unreadable ``settings.json``;
+            other settings without ``overwrite`` (naming each key ``old -> new``).
     """
     if resume and overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
     path = out / SETTINGS_FILE
+    from maskrl.rundir import run_files
+
+    if not path.exists() and run_files(out):  # e.g. --out runs/demo: its summary.json is not an evaluation's
+        raise ValueError(f"{out} holds a run ({', '.join(run_files(out))}), not an evaluation; use another --out")
     if overwrite:
         for p in [*out.glob("samples_L*.jsonl"), *(out / n for n in _EVAL_FILES)]:
             if p.is_file():

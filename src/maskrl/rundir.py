@@ -106,6 +106,24 @@ def prepare_run_dir(folder: str | os.PathLike, *, overwrite: bool, other: str, r
     log.warning("%s: --overwrite: removed %s from %s", command, ", ".join(present), folder)
 
 
+def check_not_inside_run(path: str | os.PathLike | None, folder: str | os.PathLike, what: str) -> None:
+    """Refuse an input ``path`` that lies in a file or folder the run in ``folder`` writes
+    (:data:`RUN_FILES`, e.g. ``<output_dir>/model``): the run would replace it while using it.
+
+    Raises:
+        RunDirError: naming ``what`` (e.g. ``model.path``), the path and how to fix it.
+    """
+    if not path:
+        return
+    p, root = Path(path).resolve(), Path(folder).resolve()
+    for name in RUN_FILES:
+        target = root / name
+        if p == target or target in p.parents:
+            raise RunDirError(f"{what} {path} is inside {folder}/{name}, which this run writes (it would be replaced "
+                              f"while in use); keep it elsewhere (e.g. maskrl sft --out DIR) or choose another "
+                              f"output_dir (--set output_dir=DIR)")
+
+
 def prepare_model_dir(folder: str | os.PathLike, *, overwrite: bool, other: str, command: str = "maskrl sft") -> None:
     """Refuse a non-empty model folder (its lock file aside) unless ``overwrite``; with it, empty the
     folder only when maskrl wrote it (it holds one of :data:`MODEL_MARKERS`).
