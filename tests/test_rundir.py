@@ -82,10 +82,12 @@ def test_eval_refuses_a_training_runs_folder(tmp_path, sudoku_csv):
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "summary.json").write_text("{}")
-    with pytest.raises(ValueError, match="holds a run .*not an evaluation"):
-        run_harness(model=build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32), task_name="sudoku4x4",
-                    gen_lengths=[16], block_length=16, steps=4, data_path=sudoku_csv, out_dir=tmp_path / "run",
-                    overwrite=True, progress=False, prompt_template="{puzzle}=", chat_template=False)
+    model = build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    for overwrite in ({}, {"overwrite": True}):
+        with pytest.raises(ValueError, match="holds a run .*not an evaluation"):
+            run_harness(model=model, task_name="sudoku4x4", gen_lengths=[16], block_length=16, steps=4,
+                        data_path=sudoku_csv, out_dir=tmp_path / "run", progress=False, prompt_template="{puzzle}=",
+                        chat_template=False, **overwrite)
     assert (tmp_path / "run" / "summary.json").read_text() == "{}"
 
 
