@@ -411,3 +411,21 @@ def test_latest_checkpoint_skips_incomplete_ones(tmp_path):
     # step_12 was cut off while saving (its trainer state is written last): not a checkpoint to resume
     assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_10"
     assert latest_checkpoint(tmp_path / "none") is None
+
+
+@pytest.mark.parametrize("command, argv, hint", [
+    ("demo", ["demo", "--config", str(ROOT / "configs" / "demo_sudoku.yaml")], "run it again with --overwrite"),
+    ("eval", ["eval", "--model", "m", "--task", "sudoku4x4"], "same command with --resume"),
+])
+def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(monkeypatch, capsys, command, argv, hint):
+    import maskrl.demo
+    import maskrl.evaluate
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(maskrl.demo, "run_demo", interrupted)
+    monkeypatch.setattr(maskrl.evaluate, "run_harness", interrupted)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err.startswith(f"maskrl {command}: interrupted") and hint in err and err.count("\n") == 1

@@ -347,8 +347,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"maskrl {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # a second Ctrl-C, or one outside the training loop
-        print(f"maskrl {args.command}: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
+        hint = _INTERRUPT_HINTS.get(args.command, "")
+        print(f"maskrl {args.command}: interrupted{': ' + str(e) if str(e) else ''}{hint}", file=sys.stderr)
         return 130
+
+
+#: what to do after a Ctrl-C outside the training loop, per command
+_INTERRUPT_HINTS = {
+    "eval": "; run the same command with --resume to keep the samples already written",
+    "demo": "; the demo does not resume: run it again with --overwrite (the SFT cache is kept)",
+    "train": "; the last checkpoint (if any) resumes with the same command plus --resume",
+}
 
 
 # ---------------------------------------------------------------------------------- run folders

@@ -143,7 +143,7 @@ def _run_demo(cfg: RunConfig, force_sft: bool) -> dict:
     t1 = time.time()
     trainer = RLTrainer(cfg, policy, task, train, prompt_fn=fmt,
                         eval_fn=lambda step: _pick(evaluate(trainer.policy_eval).metrics))
-    history = trainer.train()
+    history = trainer.train(catch_signals=False)  # the demo does not resume: Ctrl-C stops at once
     trainer.close()
     rl_seconds = time.time() - t1
 
