@@ -232,6 +232,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.likelihood is None:  # the objective's own estimator, with its defaults
             self.likelihood = _registry("likelihood").get(self.objective.default_likelihood)()
+        from maskrl.likelihood.base import check_pairing
+
+        check_pairing(self.objective, self.likelihood)  # the per-token tensors the objective reads exist
 
 
 #: flat keys of earlier versions -> where they live now

@@ -36,6 +36,7 @@ from maskrl.config import RunConfig, to_dict
 from maskrl.credit import CREDITS, CreditBatch, CreditContext, apply_credit
 from maskrl.health import NonFiniteError, NonFiniteLogits, check_rewards, collapse_message, nonfinite_rows, \
     rollout_diagnostics
+from maskrl.likelihood.base import PerToken, per_token_output, tensors_of
 from maskrl.models.adapter import ModelAdapter
 from maskrl.models.scale import rl_train_mode
 from maskrl.sampling import generate
@@ -121,10 +122,9 @@ def padding_row(term: LossTerm, base: Rollout, max_rows: int) -> tuple[Rollout, 
 
     The row is the term's first row, or ``base``'s first row when the term has none on this process
     (a credit term that kept nothing here). Every completion position is asked for (``need`` all
-    True: an estimator that draws which positions it scores, e.g. ``spg_bounds``' block, then still
-    finds one), unless that costs more than ``max_rows`` forward rows (the term's likelihood's
-    ``rows()``; e.g. ``state`` at T commit steps); then only position 0 is, the cheapest call the
-    likelihood has.
+    True; every built-in estimator runs its forward whatever its masks draw), unless that costs more
+    than ``max_rows`` forward rows (the term's likelihood's ``rows()``; e.g. ``state`` at T commit
+    steps); then only position 0 is, the cheapest call the likelihood has.
 
     Args:
         term: the loss term (its ``rollout`` has ``M >= 0`` rows; its ``likelihood`` is asked for
@@ -305,8 +305,11 @@ class RLTrainer:
         if self._skip_reason is None:
             self._skip_reason = str(err)
 
-    def _check(self, stage: str, x: torch.Tensor, detail: str = "") -> bool:
-        """True when ``x`` is all finite; else :meth:`_nonfinite` and False."""
+    def _check(self, stage: str, x: torch.Tensor | PerToken, detail: str = "") -> bool:
+        """True when ``x`` (a tensor, or each tensor of a :class:`PerToken`) is all finite; else
+        :meth:`_nonfinite` and False."""
+        if isinstance(x, PerToken):
+            return all([self._check(f"{stage} {name}", t, detail) for name, t in x.items()])
         rows = nonfinite_rows(x)
         if rows:
             self._nonfinite(stage, rows if x.dim() else [], detail)
@@ -384,8 +387,9 @@ class RLTrainer:
         (dummy forwards report no metrics; ``pad_forwards`` counts them, averaged over processes).
         The DDP gradient sync, on the last θ micro-batch, therefore falls on the same position on
         every process. The guarantee is on likelihood calls: each built-in estimator runs one model
-        forward per call that scores a position (``elbo`` / ``spg_bounds`` can draw masks that score
-        none of a call's positions, and then run none). On one process nothing changes.
+        forward per call with a needed position, whatever its masks draw (a draw of ``elbo`` /
+        ``spg_bounds`` that scores none of them still runs one, contributing 0;
+        :mod:`maskrl.likelihood.base`, "Forwards"). On one process nothing changes.
         """
         mu = self.tc.inner_iterations
         terms = self.loss_terms(batch)
@@ -452,7 +456,7 @@ class RLTrainer:
                 with ctx:
                     if sl is None:  # dummy forward: every parameter takes part, zero gradient, no metrics
                         logp = self._loglik(t, self.policy, pads[ti][1], pad_seed(ti, k, mb), pads[ti][2])
-                        self.acc.backward(0.0 * (torch.view_as_real(logp) if logp.is_complex() else logp).sum())
+                        self.acc.backward(0.0 * sum(v.sum() for v in tensors_of(logp).values()))
                         n_pad += 1
                         continue
                     where = f" (term {t.name}, micro-batch {mb}, inner iteration {k})"
@@ -518,14 +522,13 @@ class RLTrainer:
         return dict(zip(keys, self.acc.reduce(vals, reduction="mean").tolist()))
 
     def _loglik(self, term: LossTerm, adapter: ModelAdapter, rollout: Rollout, seed: int,
-                need: torch.Tensor) -> torch.Tensor:
+                need: torch.Tensor) -> torch.Tensor | PerToken:
+        """The term's likelihood on ``rollout`` under mask seed ``seed``, checked at the seam and cut to
+        what the term's objective reads (:func:`maskrl.likelihood.base.per_token_output`)."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         out = term.likelihood(adapter, rollout, gen, need)
-        if not isinstance(out, torch.Tensor) or out.shape != need.shape or out.device != need.device:
-            got = (tuple(out.shape), str(out.device)) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"loss term {term.name!r}: likelihood {type(term.likelihood).__name__} returned {got}; "
-                             f"expected [N, L] = {tuple(need.shape)} on {need.device}")
-        return out
+        who = f"loss term {term.name!r}: likelihood {type(term.likelihood).__name__}"
+        return per_token_output(out, need, term.objective, who)
 
     def _ref_loglik(self, term: LossTerm, rollout: Rollout, seed: int, need: torch.Tensor) -> torch.Tensor:
         if self.reference is not None:
