@@ -209,6 +209,10 @@ def test_resume_truncates_metrics_and_tensorboard_to_the_checkpoint(tmp_path):
     run = tmp_path / "run"
     assert main(train_args(run, "--set", "train.steps=3", "--set", "train.save_every=2")) == 0
     assert steps_of(run / "metrics.jsonl") == [1, 2, 3]
+    # TensorBoard reads a folder's event files in name order, and a name holds the start second, then
+    # host, pid and a per-process counter: a resume within the same second in the same process could
+    # sort before the first run's file (a real resume is seconds later, in another process)
+    time.sleep(1.1)
     assert main(train_args(run, "--set", "train.steps=3", "--resume", str(run / "checkpoints" / "step_2"))) == 0
     assert steps_of(run / "metrics.jsonl") == [1, 2, 3]  # step 3 redone once, not [1, 2, 3, 3]
     acc = EventAccumulator(str(run / "tb"))
