@@ -18,6 +18,9 @@ import copy
 import dataclasses
 import json
 import logging
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +47,20 @@ from maskrl.types import LossTerm, Rollout
 
 TRAINER_STATE = "trainer_state.pt"
 log = logging.getLogger(__name__)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """:meth:`RLTrainer.train` stopped on SIGINT / SIGTERM at a step boundary, after saving a checkpoint.
+
+    Attributes:
+        step: the last completed RL step (the checkpoint's).
+        checkpoint: the checkpoint folder written (``<output_dir>/checkpoints/step_<step>``).
+        signum: the signal received (``signal.SIGINT`` or ``signal.SIGTERM``).
+    """
+
+    def __init__(self, step: int, checkpoint: Path, signum: int) -> None:
+        self.step, self.checkpoint, self.signum = step, checkpoint, signum
+        super().__init__(f"{signal.Signals(signum).name} after step {step}: checkpoint saved to {checkpoint}")
 
 
 def mask_seed(base: int, step: int, iteration: int, micro_batch: int, term: int = 0) -> int:
@@ -236,6 +253,8 @@ class RLTrainer:
         self.nonfinite_skips = 0  # steps skipped under train.on_nonfinite: skip (maskrl.health)
         self._skip_reason: str | None = None
         self._collapse_warned = False
+        self._resumed_step: int | None = None  # load_checkpoint: metrics.jsonl / TensorBoard continue from here
+        self._stop_signal: int | None = None  # SIGINT / SIGTERM received during train()
 
     # ------------------------------------------------------------------ stages
     def sample_prompts(self) -> list[Example]:
@@ -563,37 +582,98 @@ class RLTrainer:
         return metrics
 
     # ------------------------------------------------------------------ loop
-    def train(self, steps: int | None = None, progress: bool = True) -> list[dict]:
-        """Run ``steps`` RL steps (default ``train.steps`` minus steps already done); log, eval, save."""
+    def train(self, steps: int | None = None, progress: bool = True, catch_signals: bool = True) -> list[dict]:
+        """Run ``steps`` RL steps (default ``train.steps`` minus steps already done); log, eval, save.
+
+        With ``catch_signals`` (and in the main thread), a SIGINT (Ctrl-C) or SIGTERM lets the current
+        step finish, saves a checkpoint at that step boundary (``<output_dir>/checkpoints/step_K``) and
+        raises :class:`TrainingInterrupted`; resuming from it continues exactly like an uninterrupted
+        run. A second signal during that step stops at once (the default behaviour, no checkpoint).
+
+        Raises:
+            TrainingInterrupted: after a signal, once the checkpoint is written.
+        """
         total = self.tc.steps if steps is None else self.step_count + steps
         history = []
         bar = tqdm(total=total, initial=self.step_count, desc="rl", dynamic_ncols=True,
                    disable=not (progress and self.acc.is_main_process))
-        while self.step_count < total:
-            m = self.step()
-            if self.eval_fn is not None and self.tc.eval_every and self.step_count % self.tc.eval_every == 0:
-                m.update({f"eval/{k}": v for k, v in self.eval_fn(self.step_count).items()})
-            history.append(m)
-            if self.step_count % max(1, self.tc.log_every) == 0:
-                self.log(m)
-            bar.update(1)
-            bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m.get('base/kl', 0.0):.4f}", nll=f"{m['commit_nll']:.3f}",
-                            distinct=f"{m['distinct_frac']:.2f}", s_per_step=f"{m['seconds']:.2f}")
-            if self.tc.save_every and self.step_count % self.tc.save_every == 0:
-                self.save_checkpoint(self.out_dir / "checkpoints" / f"step_{self.step_count}")
+        self._stop_signal = None
+        with self._signals_stop_at_step_end(catch_signals):
+            while self.step_count < total:
+                m = self.step()
+                if self.eval_fn is not None and self.tc.eval_every and self.step_count % self.tc.eval_every == 0:
+                    m.update({f"eval/{k}": v for k, v in self.eval_fn(self.step_count).items()})
+                history.append(m)
+                if self.step_count % max(1, self.tc.log_every) == 0:
+                    self.log(m)
+                bar.update(1)
+                bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m.get('base/kl', 0.0):.4f}", nll=f"{m['commit_nll']:.3f}",
+                                distinct=f"{m['distinct_frac']:.2f}", s_per_step=f"{m['seconds']:.2f}")
+                ckpt = self.out_dir / "checkpoints" / f"step_{self.step_count}"
+                saved = bool(self.tc.save_every and self.step_count % self.tc.save_every == 0)
+                if saved:
+                    self.save_checkpoint(ckpt)
+                signum = self._signal_on_any_rank()
+                if signum:
+                    if not saved:
+                        self.save_checkpoint(ckpt)
+                    bar.close()
+                    raise TrainingInterrupted(self.step_count, ckpt, signum)
         bar.close()
         return history
 
+    @contextlib.contextmanager
+    def _signals_stop_at_step_end(self, enabled: bool):
+        """While training: the first SIGINT / SIGTERM only sets ``_stop_signal`` (the loop then stops
+        at the end of the step); the previous handlers are back for a second signal and afterwards."""
+        if not enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        sigs = [signal.SIGINT] + ([signal.SIGTERM] if hasattr(signal, "SIGTERM") else [])
+        previous = {s: signal.getsignal(s) for s in sigs}
+
+        def handler(signum, _frame):
+            self._stop_signal = signum
+            for s, h in previous.items():  # a second signal: the usual behaviour
+                signal.signal(s, h)
+            print(f"\nmaskrl: {signal.Signals(signum).name}: finishing step {self.step_count + 1}, then saving a "
+                  f"checkpoint (send it again to stop at once, without one)", file=sys.stderr, flush=True)
+
+        for s in sigs:
+            signal.signal(s, handler)
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def _signal_on_any_rank(self) -> int:
+        """The signal number received on any process since :meth:`train` began (0: none); a collective
+        on several processes, so that every rank stops after the same step."""
+        signum = self._stop_signal or 0
+        if self.acc.num_processes > 1:
+            t = torch.tensor([float(signum)], device=self.device)
+            signum = int(self.acc.reduce(t, reduction="max").item())
+        return signum
+
     def log(self, metrics: dict) -> None:
-        """Append to ``metrics.jsonl`` and TensorBoard (main process only)."""
+        """Append to ``metrics.jsonl`` and TensorBoard (main process only). After :meth:`load_checkpoint`
+        at step K, the first call drops the rows of ``metrics.jsonl`` after step K and opens TensorBoard
+        with ``purge_step=K + 1``, so a resumed run's logs hold each step once."""
         if not self.acc.is_main_process:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self._metrics_fh is None:
+            purge = None
+            if self._resumed_step is not None:  # a resumed run: no row or event of a later step is kept
+                from maskrl.rundir import truncate_metrics
+
+                truncate_metrics(self.out_dir / "metrics.jsonl", self._resumed_step)
+                purge, self._resumed_step = self._resumed_step + 1, None  # once: later rows are this run's
             self._metrics_fh = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.out_dir / "tb"))
+            self._writer = SummaryWriter(str(self.out_dir / "tb"), purge_step=purge)
         self._metrics_fh.write(json.dumps(metrics) + "\n")
         self._metrics_fh.flush()
         for k, v in metrics.items():
@@ -627,11 +707,10 @@ class RLTrainer:
             FileNotFoundError: when ``path`` holds no trainer state.
         """
         path = Path(path)
-        if not (path / TRAINER_STATE).is_file():
-            raise FileNotFoundError(f"{path} is not a maskrl checkpoint (no {TRAINER_STATE})")
+        state = read_checkpoint_state(path)
         self.acc.load_state(str(path))
-        state = torch.load(path / TRAINER_STATE, weights_only=False)
         self.step_count = int(state["step"])
+        self._resumed_step = self.step_count
         self.data_gen.set_state(state["data_gen"])
         self.rollout_gen.set_state(state["rollout_gen"])
         self._follow_schedule(state.get("config", {}).get("train", {}))
@@ -660,7 +739,22 @@ class RLTrainer:
                         self.step_count + 1, self.optimizer.param_groups[0]["lr"])
 
 
+def read_checkpoint_state(path: str | Path) -> dict:
+    """The trainer state of a checkpoint folder: ``{"step", "data_gen", "rollout_gen", "config"}``
+    (``config`` in :func:`~maskrl.config.to_dict` form: the run's config at that step).
+
+    Raises:
+        FileNotFoundError: when ``path`` holds no trainer state.
+    """
+    path = Path(path)
+    if not (path / TRAINER_STATE).is_file():
+        raise FileNotFoundError(f"{path} is not a maskrl checkpoint (no {TRAINER_STATE})")
+    return torch.load(path / TRAINER_STATE, weights_only=False)
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The ``checkpoints/step_K`` folder with the largest K under ``run_dir``, or ``None``."""
-    ckpts = sorted((Path(run_dir) / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    """The complete ``checkpoints/step_K`` folder (one with its trainer state, written last) with the
+    largest K under ``run_dir``, or ``None``."""
+    ckpts = sorted((p for p in (Path(run_dir) / "checkpoints").glob("step_*")
+                    if p.name[5:].isdigit() and (p / TRAINER_STATE).is_file()), key=lambda p: int(p.name[5:]))
     return ckpts[-1] if ckpts else None
