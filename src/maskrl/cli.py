@@ -33,13 +33,14 @@ def _config(args):
 
 def cmd_sft(args) -> int:
     from maskrl.models import save_model
-    from maskrl.pipeline import load_policy, save_prompt_card, sft_from_config, task_and_data, write_json
+    from maskrl.pipeline import check_run_lengths, load_policy, save_prompt_card, sft_from_config, task_and_data, write_json
 
     cfg = _config(args)
     out = Path(args.out or Path(cfg.output_dir) / "model")
     _open_model_dir(args, out)
     task, _, source, train = task_and_data(cfg)
     adapter = load_policy(cfg)
+    check_run_lengths(cfg, adapter, train)
     t0 = time.time()
     hist = sft_from_config(cfg, adapter, task, train)
     save_model(adapter, out)
@@ -52,18 +53,19 @@ def cmd_sft(args) -> int:
 
 def cmd_train(args) -> int:
     from maskrl.models import save_model
-    from maskrl.pipeline import load_policy, prompt_formatter, save_prompt_card, task_and_data
+    from maskrl.pipeline import check_run_lengths, load_policy, prompt_formatter, save_prompt_card, task_and_data
     from maskrl.rundir import is_main_process, record_config
     from maskrl.trainer import RLTrainer, TrainingInterrupted
 
     cfg = _config(args)
     run = _open_train_run(args, cfg)  # before any model is loaded
-    task, _, _, train = task_and_data(cfg)
+    task, held, source, train = task_and_data(cfg)
     if not cfg.model.path:
         print("maskrl train: model.path is empty, so RL starts from a randomly initialised tiny model. "
               "Run `maskrl sft ... --out DIR` and pass `--set model.path=DIR`, or use `maskrl demo` "
               "(SFT + RL + evaluation).", file=sys.stderr)
     policy = load_policy(cfg)
+    check_run_lengths(cfg, policy, train, held if cfg.train.eval_every else (), source)
     trainer = RLTrainer(cfg, policy, task, train, prompt_fn=prompt_formatter(policy, cfg.model.chat_template))
     if run["checkpoint"]:
         trainer.load_checkpoint(run["checkpoint"])
@@ -105,7 +107,7 @@ def cmd_generate(args) -> int:
     from maskrl.evaluate import complete
     from maskrl.models import load
     from maskrl.models.loading import parse_dtype
-    from maskrl.pipeline import prompt_formatter, read_prompt_card, resolve_device
+    from maskrl.pipeline import check_lengths, prompt_formatter, read_prompt_card, resolve_device
     from maskrl.sampling import SamplerConfig
     import torch
 
@@ -141,12 +143,15 @@ def cmd_generate(args) -> int:
     empty = [i for i, p in enumerate(prompts) if not p.strip()]
     if empty:
         raise ValueError(f"prompt {empty[0]} is empty")
+    device = resolve_device(args.device)
     print("maskrl generate: " + "; ".join(used) + (f"; prompt card {Path(args.model) / 'maskrl_prompt.json'}"
           if card else "; no prompt card") + " (prompts are used as given: no task template)", file=sys.stderr)
-    adapter = load(args.model, dtype=dtype, device=resolve_device(args.device))
+    adapter = load(args.model, dtype=dtype, device=device)
     fmt = prompt_formatter(adapter, chat)
+    texts = [fmt(p) for p in prompts]
+    check_lengths(adapter, texts, gen_length, "gen_length")
     gen = torch.Generator(device=adapter.device).manual_seed(args.seed)
-    for p, c in zip(prompts, complete(adapter, [fmt(p) for p in prompts], sampler, generator=gen)):
+    for p, c in zip(prompts, complete(adapter, texts, sampler, generator=gen)):
         print(json.dumps({"prompt": p, "completion": c}, ensure_ascii=False))
     return 0
 
@@ -342,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with contextlib.ExitStack() as args.cleanup:  # run-folder locks are released on every exit
             return args.func(args)
-    except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
+    except (ConfigError, OSError, KeyError, ValueError) as e:  # OSError: missing files, Hub failures
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"maskrl {args.command}: error: {msg}", file=sys.stderr)
         return 2

@@ -25,7 +25,8 @@ from maskrl.evaluate import EvalResult, evaluate_examples
 from maskrl.likelihood import LIKELIHOODS
 from maskrl.objectives import OBJECTIVES
 from maskrl.models import load_tiny, save_model
-from maskrl.pipeline import load_policy, prompt_formatter, save_prompt_card, sft_from_config, task_and_data, write_json
+from maskrl.pipeline import (check_run_lengths, load_policy, prompt_formatter, save_prompt_card, sft_from_config,
+                             task_and_data, write_json)
 from maskrl.rundir import prepare_run_dir, run_lock
 from maskrl.stats import paired_comparison
 from maskrl.trainer import RLTrainer
@@ -121,6 +122,7 @@ def _run_demo(cfg: RunConfig, force_sft: bool) -> dict:
         print(f"[demo] SFT model from cache {cache}")
     else:
         policy = load_policy(cfg)
+        check_run_lengths(cfg, policy, train, test, source)
         print(f"[demo] SFT on {len(train)} generated {task.name} rows ({cfg.sft.steps} steps)")
         hist = sft_from_config(cfg, policy, task, train)
         save_model(policy, cache)

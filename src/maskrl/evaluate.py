@@ -410,7 +410,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     """
     from maskrl.health import check_rewards
     from maskrl.models import load
-    from maskrl.pipeline import prompt_formatter, resolve_device, write_json
+    from maskrl.pipeline import check_lengths, prompt_formatter, resolve_device, write_json
     from maskrl.rundir import run_lock, weights_fingerprint
     from maskrl.scoring import file_source
     from maskrl.tasks import get_task
@@ -449,6 +449,8 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     templated = bool(chat_template and getattr(adapter.tokenizer, "chat_template", None))
     fmt = prompt_formatter(adapter, chat_template)
     prompts = {ex.id: fmt(ex.prompt) for ex in examples}
+    check_lengths(adapter, list(prompts.values()), max(samplers), "--gen-length",
+                  [f"row {i} of {data_file}" for i in prompts])
 
     data_src = file_source(data_file)
     weights = (None if isinstance(model, ModelAdapter) else weights_fingerprint(model)) or weights_fingerprint(adapter)

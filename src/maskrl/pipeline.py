@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -15,10 +15,35 @@ log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
-    """``"auto"`` -> cuda when available, else cpu; anything else is passed to ``torch.device``."""
+    """``"auto"`` -> cuda when available, else cpu; any other device string (``cpu``, ``cuda``,
+    ``cuda:1``, ``mps``, ...) is checked to exist here.
+
+    Raises:
+        ValueError: naming the string when torch does not know it, or when that device is not
+            available on this machine (no CUDA build or GPU, an index beyond the devices present).
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ValueError(f"device {name!r} is not a device string (e.g. auto, cpu, cuda, cuda:1, mps): {e}") from None
+    if device.type == "cpu":
+        return device
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            raise ValueError(f"device {name!r} is not available here ({count} CUDA device(s) visible"
+                             f"{'' if torch.backends.cuda.is_built() else '; this torch build has no CUDA'}); "
+                             "use --device auto or cpu")
+        return device
+    try:
+        torch.empty(1, device=device)
+    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError / AssertionError by backend
+        first = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:160]
+        raise ValueError(f"device {name!r} is not available here ({type(e).__name__}: {first}); "
+                         "use --device auto or cpu") from None
+    return device
 
 
 def tiny_tokenizer(name: str):
@@ -85,6 +110,59 @@ def prompt_formatter(adapter: ModelAdapter, use_chat_template: bool = True) -> C
     if not use_chat_template:
         return lambda s: s
     return lambda s: chat_prompt(adapter.tokenizer, s)
+
+
+def check_lengths(adapter: ModelAdapter, prompts: Sequence[str], gen_length: int, what: str = "gen_length",
+                  labels: Sequence[str] | None = None) -> None:
+    """Stop before any work when a prompt plus its completion does not fit the model's positions.
+
+    Args:
+        adapter: the model (:attr:`ModelAdapter.max_positions`; no check when it is ``None``).
+        prompts: the model-input texts (template and chat template applied), encoded as
+            :func:`maskrl.text.encode_prompts` does.
+        gen_length: completion length L in tokens.
+        what: the setting that gave ``gen_length`` (``rollout.gen_length``, ``--gen-length``), for the message.
+        labels: how to name each prompt (``"row 17 (file.jsonl)"``); default ``"prompt i"``.
+
+    Raises:
+        ValueError: ``gen_length`` alone reaches the limit, or a prompt of P tokens has
+            P + ``gen_length`` > limit: the first such row is named, with how many rows do not fit
+            and the longest prompt.
+    """
+    from maskrl.text import prompt_token_ids
+
+    limit = adapter.max_positions
+    if limit is None:
+        return
+    if gen_length >= limit:
+        raise ValueError(f"{what} {gen_length} leaves no room for a prompt: the model has {limit} positions "
+                         f"(max_position_embeddings); prompt + completion must fit in {limit} tokens")
+    budget = limit - gen_length
+    lengths = [len(prompt_token_ids(adapter.tokenizer, p)) for p in prompts]
+    over = [i for i, n in enumerate(lengths) if n > budget]
+    if over:
+        i = over[0]
+        name = labels[i] if labels is not None else f"prompt {i}"
+        raise ValueError(f"{name}: the prompt is {lengths[i]} tokens; with {what} {gen_length} that is "
+                         f"{lengths[i] + gen_length} > the model's {limit} positions (max_position_embeddings). "
+                         f"{len(over)} of {len(lengths)} prompts do not fit (longest {max(lengths)} tokens): "
+                         f"shorten the prompt template or {what}, or drop those rows")
+
+
+def check_run_lengths(cfg: RunConfig, adapter: ModelAdapter, train: Sequence[Example] = (),
+                      held_out: Sequence[Example] = (), source: str = "") -> None:
+    """:func:`check_lengths` for a run: every training row with ``rollout.gen_length`` (which SFT
+    uses too) and every evaluation row with ``eval.gen_length``, each named by its row id.
+
+    Raises:
+        ValueError: as :func:`check_lengths`.
+    """
+    fmt = prompt_formatter(adapter, cfg.model.chat_template)
+    of = f" of {source}" if source else ""
+    for rows, gen, what, kind in ((train, cfg.rollout.gen_length, "rollout.gen_length", "training row"),
+                                  (held_out, cfg.eval.gen_length, "eval.gen_length", "evaluation row")):
+        check_lengths(adapter, [fmt(ex.prompt) for ex in rows], gen, what,
+                      [f"{kind} {ex.id}" + (of if rows is held_out else "") for ex in rows])
 
 
 def eval_examples(cfg: RunConfig, task: Task) -> tuple[list[Example], str]:
