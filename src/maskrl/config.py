@@ -150,9 +150,23 @@ class TrainConfig:
             (``transformers.get_scheduler`` names), over steps × μ optimizer steps.
         seed: seed of prompt order, rollouts, likelihood masks and credit generators.
         log_every: write metrics every this many steps.
-        eval_every: evaluate every this many steps (0 = never during training).
+        eval_every: evaluate a validation split every this many steps with the ``eval`` sampler and log
+            ``eval/...`` metrics (0 = never during training). The split: ``train.eval_data`` when set,
+            else the task's own validation split (``wordmath``), else rows the task generates
+            (disjoint from the test rows; training rows equal to a validation row are dropped);
+            never the test file by default. A task with none of these and no ``train.eval_data`` is
+            an error when ``eval_every > 0``.
         save_every: checkpoint every this many steps (0 = never).
-        eval_limit: evaluation rows used during training (0 = all).
+        eval_limit: validation rows used during training (0 = all rows of ``train.eval_data`` /
+            the validation split; 200 generated rows).
+        eval_data: validation file (or data folder) for ``train.eval_every``, read by the task's
+            loader; empty = the task's validation split or generated rows (see ``eval_every``).
+        report_to: trackers that receive every logged metric, through accelerate's tracker API
+            (``Accelerator(log_with=...)``): any of ``tensorboard`` (written to ``<output_dir>/tb``),
+            ``wandb``, ``mlflow``, ``comet_ml``, ``aim``, ``clearml``, ``dvclive``, ``swanlab``,
+            ``trackio``; ``[]`` = none. ``metrics.jsonl`` is always written. The run's resolved
+            config is logged as hyper-parameters.
+        tracker_project: project / experiment name given to the trackers (``init_trackers``).
         on_nonfinite: ``error`` | ``skip``: a NaN/inf at any stage (logits, rewards, advantages,
             log-probs, loss, gradient norm; :mod:`maskrl.health`) raises naming the stage, step and
             rows, or skips the step's update and counts it (``nonfinite_skips``).
@@ -176,6 +190,9 @@ class TrainConfig:
     eval_every: int = 0
     save_every: int = 0
     eval_limit: int = 0
+    eval_data: str = ""
+    report_to: list = field(default_factory=lambda: ["tensorboard"])
+    tracker_project: str = "maskrl"
     on_nonfinite: str = "error"
     dropout: bool = False
 
@@ -493,7 +510,8 @@ _POSITIVE = ("model.tiny.hidden_size", "model.tiny.num_layers", "model.tiny.num_
              "train.inner_iterations", "train.lr")
 _NON_NEGATIVE = ("model.lora_rank", "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
                  "train.steps", "train.micro_batch_size", "train.weight_decay", "train.max_grad_norm",
-                 "train.warmup_steps", "train.eval_every", "train.save_every", "task.eval_limit", "train.max_forward_rows")
+                 "train.warmup_steps", "train.eval_every", "train.save_every", "task.eval_limit", "train.max_forward_rows",
+                 "train.eval_limit")
 
 
 def _check_ranges(cfg: "RunConfig") -> None:
@@ -516,6 +534,7 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if cfg.train.on_nonfinite not in ON_NONFINITE:
         raise ConfigError(f"train.on_nonfinite: unknown {cfg.train.on_nonfinite!r}; valid: {', '.join(ON_NONFINITE)}")
     _check_dtype(cfg)
+    _check_trackers(cfg)
     t = cfg.model.tiny
     from pathlib import Path
 
@@ -525,6 +544,28 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if t.hidden_size % t.num_heads:
         raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
                           f"model.tiny.num_heads ({t.num_heads})")
+
+
+#: ``train.report_to`` names (accelerate's ``LoggerType`` values)
+def tracker_names() -> tuple[str, ...]:
+    from accelerate.utils import LoggerType
+
+    return tuple(t.value for t in LoggerType if t.value != "all")
+
+
+def _check_trackers(cfg: "RunConfig") -> None:
+    """``train.report_to`` is a list of tracker names accelerate knows (checked here, not at the first log)."""
+    names = cfg.train.report_to
+    if isinstance(names, str):
+        names = cfg.train.report_to = [names]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"train.report_to: expected a list of tracker names, got {names!r}")
+    valid = tracker_names()
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise ConfigError(f"train.report_to: unknown tracker(s) {', '.join(map(repr, bad))}; valid: {', '.join(valid)}")
+    if not str(cfg.train.tracker_project).strip():
+        raise ConfigError("train.tracker_project: must not be empty")
 
 
 def _check_dtype(cfg: "RunConfig") -> None:

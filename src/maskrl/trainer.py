@@ -562,6 +562,12 @@ class RLTrainer:
     # ------------------------------------------------------------------ loop
     def train(self, steps: int | None = None, progress: bool = True) -> list[dict]:
         """Run ``steps`` RL steps (default ``train.steps`` minus steps already done); log, eval, save."""
+        if self.tc.eval_every and self.eval_fn is None:
+            from maskrl.config import ConfigError
+
+            raise ConfigError(f"train.eval_every={self.tc.eval_every} but this trainer has no evaluation function "
+                              "(eval_fn); pass one (maskrl train builds it from the validation split) or set "
+                              "train.eval_every: 0")
         total = self.tc.steps if steps is None else self.step_count + steps
         history = []
         bar = tqdm(total=total, initial=self.step_count, desc="rl", dynamic_ncols=True,
