@@ -72,6 +72,27 @@ class ModelConfig:
 
 
 @dataclass
+class FileTaskConfig:
+    """The ``file`` task: your own JSONL / CSV file or ``datasets`` folder and reward
+    (:class:`maskrl.tasks.file_task.FileTask`; only with ``task.name: file``). The evaluation rows are
+    ``task.data_path``; the prompt is ``task.prompt_template`` over the columns.
+
+    Attributes:
+        train: training rows (a ``.jsonl`` / ``.json`` / ``.csv`` file or a ``datasets`` folder).
+        answer: the answer column (the SFT target by default; passed to the reward with every column).
+        reward: ``module:function`` or ``path/to/file.py:function``, called as
+            ``reward(prompts, completions, **columns) -> list[float]`` (TRL's shape); empty = exact
+            match of the stripped completion with the answer column.
+        target: ``str.format`` template of the SFT target over the columns; empty = the answer column.
+    """
+
+    train: str = ""
+    answer: str = "answer"
+    reward: str = ""
+    target: str = ""
+
+
+@dataclass
 class TaskConfig:
     """Task and data.
 
@@ -87,6 +108,7 @@ class TaskConfig:
             never closed, no answer span); off by default, where the whole text is searched.
         allow_weak_sandbox: code tasks: train even when the sandbox lacks protections
             (docs/sandbox.md); by default training refuses.
+        file: the ``file`` task's data and reward (section ``task.file``; only with ``name: file``).
     """
 
     name: str = "sudoku4x4"
@@ -97,6 +119,7 @@ class TaskConfig:
     eval_limit: int = 0
     require_final_answer: bool = False
     allow_weak_sandbox: bool = False
+    file: FileTaskConfig = field(default_factory=FileTaskConfig)
 
 
 @dataclass
@@ -535,6 +558,8 @@ def _check_ranges(cfg: "RunConfig") -> None:
         raise ConfigError(f"train.on_nonfinite: unknown {cfg.train.on_nonfinite!r}; valid: {', '.join(ON_NONFINITE)}")
     _check_dtype(cfg)
     _check_trackers(cfg)
+    if cfg.task.name != "file" and cfg.task.file != FileTaskConfig():
+        raise ConfigError(f"task.file: only read by task.name: file (this run's task is {cfg.task.name!r}); remove it")
     t = cfg.model.tiny
     from pathlib import Path
 
@@ -609,7 +634,8 @@ def to_dict(cfg: Any) -> dict:
     return out
 
 
-_SECTIONS = {"model": ModelConfig, "model.tiny": TinyModelConfig, "task": TaskConfig, "rollout": SamplerConfig,
+_SECTIONS = {"model": ModelConfig, "model.tiny": TinyModelConfig, "task": TaskConfig,
+             "task.file": FileTaskConfig, "rollout": SamplerConfig,
              "eval": SamplerConfig, "sft": SFTConfig, "train": TrainConfig}
 
 
@@ -644,9 +670,9 @@ def _explain_class(cls: type, title: str) -> list[str]:
     default = cls()
     for f in dataclasses.fields(cls):
         value = getattr(default, f.name)
-        shown = to_dict(value) if dataclasses.is_dataclass(value) and f.name != "tiny" else value
-        if f.name == "tiny":
-            shown = "(section model.tiny)"
+        shown = to_dict(value) if dataclasses.is_dataclass(value) and f.name not in ("tiny", "file") else value
+        if f.name in ("tiny", "file"):
+            shown = f"(section {'model' if f.name == 'tiny' else 'task'}.{f.name})"
         lines.append(f"  {f.name} = {shown!r}")
         lines.append(f"      {docs.get(f.name, '(undocumented)')}")
     return lines

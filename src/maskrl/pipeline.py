@@ -1,6 +1,7 @@
 """Building blocks shared by the commands: model, data and prompt formatting from a :class:`RunConfig`."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Callable
@@ -129,8 +130,9 @@ def task_and_data(cfg: RunConfig) -> tuple[Task, list[Example], str, list[Exampl
     evaluation row) -- what every command starts from."""
     from maskrl.tasks import get_task
 
+    options = dataclasses.asdict(cfg.task.file) if cfg.task.name == "file" else {}  # maskrl.tasks.file_task
     task = get_task(cfg.task.name, cfg.task.prompt_template or None,
-                    require_final_answer=cfg.task.require_final_answer)
+                    require_final_answer=cfg.task.require_final_answer, **options)
     held_out, source = eval_examples(cfg, task)
     return task, held_out, source, train_examples(cfg, task, held_out)
 
