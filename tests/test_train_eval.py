@@ -65,3 +65,13 @@ def test_trainer_without_eval_fn_refuses_eval_every(tmp_path, tiny):
                    [Example(id=i, prompt=f"p{i}") for i in range(4)])
     with pytest.raises(ConfigError, match="train.eval_every=1"):
         tr.train(steps=1, progress=False)
+
+
+@pytest.mark.parametrize("sets, key", [(["train.eval_data=val.jsonl"], "train.eval_data"),
+                                       (["train.eval_limit=50"], "train.eval_limit"),
+                                       (["eval.mismatch_every=2"], "eval.mismatch_every")])
+def test_keys_that_cannot_take_effect_are_errors(sets, key):
+    from maskrl.config import load_config
+
+    with pytest.raises(ConfigError, match=key):
+        load_config([], sets)

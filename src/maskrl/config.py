@@ -558,6 +558,13 @@ def _check_ranges(cfg: "RunConfig") -> None:
         raise ConfigError(f"train.on_nonfinite: unknown {cfg.train.on_nonfinite!r}; valid: {', '.join(ON_NONFINITE)}")
     _check_dtype(cfg)
     _check_trackers(cfg)
+    tr = cfg.train
+    if not tr.eval_every and (tr.eval_data or tr.eval_limit):  # keys that could not take effect
+        key = "train.eval_data" if tr.eval_data else "train.eval_limit"
+        raise ConfigError(f"{key}: only read when train.eval_every > 0 (it is 0); set train.eval_every or remove {key}")
+    if cfg.eval.mismatch_every:
+        raise ConfigError("eval.mismatch_every: the evaluation sampler never measures the rollout mismatch; "
+                          "set rollout.mismatch_every instead")
     if cfg.task.name != "file" and cfg.task.file != FileTaskConfig():
         raise ConfigError(f"task.file: only read by task.name: file (this run's task is {cfg.task.name!r}); remove it")
     t = cfg.model.tiny
