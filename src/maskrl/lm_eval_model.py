@@ -6,8 +6,8 @@ Importing this module registers the model with lm-eval's public API (``lm_eval.a
     import lm_eval, maskrl.lm_eval_model
     lm_eval.simple_evaluate(model="maskrl", model_args="pretrained=runs/demo/model,gen_length=64", tasks=[...])
 
-or from the shell ``python -m maskrl.lm_eval_model --model maskrl --model_args pretrained=DIR --tasks ...``
-(lm-eval's own command line, with this model registered). Install with ``pip install 'maskrl[eval]'``.
+or from the shell ``python -m maskrl.lm_eval_model run --model maskrl --model_args pretrained=DIR --tasks ...``
+(lm-eval's own command line, ``run`` sub-command, with this model registered). Install with ``pip install 'maskrl[eval]'``.
 
 ``generate_until``
     The one sampler (:func:`maskrl.sampling.generate` through :func:`maskrl.evaluate.complete`, the
@@ -37,13 +37,14 @@ or from the shell ``python -m maskrl.lm_eval_model --model maskrl --model_args p
     Not defined for a masked diffusion LM (no left-to-right factorisation of a whole text);
     raises ``NotImplementedError`` saying so.
 Multi-process
-    ``accelerate launch -m lm_eval ...`` (or ``python -m maskrl.lm_eval_model`` under accelerate):
-    each process loads the model on its device and lm-eval splits the requests by ``rank`` /
+    ``accelerate launch -m maskrl.lm_eval_model run --model maskrl ...`` (lm-eval's own ``-m lm_eval``
+    does not import maskrl, so the model would not be registered): each process loads the model on its device and lm-eval splits the requests by ``rank`` /
     ``world_size``; gathering uses accelerate (as lm-eval's ``hf`` model does).
 """
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -92,10 +93,15 @@ class MaskrlLM(LM):
             sampler. ``steps`` 0 or absent without a card: ``gen_length // 2``.
         chat_template: apply the tokenizer's chat template to each context (default: prompt card,
             else whether the tokenizer has one).
-        batch_size: requests per sampler / likelihood batch (``"auto"`` is taken as 16).
+        batch_size: requests per sampler / likelihood batch (``"auto"`` is taken as 16). On lm-eval's
+            command line give it as ``--batch_size N`` (lm-eval passes that to every model; also
+            in ``model_args`` it would be given twice).
+        max_batch_size: passed by lm-eval's command line to every model; not used (no ``auto`` search).
         elbo_nodes, elbo_draws: Gauss-Legendre nodes and masks per node of the ELBO.
         seed: seeds sampled generation (``temperature > 0``) and the ELBO masks.
-        dtype, device: where and how the weights are loaded (``device`` default: accelerate's device).
+        dtype, device: where and how the weights are loaded (``device`` default: accelerate's device;
+            a CUDA device on a machine without one -- lm-eval's command-line default -- falls back to
+            it with a warning).
 
     Raises:
         ValueError: a bad argument (named), or a model without a tokenizer.
@@ -105,7 +111,8 @@ class MaskrlLM(LM):
                  block_length: int | None = None, schedule: str | None = None, threshold: float | None = None,
                  cache: str | None = None, temperature: float | None = None, remasking: str | None = None,
                  chat_template: Any = None, batch_size: Any = 16, elbo_nodes: int = 4, elbo_draws: int = 8,
-                 seed: int = 0, dtype: str = "float32", device: str | None = None, **unknown: Any) -> None:
+                 seed: int = 0, dtype: str = "float32", device: str | None = None, max_batch_size: Any = None,
+                 **unknown: Any) -> None:
         super().__init__()
         if unknown:
             raise ValueError(f"model_args: unknown key(s) {', '.join(sorted(unknown))}; valid: pretrained, "
@@ -151,6 +158,10 @@ class MaskrlLM(LM):
         if acc.num_processes > 1:  # lm-eval splits requests by rank; gathering goes through accelerate
             self.accelerator = acc
             self._rank, self._world_size = acc.process_index, acc.num_processes
+        if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+            # lm-eval's command line passes --device cuda by default, also on machines without one
+            warnings.warn(f"maskrl lm-eval model: device {device!r} unavailable; using {acc.device}")
+            device = None
         self._device = torch.device(device) if device else acc.device
         self.adapter = load(pretrained, dtype=parse_dtype(dtype), device=self._device)
         if self.adapter.tokenizer is None:
