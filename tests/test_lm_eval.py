@@ -142,3 +142,36 @@ def test_loglikelihood_is_the_elbo_and_rolling_is_a_clear_error(setup):
     assert out[1][0] < 0 and out == lm.loglikelihood(reqs)  # a log-probability bound; reproducible
     with pytest.raises(NotImplementedError, match="loglikelihood_rolling"):
         lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("1234",), 0)])
+
+
+@pytest.mark.slow
+def test_two_processes_through_accelerate_give_the_same_completions(setup):
+    """lm-eval splits the requests by rank / world_size and gathers them through the model (accelerate)."""
+    import subprocess
+    import sys
+
+    from test_distributed import _RENDEZVOUS_ERRORS, _env, _free_port, _run
+
+    from maskrl.evaluate import run_harness
+
+    tmp, folder = setup
+    out = tmp / "two"
+    out.mkdir()
+    worker = str(Path(__file__).parent / "lm_eval_dist_worker.py")
+    for attempt in range(2):
+        port = str(_free_port())
+        procs = [subprocess.Popen([sys.executable, worker, str(folder), str(tmp / "tasks"), str(out)],
+                                  env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+        failed = _run(procs)
+        if failed is None or attempt == 1 or not any(e in failed for e in _RENDEZVOUS_ERRORS):
+            break
+    assert failed is None, failed
+    got = json.loads((out / "rank0.json").read_text())
+    summary = run_harness(model=str(folder), task_name="sudoku4x4", data_path=str(tmp / "rows.csv"),
+                          out_dir=str(tmp / "maskrl_eval_two"), batch_size=5, device="cpu", progress=False)
+    (r,) = summary["results"]
+    want = [json.loads(x)["completion"] for x in (tmp / "maskrl_eval_two" / r["samples"]).read_text().splitlines()]
+    assert got["completions"] == want
+    assert got["cell_acc"] == pytest.approx(r["cell_accuracy"])
