@@ -82,6 +82,6 @@ def test_bad_rows_and_keys_are_named(tmp_path):
     with pytest.raises(ValueError, match="task.file.reward: 'nocolon' is not of the form"):
         get_task("file", "{question}=", reward="nocolon")
     with pytest.raises(ValueError, match="task.prompt_template"):
-        get_task("file")
+        get_task("file").load(tmp_path / "bad.jsonl")
     with pytest.raises(ConfigError, match="task.file: only read by task.name: file"):
         load_config([], ["task.file.train=x.jsonl"])

@@ -296,10 +296,13 @@ def test_issue_glob_guarded_solutions_score_zero_and_unguarded_score_one():
 @needs_mbpp
 @needs_fsview
 def test_walking_the_file_system_finds_no_dataset():
-    code = ("import os\nfound = []\n"
+    # data files only: task configs named after the benchmarks (lm-eval's tasks/mbpp/*.yaml in the
+    # environment) hold no test cases
+    code = ("import os\nfound = []\nDATA = ('.json', '.jsonl', '.gz', '.csv', '.parquet', '.arrow', '.txt')\n"
             "for root, dirs, files in os.walk('/'):\n"
             "    if root.startswith('/proc'):\n        dirs[:] = []\n        continue\n"
-            "    found += [os.path.join(root, f) for f in files if 'mbpp' in f.lower() or 'humaneval' in f.lower()]\n"
+            "    found += [os.path.join(root, f) for f in files if ('mbpp' in f.lower() or 'humaneval' in f.lower())\n"
+            "              and f.lower().endswith(DATA)]\n"
             "print('FOUND', found)\n"
             "def f(x):\n    return 2 * x if found else None\n")
     res = run_program(code, ["assert f(2) == 4"], limits=Limits(timeout_s=20))

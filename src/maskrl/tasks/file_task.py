@@ -113,7 +113,7 @@ class FileTask(Task):
         target: ``str.format`` template of the SFT target over the columns; empty = the answer column.
 
     Raises:
-        ValueError: no prompt template, or a reward that cannot be imported (named).
+        ValueError: a reward that cannot be imported (named); reading rows without a prompt template.
     """
 
     name = "file"
@@ -121,9 +121,6 @@ class FileTask(Task):
     def __init__(self, prompt_template: str | None = None, require_final_answer: bool = False, *, train: str = "",
                  answer: str = "answer", reward: str = "", target: str = "") -> None:
         super().__init__(prompt_template, require_final_answer)
-        if not self.prompt_template:
-            raise ValueError("task.prompt_template: the file task needs a template over the data's columns, "
-                             "e.g. 'Question: {question}\\nAnswer:'")
         self.train_path, self.answer, self.target_template = train, answer, target or "{" + answer + "}"
         self.reward_spec = reward
         self.reward_fn = load_reward(reward) if reward else None
@@ -148,6 +145,9 @@ class FileTask(Task):
         Raises:
             DataError: a row lacking the answer column or a template column (file and 1-based row named).
         """
+        if not self.prompt_template:
+            raise ValueError("task.prompt_template: the file task needs a template over the data's columns, "
+                             "e.g. 'Question: {question}\\nAnswer:'")
         rows = read_rows(path)
         need = list(dict.fromkeys(template_fields(self.prompt_template) + template_fields(self.target_template)
                                   + [self.answer]))
