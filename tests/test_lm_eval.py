@@ -113,6 +113,9 @@ def test_sampler_settings_are_model_args_and_stop_strings_cut(setup):
     reqs = [Instance("generate_until", {}, ("0000111122223333=", {"until": [u]}), 0) for u in ("zz", "1")]
     full, cut = lm.generate_until(reqs)
     assert "1" in full and cut == full[:full.index("1")]
+    with pytest.warns(UserWarning, match="generation_kwargs max_gen_toks, temperature are not used"):
+        lm.generate_until([Instance("generate_until", {}, ("0=", {"until": [], "temperature": 0.7,
+                                                                  "max_gen_toks": 9}), 0)])
 
 
 def test_loglikelihood_is_the_elbo_and_rolling_is_a_clear_error(setup):

@@ -16,7 +16,7 @@ or from the shell ``python -m maskrl.lm_eval_model run --model maskrl --model_ar
     ``remasking`` -- whose default is the model folder's prompt card (``maskrl_prompt.json``: the
     evaluation sampler of its training run), else :class:`~maskrl.sampling.SamplerConfig`'s defaults
     with ``gen_length`` 256 / ``block_length`` 32 / ``steps`` ``gen_length // 2``. A task's
-    ``generation_kwargs`` other than ``until`` do not change the sampler (they describe an
+    ``generation_kwargs`` other than ``until`` do not change the sampler (a warning names them once; they describe an
     autoregressive decoder); ``until`` stop strings are honoured by cutting the completion at the
     first one. Requests run in their order in batches of ``batch_size`` (as ``maskrl eval`` does, so
     greedy completions are the same).
@@ -173,6 +173,7 @@ class MaskrlLM(LM):
         else:
             self.use_chat_template = _bool("chat_template", chat_template)
         self.pretrained = str(pretrained)
+        self._warned: set[str] = set()  # generation_kwargs keys already reported as unused
 
     # ------------------------------------------------------------------ lm-eval plumbing
     @property
@@ -219,6 +220,11 @@ class MaskrlLM(LM):
             texts = complete(self.adapter, contexts, self.sampler, batch_size=len(batch), generator=gen)
             for r, text in zip(batch, texts):
                 kwargs = r.args[1] if len(r.args) > 1 and isinstance(r.args[1], dict) else {}
+                ignored = sorted(set(kwargs) - {"until"} - self._warned)
+                if ignored:  # an autoregressive decoder's settings: said once, never silently
+                    warnings.warn(f"maskrl lm-eval model: generation_kwargs {', '.join(ignored)} are not used; the "
+                                  f"sampler is set by model_args ({', '.join(SAMPLER_ARGS)}): {self.sampler}")
+                    self._warned.update(ignored)
                 until = kwargs.get("until") or []
                 until = [until] if isinstance(until, str) else list(until)
                 text = cut_at_stops(text, until)
