@@ -271,7 +271,18 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.likelihood is None:  # the objective's own estimator, with its defaults
-            self.likelihood = _registry("likelihood").get(self.objective.default_likelihood)()
+            self.likelihood = own_likelihood(self.objective)
+        from maskrl.likelihood.base import check_pairing
+
+        check_pairing(self.objective, self.likelihood)  # the per-token tensors the objective reads exist
+
+
+def own_likelihood(objective: Any) -> Any:
+    """The objective's own estimator: its ``default_likelihood`` built with its
+    ``default_likelihood_fields`` (e.g. ``rldf``: ``state`` with a clean prompt). Used when the YAML
+    has no ``likelihood`` section, and as the defaults of one that names the same estimator."""
+    fields = dict(getattr(objective, "default_likelihood_fields", {}) or {})
+    return _registry("likelihood").get(objective.default_likelihood)(**fields)
 
 
 #: flat keys of earlier versions -> where they live now
@@ -383,9 +394,9 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "", defaults: Any =
             # the objective's own estimator unless named; fields kept when the name is unchanged
             own = kwargs["objective"].default_likelihood
             current = getattr(defaults, name)
-            keep = current if current is not None and _registry(kind).name_of(current) == own else None
-            kwargs[name] = _component(data.get(name), kind, prefix + name, keep, own) \
-                if name in data or keep is None else keep
+            keep = current if current is not None and _registry(kind).name_of(current) == own \
+                else own_likelihood(kwargs["objective"])
+            kwargs[name] = _component(data.get(name), kind, prefix + name, keep, own) if name in data else keep
         else:
             kwargs[name] = (_component(data[name], kind, prefix + name, getattr(defaults, name), None)
                             if name in data else getattr(defaults, name))
@@ -567,6 +578,7 @@ def _check_ranges(cfg: "RunConfig") -> None:
                           "set rollout.mismatch_every instead")
     if cfg.task.name != "file" and cfg.task.file != FileTaskConfig():
         raise ConfigError(f"task.file: only read by task.name: file (this run's task is {cfg.task.name!r}); remove it")
+    _check_observer_logits(cfg)
     t = cfg.model.tiny
     from pathlib import Path
 
@@ -598,6 +610,29 @@ def _check_trackers(cfg: "RunConfig") -> None:
         raise ConfigError(f"train.report_to: unknown tracker(s) {', '.join(map(repr, bad))}; valid: {', '.join(valid)}")
     if not str(cfg.train.tracker_project).strip():
         raise ConfigError("train.tracker_project: must not be empty")
+
+
+def _check_observer_logits(cfg: "RunConfig") -> None:
+    """``rollout.observer_logits: refuse`` with a cache: no credit module may read per-step logits that
+    must be theta's exact ones (its observers declare ``exact_logits``; issue 19 item 3). Decided
+    here, before any model is loaded, naming the fields."""
+    r = cfg.rollout
+    if r.cache == "none" or r.observer_logits != "refuse":
+        return
+    import torch
+
+    from maskrl.credit import CREDITS
+    from maskrl.sampling import exact_observers
+
+    for i, module in enumerate(cfg.credit):
+        names = exact_observers(module.observers(r, torch.Generator()))
+        if names:
+            raise ConfigError(
+                f"credit[{i}] ({CREDITS.name_of(module)}) with rollout.cache: {r.cache} and rollout.observer_logits: "
+                f"refuse: its observers ({', '.join(names)}) read statistics defined on theta's exact logits at the "
+                "rollout states, which a cached step does not compute (no silent inexact credit). Use rollout.cache: "
+                "none, or rollout.observer_logits: exact (the sampler then runs one extra full forward per cached "
+                "step they read; rollouts cost more than with cache none).")
 
 
 def _check_dtype(cfg: "RunConfig") -> None:
@@ -708,7 +743,12 @@ def explain(section: str) -> str:
                 raise ConfigError(f"{kind}.{n}: unknown {kind}; valid: {', '.join(reg.names())}")
             cls = reg.get(n)
             summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
-            out += _explain_class(cls, f"[{kind}] name: {n}\n  {summary}") + [""]
+            out += _explain_class(cls, f"[{kind}] name: {n}\n  {summary}")
+            if kind == "objective":  # what an absent `likelihood:` section (or one naming it) starts from
+                lik = own_likelihood(cls())
+                fields = "".join(f", {k}: {v!r}" for k, v in dataclasses.asdict(lik).items())
+                out.append(f"  (default likelihood: {{name: {cls.default_likelihood}{fields}}})")
+            out.append("")
         return "\n".join(out).rstrip() or f"(no {kind} registered)"
     valid = sorted(_SECTIONS) + ["objective", "likelihood", "credit"]
     raise ConfigError(f"unknown section {section!r}; valid: {', '.join(valid)}")

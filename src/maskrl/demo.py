@@ -26,6 +26,7 @@ from maskrl.likelihood import LIKELIHOODS
 from maskrl.objectives import OBJECTIVES
 from maskrl.models import load_tiny, save_model
 from maskrl.pipeline import export_model, load_policy, prompt_formatter, sft_from_config, task_and_data, write_json
+from maskrl.rundir import prepare_run_dir, run_lock
 from maskrl.stats import paired_comparison
 from maskrl.trainer import RLTrainer
 
@@ -86,8 +87,23 @@ def write_per_item(path: Path, task, examples, result: EvalResult) -> None:
                                 ensure_ascii=False) + "\n")
 
 
-def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
-    """Run the main job; returns the summary dict (also written to ``summary.json``)."""
+def run_demo(cfg: RunConfig, force_sft: bool = False, overwrite: bool = False) -> dict:
+    """Run the main job; returns the summary dict (also written to ``summary.json``).
+
+    ``output_dir`` is locked while the demo runs (:func:`maskrl.rundir.run_lock`). A folder holding an
+    earlier run is refused unless ``overwrite`` (which removes that run's files and keeps the SFT
+    cache; :func:`maskrl.rundir.prepare_run_dir`): a re-run never mixes its logs with an old run's.
+
+    Raises:
+        maskrl.rundir.RunDirError: the folder is in use or holds a run and ``overwrite`` is False.
+    """
+    with run_lock(cfg.output_dir, "maskrl demo"):
+        prepare_run_dir(cfg.output_dir, overwrite=overwrite, other="--set output_dir=DIR", resume_flag=None,
+                        command="maskrl demo")
+        return _run_demo(cfg, force_sft)
+
+
+def _run_demo(cfg: RunConfig, force_sft: bool) -> dict:
     t_start = time.time()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,7 +143,7 @@ def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
     t1 = time.time()
     trainer = RLTrainer(cfg, policy, task, train, prompt_fn=fmt,
                         eval_fn=lambda step: _pick(evaluate(trainer.policy_eval).metrics))
-    history = trainer.train()
+    history = trainer.train(catch_signals=False)  # the demo does not resume: Ctrl-C stops at once
     trainer.close()
     rl_seconds = time.time() - t1
 

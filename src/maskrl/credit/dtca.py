@@ -32,8 +32,8 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from maskrl.credit.base import CreditBatch, CreditContext, CreditModule
-from maskrl.credit.rldf import (check_state_likelihood, check_step_sampling, chosen_pairs, filter_metrics,
-                                replace_base, sample_steps, step_surprise, steps_term)
+from maskrl.credit.rldf import (check_state_likelihood, check_step_sampling, chosen_pairs, commit_observers,
+                                commit_probs, filter_metrics, replace_base, sample_steps, step_surprise, steps_term)
 
 SELECTIONS = ("coverage", "sample")
 LAMBDA_CLIP = 0.95
@@ -292,13 +292,19 @@ class DTCA(CreditModule):
         classes = tag(getattr(ctx.policy, "tokenizer", None), ro.completion_ids, ro.completion_mask)
         return token_weights(classes, table, ro.completion_mask)
 
+    def observers(self, sampler, generator: torch.Generator) -> list:
+        """With a cache: θ's exact ``p_i`` for the step scores (:func:`maskrl.credit.rldf.commit_observers`)."""
+        return commit_observers(sampler)
+
     def choose(self, batch: CreditBatch, ctx: CreditContext, w: torch.Tensor) -> torch.Tensor:
-        """``[N, S]`` long chosen steps, ``-1`` padded."""
+        """``[N, S]`` long chosen steps, ``-1`` padded; ``p_i`` is θ's exact commit probability
+        (:func:`maskrl.credit.rldf.commit_probs`)."""
         ro = batch.rollout
+        p = commit_probs(ro, "dtca")
         if self.selection == "sample":
-            s, present = step_surprise(ro.commit_step, ro.commit_prob, ro.completion_mask)
+            s, present = step_surprise(ro.commit_step, p, ro.completion_mask)
             return sample_steps(s, present, self.k, self.temperature, ctx.generator)
-        imp, present = step_importance(ro.commit_step, ro.commit_prob, w, ro.completion_mask)
+        imp, present = step_importance(ro.commit_step, p, w, ro.completion_mask)
         return coverage_steps(imp, present, self.coverage, self.min_steps, self.max_steps)
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:
