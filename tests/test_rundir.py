@@ -215,7 +215,7 @@ def test_resume_truncates_metrics_and_tensorboard_to_the_checkpoint(tmp_path):
     time.sleep(1.1)
     assert main(train_args(run, "--set", "train.steps=3", "--resume", str(run / "checkpoints" / "step_2"))) == 0
     assert steps_of(run / "metrics.jsonl") == [1, 2, 3]  # step 3 redone once, not [1, 2, 3, 3]
-    acc = EventAccumulator(str(run / "tb"))
+    acc = EventAccumulator(str(run / "tb" / "maskrl"))  # accelerate: <logging_dir>/<train.tracker_project>
     acc.Reload()
     assert [e.step for e in acc.Scalars("reward")] == [1, 2, 3]
 

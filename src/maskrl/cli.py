@@ -32,8 +32,7 @@ def _config(args):
 
 
 def cmd_sft(args) -> int:
-    from maskrl.models import save_model
-    from maskrl.pipeline import check_run_lengths, load_policy, save_prompt_card, sft_from_config, task_and_data, write_json
+    from maskrl.pipeline import check_run_lengths, export_model, load_policy, sft_from_config, task_and_data, write_json
 
     cfg = _config(args)
     out = Path(args.out or Path(cfg.output_dir) / "model")
@@ -43,8 +42,8 @@ def cmd_sft(args) -> int:
     check_run_lengths(cfg, adapter, train)
     t0 = time.time()
     hist = sft_from_config(cfg, adapter, task, train)
-    save_model(adapter, out)
-    save_prompt_card(out, task, cfg.model.chat_template, cfg.eval)
+    export_model(out, adapter, cfg, task, data=f"{len(train)} training rows of {task.name} (held-out rows: {source})",
+                 steps=f"SFT {cfg.sft.steps} steps of {cfg.sft.batch_size} rows")
     write_json(out / "maskrl_sft.json", {"config": to_dict(cfg), "history": hist, "train_rows": len(train),
                                          "held_out_source": source, "seconds": time.time() - t0})
     print(f"saved SFT model to {out}")
@@ -52,28 +51,32 @@ def cmd_sft(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from maskrl.models import save_model
-    from maskrl.pipeline import check_run_lengths, load_policy, prompt_formatter, save_prompt_card, task_and_data
+    from maskrl.pipeline import (check_run_lengths, drop_rows, export_model, load_policy, prompt_formatter, task_and_data,
+                                 training_eval_fn, validation_examples)
     from maskrl.rundir import is_main_process, record_config
     from maskrl.trainer import RLTrainer, TrainingInterrupted
 
     cfg = _config(args)
     run = _open_train_run(args, cfg)  # before any model is loaded
-    task, held, source, train = task_and_data(cfg)
+    task, held_out, source, train = task_and_data(cfg)
+    val, val_source = validation_examples(cfg, task, held_out) if cfg.train.eval_every else ([], "")
+    train = drop_rows(train, task, val)
     if not cfg.model.path:
         print("maskrl train: model.path is empty, so RL starts from a randomly initialised tiny model. "
               "Run `maskrl sft ... --out DIR` and pass `--set model.path=DIR`, or use `maskrl demo` "
               "(SFT + RL + evaluation).", file=sys.stderr)
     policy = load_policy(cfg)
-    check_run_lengths(cfg, policy, train, held if cfg.train.eval_every else (), source)
-    trainer = RLTrainer(cfg, policy, task, train, prompt_fn=prompt_formatter(policy, cfg.model.chat_template))
+    check_run_lengths(cfg, policy, train, val, val_source or source)
+    fmt = prompt_formatter(policy, cfg.model.chat_template)
+    trainer = RLTrainer(cfg, policy, task, train, prompt_fn=fmt,
+                        eval_fn=training_eval_fn(cfg, task, val, fmt, lambda: trainer.policy_eval) if val else None)
     if run["checkpoint"]:
         trainer.load_checkpoint(run["checkpoint"])
         print(f"resumed from {run['checkpoint']} at step {trainer.step_count}")
     if is_main_process():
         record_config(cfg.output_dir, to_dict(cfg), step=trainer.step_count, **run)
     try:
-        trainer.train()
+        history = trainer.train()
     except TrainingInterrupted as e:
         trainer.close()
         import signal
@@ -83,8 +86,12 @@ def cmd_train(args) -> int:
         return 128 + e.signum
     trainer.save_checkpoint(Path(cfg.output_dir) / "checkpoints" / f"step_{trainer.step_count}")
     if trainer.acc.is_main_process:
-        save_model(trainer.policy_eval, Path(cfg.output_dir) / "model")
-        save_prompt_card(Path(cfg.output_dir) / "model", task, cfg.model.chat_template, cfg.eval)
+        evals = [h for h in history if any(k.startswith("eval/") for k in h)]
+        table = [(f"step {h['step']} (validation, {val_source})",
+                  {k.removeprefix("eval/"): v for k, v in h.items() if k.startswith("eval/")}) for h in evals[-1:]]
+        export_model(Path(cfg.output_dir) / "model", trainer.policy_eval, cfg, task,
+                     data=f"{len(train)} training rows of {task.name}" + (f"; validation {val_source}" if val else ""),
+                     steps=f"RL {trainer.step_count} steps ({to_dict(cfg)['objective']['name']})", evaluation=table)
         print(f"model saved to {Path(cfg.output_dir) / 'model'}; metrics in {Path(cfg.output_dir) / 'metrics.jsonl'}")
     trainer.close()
     return 0

@@ -77,6 +77,27 @@ class ModelConfig:
 
 
 @dataclass
+class FileTaskConfig:
+    """The ``file`` task: your own JSONL / CSV file or ``datasets`` folder and reward
+    (:class:`maskrl.tasks.file_task.FileTask`; only with ``task.name: file``). The evaluation rows are
+    ``task.data_path``; the prompt is ``task.prompt_template`` over the columns.
+
+    Attributes:
+        train: training rows (a ``.jsonl`` / ``.json`` / ``.csv`` file or a ``datasets`` folder).
+        answer: the answer column (the SFT target by default; passed to the reward with every column).
+        reward: ``module:function`` or ``path/to/file.py:function``, called as
+            ``reward(prompts, completions, **columns) -> list[float]`` (TRL's shape); empty = exact
+            match of the stripped completion with the answer column.
+        target: ``str.format`` template of the SFT target over the columns; empty = the answer column.
+    """
+
+    train: str = ""
+    answer: str = "answer"
+    reward: str = ""
+    target: str = ""
+
+
+@dataclass
 class TaskConfig:
     """Task and data.
 
@@ -93,6 +114,7 @@ class TaskConfig:
             never closed, no answer span); off by default, where the whole text is searched.
         allow_weak_sandbox: code tasks: train even when the sandbox lacks protections
             (docs/sandbox.md); by default training refuses.
+        file: the ``file`` task's data and reward (section ``task.file``; only with ``name: file``).
     """
 
     name: str = "sudoku4x4"
@@ -103,6 +125,7 @@ class TaskConfig:
     eval_limit: int = 0
     require_final_answer: bool = False
     allow_weak_sandbox: bool = False
+    file: FileTaskConfig = field(default_factory=FileTaskConfig)
 
 
 @dataclass
@@ -156,9 +179,23 @@ class TrainConfig:
             (``transformers.get_scheduler`` names), over steps × μ optimizer steps.
         seed: seed of prompt order, rollouts, likelihood masks and credit generators.
         log_every: write metrics every this many steps.
-        eval_every: evaluate every this many steps (0 = never during training).
+        eval_every: evaluate a validation split every this many steps with the ``eval`` sampler and log
+            ``eval/...`` metrics (0 = never during training). The split: ``train.eval_data`` when set,
+            else the task's own validation split (``wordmath``), else rows the task generates
+            (disjoint from the test rows; training rows equal to a validation row are dropped);
+            never the test file by default. A task with none of these and no ``train.eval_data`` is
+            an error when ``eval_every > 0``.
         save_every: checkpoint every this many steps (0 = never).
-        eval_limit: evaluation rows used during training (0 = all).
+        eval_limit: validation rows used during training (0 = all rows of ``train.eval_data`` /
+            the validation split; 200 generated rows).
+        eval_data: validation file (or data folder) for ``train.eval_every``, read by the task's
+            loader; empty = the task's validation split or generated rows (see ``eval_every``).
+        report_to: trackers that receive every logged metric, through accelerate's tracker API
+            (``Accelerator(log_with=...)``): any of ``tensorboard`` (written to ``<output_dir>/tb``),
+            ``wandb``, ``mlflow``, ``comet_ml``, ``aim``, ``clearml``, ``dvclive``, ``swanlab``,
+            ``trackio``; ``[]`` = none. ``metrics.jsonl`` is always written. The run's resolved
+            config is logged as hyper-parameters.
+        tracker_project: project / experiment name given to the trackers (``init_trackers``).
         on_nonfinite: ``error`` | ``skip``: a NaN/inf at any stage (logits, rewards, advantages,
             log-probs, loss, gradient norm; :mod:`maskrl.health`) raises naming the stage, step and
             rows, or skips the step's update and counts it (``nonfinite_skips``).
@@ -182,6 +219,9 @@ class TrainConfig:
     eval_every: int = 0
     save_every: int = 0
     eval_limit: int = 0
+    eval_data: str = ""
+    report_to: list = field(default_factory=lambda: ["tensorboard"])
+    tracker_project: str = "maskrl"
     on_nonfinite: str = "error"
     dropout: bool = False
 
@@ -663,7 +703,8 @@ _POSITIVE = ("model.tiny.hidden_size", "model.tiny.num_layers", "model.tiny.num_
              "train.inner_iterations", "train.lr")
 _NON_NEGATIVE = ("model.lora_rank", "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
                  "train.steps", "train.micro_batch_size", "train.weight_decay", "train.max_grad_norm",
-                 "train.warmup_steps", "train.eval_every", "train.save_every", "task.eval_limit", "train.max_forward_rows")
+                 "train.warmup_steps", "train.eval_every", "train.save_every", "task.eval_limit", "train.max_forward_rows",
+                 "train.eval_limit")
 
 
 #: settings that leave every gradient zero or undefined: dotted key -> (smallest valid value, why)
@@ -702,6 +743,16 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if cfg.train.on_nonfinite not in ON_NONFINITE:
         raise ConfigError(f"train.on_nonfinite: unknown {cfg.train.on_nonfinite!r}; valid: {', '.join(ON_NONFINITE)}")
     _check_dtype(cfg)
+    _check_trackers(cfg)
+    tr = cfg.train
+    if not tr.eval_every and (tr.eval_data or tr.eval_limit):  # keys that could not take effect
+        key = "train.eval_data" if tr.eval_data else "train.eval_limit"
+        raise ConfigError(f"{key}: only read when train.eval_every > 0 (it is 0); set train.eval_every or remove {key}")
+    if cfg.eval.mismatch_every:
+        raise ConfigError("eval.mismatch_every: the evaluation sampler never measures the rollout mismatch; "
+                          "set rollout.mismatch_every instead")
+    if cfg.task.name != "file" and cfg.task.file != FileTaskConfig():
+        raise ConfigError(f"task.file: only read by task.name: file (this run's task is {cfg.task.name!r}); remove it")
     _check_observer_logits(cfg)
     t = cfg.model.tiny
     from pathlib import Path
@@ -712,6 +763,28 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if t.hidden_size % t.num_heads:
         raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
                           f"model.tiny.num_heads ({t.num_heads})")
+
+
+#: ``train.report_to`` names (accelerate's ``LoggerType`` values)
+def tracker_names() -> tuple[str, ...]:
+    from accelerate.utils import LoggerType
+
+    return tuple(t.value for t in LoggerType if t.value != "all")
+
+
+def _check_trackers(cfg: "RunConfig") -> None:
+    """``train.report_to`` is a list of tracker names accelerate knows (checked here, not at the first log)."""
+    names = cfg.train.report_to
+    if isinstance(names, str):
+        names = cfg.train.report_to = [names]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"train.report_to: expected a list of tracker names, got {names!r}")
+    valid = tracker_names()
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise ConfigError(f"train.report_to: unknown tracker(s) {', '.join(map(repr, bad))}; valid: {', '.join(valid)}")
+    if not str(cfg.train.tracker_project).strip():
+        raise ConfigError("train.tracker_project: must not be empty")
 
 
 def _check_observer_logits(cfg: "RunConfig") -> None:
@@ -778,7 +851,8 @@ def to_dict(cfg: Any) -> dict:
     return out
 
 
-_SECTIONS = {"model": ModelConfig, "model.tiny": TinyModelConfig, "task": TaskConfig, "rollout": SamplerConfig,
+_SECTIONS = {"model": ModelConfig, "model.tiny": TinyModelConfig, "task": TaskConfig,
+             "task.file": FileTaskConfig, "rollout": SamplerConfig,
              "eval": SamplerConfig, "sft": SFTConfig, "train": TrainConfig}
 
 
@@ -813,9 +887,9 @@ def _explain_class(cls: type, title: str) -> list[str]:
     default = cls()
     for f in dataclasses.fields(cls):
         value = getattr(default, f.name)
-        shown = to_dict(value) if dataclasses.is_dataclass(value) and f.name != "tiny" else value
-        if f.name == "tiny":
-            shown = "(section model.tiny)"
+        shown = to_dict(value) if dataclasses.is_dataclass(value) and f.name not in ("tiny", "file") else value
+        if f.name in ("tiny", "file"):
+            shown = f"(section {'model' if f.name == 'tiny' else 'task'}.{f.name})"
         lines.append(f"  {f.name} = {shown!r}")
         lines.append(f"      {docs.get(f.name, '(undocumented)')}")
     return lines

@@ -25,8 +25,8 @@ from maskrl.evaluate import EvalResult, evaluate_examples
 from maskrl.likelihood import LIKELIHOODS
 from maskrl.objectives import OBJECTIVES
 from maskrl.models import load_tiny, save_model
-from maskrl.pipeline import (check_run_lengths, load_policy, prompt_formatter, save_prompt_card, sft_from_config,
-                             task_and_data, write_json)
+from maskrl.pipeline import (check_run_lengths, export_model, load_policy, prompt_formatter,
+                             sft_from_config, task_and_data, write_json)
 from maskrl.rundir import prepare_run_dir, run_lock
 from maskrl.stats import paired_comparison
 from maskrl.trainer import RLTrainer
@@ -152,8 +152,10 @@ def _run_demo(cfg: RunConfig, force_sft: bool) -> dict:
     # 4. final evaluation (the last step's model; no selection on the evaluation rows)
     final_res = evaluate(trainer.policy_eval)
     final = final_res.metrics
-    save_model(trainer.policy_eval, out / "model")
-    save_prompt_card(out / "model", task, cfg.model.chat_template, ev_sampler)  # maskrl eval / generate read it
+    # the family's layout + prompt card (maskrl eval / generate read it) + model card with the test table
+    export_model(out / "model", trainer.policy_eval, cfg, task, steps=f"SFT {cfg.sft.steps} steps, then RL "
+                 f"{trainer.step_count} steps", data=f"{len(train)} generated training rows; evaluation {source} "
+                 f"({len(test)} rows)", evaluation=[("SFT base", _pick(base)), ("after RL", _pick(final))])
     write_per_item(out / "eval_base.jsonl", task, test, base_res)
     write_per_item(out / "eval_final.jsonl", task, test, final_res)
     paired = paired_comparison([task.is_correct(r) for r in base_res.rewards],

@@ -224,7 +224,8 @@ class RLTrainer:
         self.credits = [(n if names.count(n) == 1 else f"{n}.{i}", c) for i, (n, c) in enumerate(zip(names, cfg.credit))]
         needs_reference = self.objective.needs_reference or any(c.needs_reference for _, c in self.credits)
         self.sampler = cfg.rollout
-        self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), **tracker_kwargs(cfg))
+        check_trackers(cfg, self.acc)
         self.device = self.acc.device
         policy.model.to(self.device)
         self.uses_peft = hasattr(policy.model, "disable_adapter")
@@ -248,7 +249,7 @@ class RLTrainer:
         self.rollout_gen = torch.Generator(device=self.device).manual_seed(self.tc.seed * 104729 + 17 + rank)
         self.all_done = all_ranks_done(self.acc)  # keeps ranks' sampler forwards in step (FSDP / ZeRO-3)
         self.out_dir = Path(cfg.output_dir)
-        self._writer = None
+        self._trackers_started = False
         self._metrics_fh = None
         self.nonfinite_skips = 0  # steps skipped under train.on_nonfinite: skip (maskrl.health)
         self._skip_reason: str | None = None
@@ -592,7 +593,14 @@ class RLTrainer:
 
         Raises:
             TrainingInterrupted: after a signal, once the checkpoint is written.
+            ConfigError: ``train.eval_every > 0`` but no ``eval_fn`` was given (the key could not take effect).
         """
+        if self.tc.eval_every and self.eval_fn is None:
+            from maskrl.config import ConfigError
+
+            raise ConfigError(f"train.eval_every={self.tc.eval_every} but this trainer has no evaluation function "
+                              "(eval_fn); pass one (maskrl train builds it from the validation split) or set "
+                              "train.eval_every: 0")
         total = self.tc.steps if steps is None else self.step_count + steps
         history = []
         bar = tqdm(total=total, initial=self.step_count, desc="rl", dynamic_ncols=True,
@@ -657,35 +665,42 @@ class RLTrainer:
         return signum
 
     def log(self, metrics: dict) -> None:
-        """Append to ``metrics.jsonl`` and TensorBoard (main process only). After :meth:`load_checkpoint`
-        at step K, the first call drops the rows of ``metrics.jsonl`` after step K and opens TensorBoard
-        with ``purge_step=K + 1``, so a resumed run's logs hold each step once."""
+        """Append to ``metrics.jsonl`` and send the numeric metrics to the ``train.report_to`` trackers
+        through accelerate (``init_trackers`` with the resolved config as hyper-parameters at the first
+        call, then ``Accelerator.log``); main process only. After :meth:`load_checkpoint` at step K, the
+        first call drops the rows of ``metrics.jsonl`` after step K and opens TensorBoard with
+        ``purge_step=K + 1``, so a resumed run's logs hold each step once."""
         if not self.acc.is_main_process:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        purge = None
         if self._metrics_fh is None:
-            purge = None
             if self._resumed_step is not None:  # a resumed run: no row or event of a later step is kept
                 from maskrl.rundir import truncate_metrics
 
                 truncate_metrics(self.out_dir / "metrics.jsonl", self._resumed_step)
                 purge, self._resumed_step = self._resumed_step + 1, None  # once: later rows are this run's
             self._metrics_fh = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(str(self.out_dir / "tb"), purge_step=purge)
+        if not self._trackers_started and self.acc.log_with:
+            kwargs = {"tensorboard": {"purge_step": purge}} if purge is not None else {}  # SummaryWriter's
+            self.acc.init_trackers(self.tc.tracker_project, config=hyperparameters(self.cfg), init_kwargs=kwargs)
+            self._trackers_started = True
         self._metrics_fh.write(json.dumps(metrics) + "\n")
         self._metrics_fh.flush()
-        for k, v in metrics.items():
-            if k != "step" and isinstance(v, (int, float)):
-                self._writer.add_scalar(k, v, metrics["step"])
-        self._writer.flush()
+        if self._trackers_started:
+            scalars = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}
+            self.acc.log(scalars, step=int(metrics["step"]))
 
     def close(self) -> None:
+        """Close ``metrics.jsonl`` and finish the trackers (each tracker's ``finish()``, what
+        ``Accelerator.end_training`` does first; the process group is the launcher's and is left alone)."""
         if self._metrics_fh is not None:
             self._metrics_fh.close()
-            self._writer.close()
-            self._metrics_fh = self._writer = None
+            self._metrics_fh = None
+        if self._trackers_started:
+            for tracker in self.acc.trackers:
+                tracker.finish()
+            self._trackers_started = False
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | Path) -> Path:
@@ -737,6 +752,52 @@ class RLTrainer:
             log.warning("resumed at step %d with other schedule settings (%s): the learning rate follows this "
                         "run's schedule from step %d (lr %.3g)", self.step_count, "; ".join(changed),
                         self.step_count + 1, self.optimizer.param_groups[0]["lr"])
+
+
+def tracker_kwargs(cfg: RunConfig) -> dict:
+    """``Accelerator`` keyword arguments for the ``train.report_to`` trackers: ``log_with`` and a
+    :class:`~accelerate.utils.ProjectConfiguration` whose logging dir is ``<output_dir>/tb``
+    (TensorBoard writes ``<output_dir>/tb/<train.tracker_project>``; W&B, MLflow, ... their own places)."""
+    from accelerate.utils import ProjectConfiguration
+
+    out = Path(cfg.output_dir)
+    return {"log_with": list(cfg.train.report_to) or None,
+            "project_config": ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "tb"))}
+
+
+def check_trackers(cfg: RunConfig, acc: Accelerator) -> None:
+    """Every ``train.report_to`` tracker is active on ``acc`` (accelerate drops trackers whose package
+    is missing with only a warning; here that is an error naming the tracker).
+
+    Raises:
+        ConfigError: a requested tracker is not installed, or an accelerator passed in lacks it.
+    """
+    from maskrl.config import ConfigError
+
+    active = {str(getattr(t, "value", t)) for t in (acc.log_with or [])}
+    missing = [n for n in cfg.train.report_to if n not in active]
+    if missing:
+        raise ConfigError(f"train.report_to: tracker(s) {', '.join(missing)} not available (package not installed, "
+                          f"e.g. `pip install 'maskrl[track]'`, or an Accelerator passed without them in log_with); "
+                          f"set train.report_to to the ones you have, or []")
+
+
+def hyperparameters(cfg: RunConfig) -> dict:
+    """The resolved config flattened to ``{"train.lr": 1e-05, ...}`` with ``bool``/``int``/``float``/``str``
+    values (lists and ``None`` as text), the form every accelerate tracker accepts as hyper-parameters."""
+    flat: dict = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, (bool, int, float, str)):
+            flat[prefix] = value
+        else:
+            flat[prefix] = json.dumps(value)
+
+    walk("", to_dict(cfg))
+    return flat
 
 
 def read_checkpoint_state(path: str | Path) -> dict:

@@ -58,8 +58,10 @@ which ties them itself.
     or of type ``"default"`` (a form transformers 5 no longer accepts from remote code) becomes
     ``rope_parameters = {"rope_type": "default", "rope_theta": θ}``; other scalings are refused.
 
-``tiny`` (a folder written by :func:`maskrl.models.save_model`; ``maskrl_family`` key)
-    Loaded with :func:`maskrl.models.load_tiny`.
+``tiny`` (a folder written by :func:`maskrl.models.save_model`; ``maskrl_family`` key, and
+    ``model_type: "maskrl_tiny"`` so that no plain transformers load passes silently)
+    Loaded with :func:`maskrl.models.load_tiny`. LLaDA / Dream exports of :func:`~maskrl.models.save_model`
+    are in their family's own layout and load as ``llada`` / ``dream`` (their ``maskrl_stop_ids`` kept).
 
 ``masked_lm`` (``architectures`` ending in ``ForMaskedLM``, a ``model_type`` transformers knows)
     Loaded with ``AutoModelForMaskedLM.from_pretrained`` (no remote code) and run with a 2-D mask.
@@ -170,6 +172,8 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
                                eos_id=end, pad_id=_first(cfg.get("pad_token_id"), cfg_eos, eos),
                                shift=(family == "dream"), family=family, attention="4d",
                                tokenizer=tok, stop_ids=_stops(stops + ends, end))
+        if cfg.get("maskrl_stop_ids") is not None:  # a maskrl export (maskrl.models.export) keeps its stop ids
+            adapter.stop_ids = _stops(tuple(cfg["maskrl_stop_ids"]) + ends, end)
     else:  # masked_lm
         model = _load_masked_lm(folder, dtype, device)
         c = model.config
