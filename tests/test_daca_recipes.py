@@ -64,6 +64,7 @@ def test_shipped_daca_recipes(task, base):
     ("gdpo", "{name: stratified, k: 2, layout: stride, full: 0.5, sml: 0.5, p_mask_prompt: 0.0}"),
     ("diffu_grpo", "{name: stratified, k: 2, layout: stride, full: 0.5, sml: 0.5, p_mask_prompt: 0.0}"),
 ])
+@pytest.mark.numerics
 def test_micro_batching_gives_the_same_update_and_metrics(tmp_path, objective, likelihood):
     """Deterministic likelihoods (no prompt mask, stride strata): the update and the logged metrics do
     not depend on the micro-batch size (the loss is aggregated with the global normaliser). The update

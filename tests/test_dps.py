@@ -126,6 +126,7 @@ SAMPLERS = {
     ("fixed", "per_step", "all", "confidence"), ("fixed", "pooled", "block", "confidence"),
     ("threshold", "pooled", "all", "confidence"), ("threshold", "per_step", "block", "confidence"),
     ("fixed", "per_step", "all", "final"), ("threshold", "pooled", "block", "final")])
+@pytest.mark.numerics
 def test_dps_matches_the_slow_reference(tiny, schedule, mode, scope, target):
     module = DPS(lam=0.5, dps_normalize=mode, dps_scope=scope, dps_target=target, top_k=4)
     ro, keep, batch = _run(tiny if schedule == "fixed" else _sharp(), SAMPLERS[schedule], module)

@@ -39,6 +39,7 @@ def _brute_f(a, ro, r, hidden, where):
     return float((p * where).sum()), float((p * (2 + top.abs() + lse.abs()) * where).sum())
 
 
+@pytest.mark.numerics
 def test_delta_p_equals_the_brute_force_difference_of_f():
     a = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=1)
     a.model.eval()
