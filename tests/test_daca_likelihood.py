@@ -139,6 +139,7 @@ def _sml_loop(adapter, ro, s_of, k):
 
 
 @pytest.mark.parametrize("layout", ["random", "stride"])
+@pytest.mark.numerics
 def test_sml_matches_a_loop_over_strata_and_each_position_is_scored_once(tiny, layout):
     ro = _rollout(tiny)
     k = 3

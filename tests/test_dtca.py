@@ -82,6 +82,7 @@ def test_coverage_matches_a_slow_reference():
 
 
 # ------------------------------------------------------------------------------------ in-step credit
+@pytest.mark.numerics
 def test_in_step_credit_by_hand_has_mean_one():
     w = torch.tensor([[1.2, 0.8, 1.0, 5.0], [1.2, 0.9, 1.0, 1.0]])
     trained = torch.tensor([[True, True, True, False], [True, True, False, False]])
@@ -98,6 +99,7 @@ def test_in_step_credit_by_hand_has_mean_one():
 
 
 # ------------------------------------------------------------------------------------ calibration
+@pytest.mark.numerics
 def test_entropy_flow_calibration_by_hand():
     # one response over two state rows; ΔH = −A p (log p + H)
     adv = torch.tensor([[1.2, 0.8], [-1.0, 0.0]])

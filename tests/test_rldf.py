@@ -64,6 +64,7 @@ def test_rldf_objective_defaults_and_registry():
             RLDFSteps(**bad)
 
 
+@pytest.mark.numerics
 def test_step_surprise_by_hand():
     cs = torch.tensor([[0, 0, 1, 2], [1, 0, 1, 1]])
     p = torch.tensor([[0.5, 0.25, 0.9, 1.0], [0.1, 0.2, 0.4, 0.8]])
@@ -103,6 +104,7 @@ def test_sampling_without_replacement_follows_the_softmax_and_pads():
         sample_steps(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), 0, 1.0, None)
 
 
+@pytest.mark.numerics
 def test_reconstructed_state_masks_exactly_the_later_commits():
     a = _sharp()
     ro = _rollout(a)

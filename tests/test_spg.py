@@ -35,6 +35,7 @@ def test_registered():
         SPGBounds(eubo_beta=0.0)
 
 
+@pytest.mark.numerics
 def test_eubo_hand_values():
     lp = torch.tensor([math.log(0.5), math.log(0.25), math.log(0.1)])
     coef = torch.tensor([1.0, 2.0, 3.0])
@@ -93,6 +94,7 @@ def _loop_reference(adapter, ro, seed, nodes, draws, block_length, beta):
     return el, eu
 
 
+@pytest.mark.numerics
 def test_spg_bounds_match_a_loop_reference(tiny):
     ro = _rollout(tiny)
     with torch.no_grad():

@@ -76,6 +76,7 @@ def test_state_likelihood_scores_commit_states_shared_by_policy_old_ref(tmp_path
 
 
 @pytest.mark.parametrize("likelihood", ["mean_field", "state"])
+@pytest.mark.numerics
 def test_micro_batching_gives_the_same_update_as_one_batch(tmp_path, likelihood):
     init = _tiny()
     # with one micro-batch the mask seed of micro-batch 0 differs from b's split; p_mask_prompt=0 removes that
@@ -195,6 +196,7 @@ def test_split_rows_respects_sequence_and_row_budgets():
     assert split_rows(torch.zeros(0, dtype=torch.long), max_rows=3) == []
 
 
+@pytest.mark.numerics
 def test_row_budget_gives_the_same_update(tmp_path):
     """train.max_forward_rows splits the state likelihood's rows (one per commit step) into several
     forwards; the accumulated gradient equals the whole batch's."""
