@@ -220,7 +220,7 @@ class _Recorder:
         model = adapter.model
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._h = [base.get_decoder().register_forward_pre_hook(self._decoder, with_kwargs=True),
-                   base.get_output_embeddings().register_forward_pre_hook(self._head)]
+                   base.get_output_embeddings().register_forward_hook(self._head)]
 
     def _decoder(self, _m, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -229,10 +229,9 @@ class _Recorder:
         past = (mask.shape[-1] - q) if mask is not None and mask.dim() == 4 else 0
         self.calls.append([ids.shape[0], q, past, 0])
 
-    def _head(self, _m, args):
-        hidden = args[0]
+    def _head(self, _m, _args, out):  # after the adapter's own pre-hook has picked the scored positions
         if self.calls:
-            self.calls[-1][3] += hidden.reshape(-1, hidden.shape[-1]).shape[0]
+            self.calls[-1][3] += out.reshape(-1, out.shape[-1]).shape[0]
 
     def take(self) -> list[list[int]]:
         out, self.calls = self.calls, []
@@ -260,6 +259,35 @@ def _standin_config(cfg):
     return c
 
 
+def synthetic_trainer(cfg, prompt_length: int, seed: int = 0):
+    """An :class:`~maskrl.trainer.RLTrainer` of ``cfg``'s model (``load_policy``) on synthetic work:
+    ``train.prompts_per_step`` prompts of ``prompt_length`` random characters (the built-in character
+    tokenizer: one token each, bos included), random 0/1 rewards from a generator seeded with ``seed``,
+    and no early stop (the adapter's eos id is set to -1, so every completion is L tokens long). The
+    plan's stand-in and the CPU check (``benchmarks/plan_check.py``) run their steps on it; nothing is
+    written to disk."""
+    from maskrl.pipeline import load_policy
+    from maskrl.tasks.base import Example, Task
+    from maskrl.trainer import RLTrainer
+
+    cfg = copy.deepcopy(cfg)
+    cfg.output_dir = "/nonexistent-maskrl-plan"
+    policy = load_policy(cfg)
+    policy = dataclasses.replace(policy, eos_id=-1, stop_ids=())
+    gen = torch.Generator().manual_seed(seed)
+
+    class _Synthetic(Task):
+        name = "plan_synthetic"
+
+        def reward(self, prompts, completions, **_):
+            return torch.randint(0, 2, (len(completions),), generator=gen).float().tolist()
+
+    chars = "0123456789abcdefghijklmnopqrstuvwxyz"
+    picks = torch.randint(0, len(chars), (cfg.train.prompts_per_step, max(1, prompt_length - 1)), generator=gen)
+    examples = [Example(id=i, prompt="".join(chars[j] for j in row)) for i, row in enumerate(picks.tolist())]
+    return RLTrainer(cfg, policy, _Synthetic(), examples)
+
+
 def record_work(cfg, prompt_length: int, seed: int = 0, micro_batch_size: int | None = None,
                 max_forward_rows: int | None = None) -> list[Call]:
     """The forwards of one RL step of ``cfg`` per process (see the module docstring).
@@ -273,9 +301,7 @@ def record_work(cfg, prompt_length: int, seed: int = 0, micro_batch_size: int | 
     Returns:
         The :class:`Call` list (rollout calls one by one; loss calls with ``count`` = μ).
     """
-    from maskrl.pipeline import load_policy
-    from maskrl.tasks.base import Example, Task
-    from maskrl.trainer import RLTrainer, split_rows
+    from maskrl.trainer import split_rows
 
     sc = _standin_config(cfg)
     if micro_batch_size is not None or max_forward_rows is not None:
@@ -283,23 +309,7 @@ def record_work(cfg, prompt_length: int, seed: int = 0, micro_batch_size: int | 
                                        else micro_batch_size,
                                        max_forward_rows=sc.train.max_forward_rows if max_forward_rows is None
                                        else max_forward_rows)
-    sc.output_dir = "/nonexistent-maskrl-plan"  # nothing is written
-    policy = load_policy(sc)
-    policy = dataclasses.replace(policy, eos_id=-1, stop_ids=())  # no early stop: every completion is L long
-    gen = torch.Generator().manual_seed(seed)
-
-    class _Synthetic(Task):
-        name = "plan_synthetic"
-
-        def reward(self, prompts, completions, **_):
-            return torch.randint(0, 2, (len(completions),), generator=gen).float().tolist()
-
-    chars = "0123456789abcdefghijklmnopqrstuvwxyz"
-    n_prompts = sc.train.prompts_per_step
-    examples = [Example(id=i, prompt="".join(chars[int(j)] for j in torch.randint(0, len(chars), (max(1, prompt_length - 1),),
-                                                                                     generator=gen)))
-                for i in range(n_prompts)]
-    trainer = RLTrainer(sc, policy, _Synthetic(), examples)
+    trainer = synthetic_trainer(sc, prompt_length, seed)
     rec = _Recorder(trainer.policy_eval)
     try:
         batch = trainer.collect()
