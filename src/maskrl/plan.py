@@ -38,6 +38,7 @@ trainer steps in fresh processes and with ``FlopCounterMode`` on the same steps.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -390,6 +391,7 @@ class FlopModel:
     def __init__(self, shape: ModelShape, dtype: torch.dtype, lora: dict | None, checkpointing: bool) -> None:
         from maskrl.models.scale import rl_train_mode
 
+        self.lora = lora
         self.adapter = build_adapter(shape, dtype, lora, checkpointing)
         self.train_adapter = build_adapter(shape, dtype, lora, checkpointing)
         rl_train_mode(self.train_adapter.model)
@@ -407,8 +409,9 @@ class FlopModel:
                 ad.log_probs_at(ids, attn, r, c, t).sum().backward()
             return fc.get_total_flops()
         ad = self.adapter
-        with torch.no_grad(), FlopCounterMode(display=False) as fc:
-            if kind == "forward":
+        off = ad.reference() if kind == "reference" and self.lora else contextlib.nullcontext()
+        with torch.no_grad(), off, FlopCounterMode(display=False) as fc:
+            if kind in ("forward", "reference"):
                 ids, attn, r, c, t = _inputs(ad, rows, seq, scored, dev)
                 ad.log_probs_at(ids, attn, r, c, t)
             else:  # rollout: decoder against ``past`` cached keys, then the output layer on ``scored`` states
@@ -428,7 +431,8 @@ class FlopModel:
 
     def flops(self, kind: str, rows: int, seq: int, scored: int, past: int = 0) -> int:
         """FLOPs of one call: ``kind`` ``train`` (forward + backward), ``forward`` (no grad, scored
-        positions through the output layer) or ``rollout`` (decoder + output layer)."""
+        positions through the output layer), ``reference`` (the same with LoRA adapters disabled, as the
+        trainer's reference policy is) or ``rollout`` (decoder + output layer)."""
         key = (kind, seq, past)
         if key not in self._memo:
             f11 = self._count(kind, 1, seq, 1, past)
@@ -471,6 +475,17 @@ def profiled_peak(fn) -> tuple[int, int]:
     return int(best), int(cur)
 
 
+def narrow_widths(shape: ModelShape) -> tuple[int, int]:
+    """The two narrow hidden widths of the activation fit: d/16 and d/8 when both keep the head count
+    with an even head size and an integer MLP width, else 2·heads and 4·heads (the narrowest such)."""
+    d, h = shape.hidden_size, shape.num_heads
+    picks = [d // f for f in (16, 8) if d % f == 0 and (d // f) % (2 * h) == 0
+             and (shape.intermediate_size * (d // f)) % d == 0]
+    if len(picks) == 2:
+        return picks[0], picks[1]
+    return (2 * h, 4 * h) if 4 * h < d else (d, d)
+
+
 def _affine(x1: float, y1: float, x2: float, y2: float, x: float) -> float:
     return y1 + (x - x1) * (y2 - y1) / (x2 - x1) if x2 != x1 else y1
 
@@ -498,8 +513,7 @@ class ActivationModel:
     def __init__(self, shape: ModelShape, dtype: torch.dtype, lora: dict | None, checkpointing: bool,
                  sampler=None) -> None:
         self.shape, self.dtype, self.lora, self.ckpt, self.sampler = shape, dtype, lora, checkpointing, sampler
-        h = shape.num_heads
-        self.widths = (2 * h, 4 * h) if 4 * h < shape.hidden_size else (shape.hidden_size, shape.hidden_size)
+        self.widths = narrow_widths(shape)
         self.bytes = torch.finfo(dtype).bits // 8
         self._memo: dict = {}
         self._models: dict = {}
@@ -650,6 +664,38 @@ class Hardware:
             raise PlanError(f"strategy: unknown {self.strategy!r}; valid: {', '.join(STRATEGIES)}")
 
 
+def work_table(calls: list[Call], fm: FlopModel, checkpointing: bool) -> tuple[dict, int, int]:
+    """``(by phase/term {forwards, rows, scored_positions, flops}, total FLOPs, weight reads)`` of one RL
+    step's :class:`Call` list; weight reads count a checkpointed θ pass twice (its recomputation)."""
+    work: dict[str, dict] = {}
+    total = reads = 0
+    for c in calls:
+        kind = {"rollout": "rollout", "theta": "train", "reference": "reference"}.get(c.phase, "forward")
+        f = fm.flops(kind, c.rows, c.seq, c.scored, c.past) * c.count
+        key = c.phase if c.phase == "rollout" else f"{c.phase}/{c.term}"
+        w = work.setdefault(key, {"forwards": 0, "rows": 0, "scored_positions": 0, "flops": 0})
+        w["forwards"] += c.count
+        w["rows"] += c.rows * c.count
+        w["scored_positions"] += c.scored * c.count
+        w["flops"] += f
+        total += f
+        reads += c.count * (2 if kind == "train" and checkpointing else 1)
+    return work, total, reads
+
+
+def dry_run(cfg, prompt_length: int = 256, seed: int = 0) -> dict:
+    """One full RL step (rollout, credit modules, θ_old / reference / θ passes, update) of ``cfg`` on the
+    plan's stand-in model (:func:`record_work`'s): the recipe's sampler, G, B, μ, micro-batching,
+    objective, likelihood and credit modules on a 1-layer 32-wide model. Returns the step's metrics.
+    A recipe whose settings cannot run together fails here, before any GPU is rented."""
+    trainer = synthetic_trainer(_standin_config(cfg), prompt_length, seed)
+    return trainer.step()
+
+
+#: models, fits and recorded work shared by the plans of one process (keyed by content)
+_CACHE: dict = {}
+
+
 def _static_memory(cfg, pm: dict, hw: Hardware, dtype: torch.dtype, needs_reference: bool) -> dict:
     n = hw.gpus
     trainable = pm["trainable"]
@@ -687,7 +733,7 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         ``time`` (seconds per step: compute-bound at ``mfu``, and the weight-read bound; per run),
         ``what_to_change``.
     """
-    cache = _cache if _cache is not None else {}
+    cache = _cache if _cache is not None else _CACHE
     shape = model_shape(cfg)
     dtype = _dtype(cfg.model.dtype)
     lora = _lora(cfg)
@@ -700,26 +746,15 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         cache["act", mkey] = ActivationModel(shape, dtype, lora, ckpt, cfg.rollout)
         cache["param", mkey] = param_memory(shape, dtype, lora)
     fm, am, pm = cache["flop", mkey], cache["act", mkey], cache["param", mkey]
-    wkey = ("work", id(cfg), micro_batch_size, max_forward_rows, prompt_length, seed)
+    from maskrl.config import to_dict
+
+    wkey = ("work", json.dumps(to_dict(cfg), sort_keys=True, default=str), micro_batch_size, max_forward_rows,
+            prompt_length, seed)
     if wkey not in cache:
         cache[wkey] = record_work(cfg, prompt_length, seed, micro_batch_size, max_forward_rows)
     calls = cache[wkey]
 
-    # ---- work
-    work: dict[str, dict] = {}
-    total_flops = 0
-    forwards = 0
-    for c in calls:
-        kind = "rollout" if c.phase == "rollout" else ("train" if c.phase == "theta" else "forward")
-        f = fm.flops(kind, c.rows, c.seq, c.scored, c.past) * c.count
-        key = c.phase if c.phase == "rollout" else f"{c.phase}/{c.term}"
-        w = work.setdefault(key, {"forwards": 0, "rows": 0, "scored_positions": 0, "flops": 0})
-        w["forwards"] += c.count
-        w["rows"] += c.rows * c.count
-        w["scored_positions"] += c.scored * c.count
-        w["flops"] += f
-        total_flops += f
-        forwards += c.count * (2 if kind == "train" and ckpt else 1)  # a checkpointed θ pass reads weights twice
+    work, total_flops, forwards = work_table(calls, fm, ckpt)
 
     # ---- memory
     static = _static_memory(cfg, pm, hw, dtype, needs_reference)
