@@ -716,7 +716,8 @@ def _static_memory(cfg, pm: dict, hw: Hardware, dtype: torch.dtype, needs_refere
 
 
 def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search: bool = True,
-              micro_batch_size: int | None = None, max_forward_rows: int | None = None, _cache: dict | None = None) -> dict:
+              micro_batch_size: int | None = None, max_forward_rows: int | None = None, shape: ModelShape | None = None,
+              _cache: dict | None = None) -> dict:
     """The plan of one recipe on ``hw`` (per process): memory, work, time, and what to change.
 
     Args:
@@ -726,6 +727,7 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         seed: the stand-in's seed.
         search: when the peak does not fit, try the changes listed under ``what_to_change``.
         micro_batch_size, max_forward_rows: override the recipe's.
+        shape: the model's shape (default: :func:`model_shape` of ``cfg``).
 
     Returns:
         A JSON-able dict: ``model``, ``hardware``, ``memory_gib`` (static parts, per-phase peaks,
@@ -734,7 +736,7 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         ``what_to_change``.
     """
     cache = _cache if _cache is not None else _CACHE
-    shape = model_shape(cfg)
+    shape = shape or model_shape(cfg)
     dtype = _dtype(cfg.model.dtype)
     lora = _lora(cfg)
     ckpt = cfg.model.gradient_checkpointing
@@ -817,7 +819,7 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
                   "that of the stand-in with random rewards"],
     }
     if search and not fits:
-        plan["what_to_change"] = _search(cfg, hw, prompt_length, seed, cache, plan)
+        plan["what_to_change"] = _search(cfg, hw, prompt_length, seed, cache, plan, shape)
     return plan
 
 
@@ -827,7 +829,8 @@ def _brief(p: dict, change: str) -> dict:
             "hours_per_run": round(p["time"]["hours_per_run"], 2)}
 
 
-def _search(cfg, hw: Hardware, prompt_length: int, seed: int, cache: dict, base: dict) -> list[dict]:
+def _search(cfg, hw: Hardware, prompt_length: int, seed: int, cache: dict, base: dict,
+            shape: ModelShape | None = None) -> list[dict]:
     """Changes that make the recipe fit, each with its new numbers (smallest row budget / micro-batch
     first, then checkpointing, LoRA, more processes)."""
     out = []
@@ -837,14 +840,14 @@ def _search(cfg, hw: Hardware, prompt_length: int, seed: int, cache: dict, base:
     for mb in sorted({max(1, n_seq // d) for d in (2, 3, 4, 6, 8, 12, 16, 24, 48)} | {1}, reverse=True):
         if cfg.train.micro_batch_size and mb >= cfg.train.micro_batch_size:
             continue
-        p = make_plan(cfg, hw, prompt_length, seed, False, micro_batch_size=mb, _cache=cache)
+        p = make_plan(cfg, hw, prompt_length, seed, False, micro_batch_size=mb, shape=shape, _cache=cache)
         if p["memory_gib"]["fits"]:
             out.append(_brief(p, f"--set train.micro_batch_size={mb}"))
             break
     budget = theta_rows
     while budget > 1:
         budget = max(1, budget // 2)
-        p = make_plan(cfg, hw, prompt_length, seed, False, max_forward_rows=budget, _cache=cache)
+        p = make_plan(cfg, hw, prompt_length, seed, False, max_forward_rows=budget, shape=shape, _cache=cache)
         if p["memory_gib"]["fits"]:
             out.append(_brief(p, f"--set train.max_forward_rows={budget}"))
             break
@@ -859,12 +862,12 @@ def _search(cfg, hw: Hardware, prompt_length: int, seed: int, cache: dict, base:
     for text, edit in variants:
         c = copy.deepcopy(cfg)
         edit(c)
-        p = make_plan(c, hw, prompt_length, seed, False, _cache=cache)
+        p = make_plan(c, hw, prompt_length, seed, False, shape=shape, _cache=cache)
         out.append(_brief(p, text))
     for n in (2, 4, 8):
         if n > hw.gpus:
             h2 = dataclasses.replace(hw, gpus=n, strategy="fsdp")
-            p = make_plan(cfg, h2, prompt_length, seed, False, _cache=cache)
+            p = make_plan(cfg, h2, prompt_length, seed, False, shape=shape, _cache=cache)
             out.append(_brief(p, f"{n} GPUs with FSDP (configs/accelerate/fsdp.yaml)"))
             if p["memory_gib"]["fits"]:
                 break
