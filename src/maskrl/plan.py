@@ -611,8 +611,10 @@ class ActivationModel:
         hidden = rows * seq * self.shape.hidden_size * self.bytes
         if kind == "forward":
             return int(max(dec(0), hidden + head(0, scored)))
-        if kind == "rollout":
-            return int(max(dec(0), hidden + head(3, scored)))
+        if kind == "rollout":  # the block's rows x b positions are proposed (float64 Gumbel-max); observers' extra
+            blk = min(scored, rows * self.sampler.block_length) if self.sampler is not None else scored  # ones: logits
+            extra = head(0, scored - blk) if scored > blk else 0.0
+            return int(max(dec(0), hidden + head(3, blk) + extra))
         saved = dec(1) + head(1, scored)
         return int(saved + max(dec(2), head(2, scored)))
 
