@@ -178,7 +178,12 @@ def cmd_plan(args) -> int:
     strategy = args.strategy or strategy_from_accelerate(args.accelerate_config, args.gpus)
     hw = Hardware(gpus=args.gpus, gpu_memory=parse_bytes(args.gpu_memory), tflops=args.tflops, mfu=args.mfu,
                   bandwidth=args.bandwidth * 1e12, strategy=strategy)
-    plan = make_plan(cfg, hw, prompt_length=args.prompt_length, search=not args.no_search)
+    from maskrl.plan import estimate_prompt_length
+
+    prompt_length, how = (args.prompt_length, "--prompt-length") if args.prompt_length else estimate_prompt_length(cfg)
+    plan = make_plan(cfg, hw, prompt_length=prompt_length, search=not args.no_search)
+    plan["recipe"]["prompt_length_source"] = how
+    print(f"prompt length {prompt_length} tokens ({how})")
     print(format_plan(plan))
     if args.json:
         write_json(args.json, plan)
@@ -283,8 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", choices=["single", "ddp", "fsdp", "zero2", "zero3"],
                    help="sharding (default: from --accelerate-config, else ddp for several GPUs)")
     p.add_argument("--accelerate-config", help="an accelerate config (configs/accelerate/*.yaml) giving the strategy")
-    p.add_argument("--prompt-length", type=int, default=256, help="prompt tokens per row, chat template included "
-                   "(an estimate; default 256)")
+    p.add_argument("--prompt-length", type=int, default=0, help="prompt tokens per row, chat template included "
+                   "(default: measured on the training prompts when the tokenizer is at hand, else 256)")
     p.add_argument("--no-search", action="store_true", help="do not try changes when the recipe does not fit")
     p.add_argument("--json", help="write the plan as JSON here")
     p.set_defaults(func=cmd_plan)

@@ -260,6 +260,37 @@ def _standin_config(cfg):
     return c
 
 
+def estimate_prompt_length(cfg, limit: int = 256, default: int = 256) -> tuple[int, str]:
+    """``(P, how)``: the longest prompt in tokens among the first ``limit`` training rows, measured with
+    the run's tokenizer and prompt format when it is at hand (the built-in tiny model's tokenizers; a
+    local model folder), else ``default`` (a Hub id, or no data)."""
+    from maskrl.pipeline import prompt_formatter, task_and_data, tiny_tokenizer
+    from maskrl.text import encode_prompts
+
+    try:
+        if cfg.model.path:
+            if not (Path(cfg.model.path) / "tokenizer.json").is_file():
+                return default, f"default {default} (no local tokenizer)"
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(cfg.model.path)
+        else:
+            from maskrl.models.tokenizer import build_char_tokenizer
+
+            tok = tiny_tokenizer(cfg.model.tiny.tokenizer) or build_char_tokenizer()
+        c = copy.deepcopy(cfg)
+        c.task = dataclasses.replace(c.task, train_size=min(c.task.train_size, limit))
+        task, _, _, train = task_and_data(c)
+        from types import SimpleNamespace
+
+        fmt = prompt_formatter(SimpleNamespace(tokenizer=tok), cfg.model.chat_template)
+        ids, _ = encode_prompts(tok, [fmt(task.format_prompt(ex) if hasattr(task, "format_prompt") else ex.prompt)
+                                      for ex in train[:limit]])
+        return int(ids.shape[1]), f"measured: longest of {min(limit, len(train))} training prompts"
+    except Exception as e:  # noqa: BLE001 - no data or tokenizer here: the stated default
+        return default, f"default {default} ({type(e).__name__}: {str(e)[:80]})"
+
+
 def synthetic_trainer(cfg, prompt_length: int, seed: int = 0):
     """An :class:`~maskrl.trainer.RLTrainer` of ``cfg``'s model (``load_policy``) on synthetic work:
     ``train.prompts_per_step`` prompts of ``prompt_length`` random characters (the built-in character
@@ -880,23 +911,25 @@ def format_plan(p: dict) -> str:
     """A short text report of :func:`make_plan`'s dict."""
     m, t, w = p["memory_gib"], p["time"], p["work"]
     hw = p["hardware"]
-    lines = [f"model: {p['model']['family']} {p['model']['params'] / 1e9:.2f} B params ({p['model']['dtype']}), "
+    n = p['model']['params']
+    lines = [f"model: {p['model']['family']} {n / 1e9:.2f} B params ({p['model']['dtype']}), " if n >= 1e9 else
+             f"model: {p['model']['family']} {n / 1e6:.2f} M params ({p['model']['dtype']}), "
              f"trainable {p['model']['trainable'] / 1e6:.1f} M, LoRA {p['model']['lora']['rank'] if p['model']['lora'] else 'off'}, "
              f"checkpointing {'on' if p['model']['gradient_checkpointing'] else 'off'}",
-             f"hardware: {hw['gpus']} x {hw['gpu_memory']:.0f} GiB, {hw['strategy']}, {hw['tflops']:g} TFLOP/s x MFU {hw['mfu']:g}",
+             f"hardware: {hw['gpus']} x {hw['gpu_memory']:.3g} GiB, {hw['strategy']}, {hw['tflops']:g} TFLOP/s x MFU {hw['mfu']:g}",
              "memory per process (GiB):"]
     lines += [f"  {k:16s} {v:8.2f}" for k, v in m["static"].items()]
     if m["kv_cache"]:
         lines.append(f"  {'kv_cache':16s} {m['kv_cache']:8.2f}")
     lines += [f"  peak {k:11s} {v:8.2f}  (activations {m['activations'][k]:.2f})" for k, v in m["peak_by_phase"].items()]
-    lines.append(f"  PEAK {m['peak']:.2f} GiB of {m['gpu_memory']:.0f}: {'fits' if m['fits'] else 'DOES NOT FIT'}")
+    lines.append(f"  PEAK {m['peak']:.2f} GiB of {m['gpu_memory']:.3g}: {'fits' if m['fits'] else 'DOES NOT FIT'}")
     lines.append("work per RL step and process:")
     for k, v in w["by_phase_term"].items():
         lines.append(f"  {k:22s} forwards {v['forwards']:6d}  rows {v['rows']:8d}  scored {v['scored_positions']:9d}  "
-                     f"{v['flops'] / 1e15:9.2f} PFLOP  {t['seconds_by_phase_term'][k]:8.1f} s")
-    lines.append(f"  total {w['flops'] / 1e15:.2f} PFLOP; {t['seconds_per_step']:.1f} s per step "
-                 f"(compute {t['compute_seconds_per_step']:.1f} s, weight reads {t['weight_read_seconds_per_step']:.1f} s); "
-                 f"{t['hours_per_run']:.1f} h for {p['recipe']['steps']} steps")
+                     f"{v['flops'] / 1e12:11.4g} TFLOP  {t['seconds_by_phase_term'][k]:9.3g} s")
+    lines.append(f"  total {w['flops'] / 1e12:.4g} TFLOP; {t['seconds_per_step']:.3g} s per step "
+                 f"(compute {t['compute_seconds_per_step']:.3g} s, weight reads {t['weight_read_seconds_per_step']:.3g} s); "
+                 f"{t['hours_per_run']:.3g} h for {p['recipe']['steps']} steps")
     if p["what_to_change"]:
         lines.append("what to change:")
         lines += [f"  {c['change']}: peak {c['peak_gib']} GiB ({'fits' if c['fits'] else 'does not fit'}), "
