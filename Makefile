@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/maskrl demo --config configs/demo_sudoku.yaml
+	# --overwrite: a re-run replaces the previous demo run in runs/demo (the SFT cache is kept)
+	$(BIN)/maskrl demo --config configs/demo_sudoku.yaml --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -295,6 +295,9 @@ def test_shipped_dtca_recipes(task):
 
     base = load_config([CONFIGS / f"dtca_{task}_rldf.yaml"])
     assert isinstance(base.objective, RLDF) and base.rollout.schedule == "threshold" == base.eval.schedule
+    # the clean prompt the filter and the calibration read is the objective's default: no override needed
+    assert base.likelihood == State(p_mask_prompt=0.0)
+    assert "p_mask_prompt" not in (CONFIGS / f"dtca_{task}_rldf.yaml").read_text()
     assert [type(c) for c in base.credit] == [RLDFSteps]
     flags = {"dtca": (True, True), "dtca_nocal": (True, False), "dtca_nopos": (False, True)}
     for cell, (pos, cal) in flags.items():

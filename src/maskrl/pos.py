@@ -314,7 +314,7 @@ def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length:
 
     from maskrl.config import load_config
     from maskrl.models import load
-    from maskrl.pipeline import prompt_formatter, read_prompt_card, resolve_device, task_and_data
+    from maskrl.pipeline import check_lengths, prompt_formatter, read_prompt_card, resolve_device, task_and_data
 
     if samples < 1:
         raise ValueError(f"--samples (={samples}) must be >= 1")
@@ -332,6 +332,8 @@ def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length:
     chat = card["chat_template"] if card else True
     fmt = prompt_formatter(adapter, chat)
     rows = train[:samples]
+    check_lengths(adapter, [fmt(ex.prompt) for ex in rows], gen_length, "--gen-length",
+                  [f"training row {ex.id}" for ex in rows])
     res = estimate_pos_weights(adapter, [fmt(ex.prompt) for ex in rows], gen_length=gen_length, max_rows=max_rows,
                                seed=seed, tagger=tagger, progress=progress)
     res = {"model": str(model), "corpus": f"{task_name} training prompts (first {len(rows)})", "gen_length": gen_length,
