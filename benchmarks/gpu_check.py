@@ -21,7 +21,11 @@ sampler L 256, block 32, 128 steps, batch 8; ``tiny`` = hidden 64, 2 layers, 4 h
 vocab 512, L 32, block 8, 16 steps, batch 2. The model is built directly on the target device in
 the target dtype (``torch.device`` context + ``from_config(dtype=...)``): no float32 CPU copy.
 
-Output: one JSON object (device name, dtype, shapes, versions, timings in seconds, memory in GiB).
+Output: one JSON object (device name, dtype, shapes, versions, timings in seconds, memory in GiB), and
+``plan`` / ``plan_vs_measured``: what ``maskrl plan`` (:func:`maskrl.plan.make_plan`) predicts for the same
+step -- peak memory, FLOPs and seconds per step at ``--tflops`` x ``--mfu`` -- beside the measured values,
+with the MFU the step actually reached (the plan's FLOPs / measured seconds / peak). Post the JSON with
+the GPU's name (docs/scaling.md, "Posting a GPU check").
 """
 from __future__ import annotations
 
@@ -166,6 +170,27 @@ def bench_train(adapter: ModelAdapter, run: dict, device: torch.device, vocab_hi
             "rewards": "synthetic (random 0/1 per row)"}
 
 
+def plan_for(scale: str, run: dict, dtype: torch.dtype, tflops: float, mfu: float, bandwidth: float) -> dict:
+    """``maskrl plan`` of the check's training step (same shape, LoRA, checkpointing, B, G, μ 1, micro-batch,
+    sampler, prompt length) on one GPU."""
+    from maskrl.config import ModelConfig
+    from maskrl.plan import GIB, Hardware, ModelShape, make_plan
+
+    m = MODELS[scale]
+    shape = ModelShape("llada", m["d_model"], m["n_layers"], m["n_heads"], m["n_kv_heads"], m["mlp_hidden_size"],
+                       m["embedding_size"], source="benchmarks/gpu_check.py MODELS")
+    cfg = RunConfig(
+        model=ModelConfig(dtype=str(dtype).removeprefix("torch."), lora_rank=run["lora_rank"], lora_alpha=run["lora_alpha"],
+                          lora_dropout=0.05, gradient_checkpointing=True),
+        rollout=SamplerConfig(gen_length=run["gen_length"], block_length=run["block_length"], steps=run["steps"],
+                              temperature=TEMPERATURE),
+        objective=DiffuGRPO(),
+        train=TrainConfig(prompts_per_step=run["prompts"], group_size=run["group_size"], inner_iterations=1,
+                          micro_batch_size=run["micro_batch_size"], lr=3e-6, seed=0))
+    return make_plan(cfg, Hardware(gpus=1, strategy="single", gpu_memory=1e6 * GIB, tflops=tflops, mfu=mfu,
+                                   bandwidth=bandwidth), prompt_length=run["prompt_length"], search=False, shape=shape)
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the check and write the JSON; returns the result dict.
 
@@ -178,6 +203,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:1, cpu")
     p.add_argument("--dtype", default="", help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--train-steps", type=int, default=2, help="RL steps to time (the first includes warm-up)")
+    p.add_argument("--tflops", type=float, default=989.0, help="the GPU's peak dense bf16 TFLOP/s, for the plan (H100 SXM 989)")
+    p.add_argument("--mfu", type=float, default=0.4, help="MFU the plan assumes (default 0.4)")
+    p.add_argument("--bandwidth", type=float, default=3.35, help="memory bandwidth in TB/s, for the plan (H100 3.35, H200 4.8)")
     args = p.parse_args(argv)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
@@ -222,6 +250,22 @@ def main(argv: list[str] | None = None) -> dict:
     result["train_step"]["peak_gpu_memory_gib"] = (torch.cuda.max_memory_allocated(device) / 2**30
                                                   if device.type == "cuda" else None)
     result["peak_host_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+    plan = plan_for(scale, run, dtype, args.tflops, args.mfu, args.bandwidth * 1e12)
+    pm, pt = plan["memory_gib"], plan["time"]
+    rollout_s = pt["seconds_by_phase_term"].get("rollout", 0.0)
+    result["plan"] = {"peak_gib": pm["peak"], "peak_by_phase_gib": pm["peak_by_phase"], "static_gib": pm["static"],
+                      "flops_per_step": plan["work"]["flops"], "forwards_per_step": plan["work"]["forwards"],
+                      "seconds_per_step": pt["seconds_per_step"], "rollout_seconds": rollout_s,
+                      "optimize_seconds": pt["compute_seconds_per_step"] - rollout_s,
+                      "tflops": args.tflops, "mfu": args.mfu, "bandwidth_tb_s": args.bandwidth}
+    last = result["train_step"]["steps"][-1]
+    result["plan_vs_measured"] = {
+        "peak_memory_gib": {"plan": pm["peak"], "measured": result["train_step"]["peak_gpu_memory_gib"]},
+        "seconds_per_step": {"plan": pt["seconds_per_step"], "measured": last["seconds"]},
+        "rollout_seconds": {"plan": rollout_s, "measured": last["rollout_seconds"]},
+        "optimize_seconds": {"plan": result["plan"]["optimize_seconds"], "measured": last["optimize_seconds"]},
+        "achieved_mfu": plan["work"]["flops"] / last["seconds"] / (args.tflops * 1e12),
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -134,6 +134,32 @@ def sampling_scenario(trainer: RLTrainer) -> dict:
     return {"plain": plain, "plain_calls": plain_calls, "synced": synced, "synced_calls": toy.calls}
 
 
+def cached_scenario(trainer: RLTrainer) -> dict:
+    """The KV-cached sampler (prefix and dual) on a tiny Llama: rank 0 commits a whole block per step
+    (threshold 0.01), the others one token per step (threshold 1.0); decoder forwards counted, with and
+    without the trainer's ``ranks_max`` hook."""
+    from maskrl.models import build_tiny
+    from maskrl.trainer import ranks_max
+
+    rank = trainer.acc.process_index
+    adapter = build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seed=0)
+    calls = []
+    adapter.model.get_decoder().register_forward_pre_hook(lambda *_: calls.append(1))
+    ids = torch.tensor([[5, 6, 7], [7, 6, 5]])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    out = {}
+    for cache in ("prefix", "dual"):
+        cfg = SamplerConfig(gen_length=8, block_length=4, schedule="threshold", threshold=0.01 if rank == 0 else 1.0,
+                            cache=cache)
+        plain = generate(adapter, ids, mask, cfg)
+        n_plain = len(calls)
+        calls.clear()
+        synced = generate(adapter, ids, mask, cfg, all_done=all_ranks_done(trainer.acc), ranks_max=ranks_max(trainer.acc))
+        out[cache] = {"plain": plain, "plain_calls": n_plain, "synced": synced, "synced_calls": len(calls)}
+        calls.clear()
+    return out
+
+
 def run_multi(out: Path) -> None:
     import os
     from datetime import timedelta
@@ -167,6 +193,7 @@ def run_multi(out: Path) -> None:
     tr.collect(examples()[:2])
     result["collect_all_done_calls"] = len(calls)
     result.update(sampling_scenario(tr))
+    result["cached"] = cached_scenario(tr)
     result["interrupt"] = interrupt_scenario(tr, out / "interrupt", rank)
     torch.save(result, out / f"multi{rank}.pt")
     tr.acc.wait_for_everyone()

@@ -153,6 +153,20 @@ def test_sampler_rank_sync_same_result_same_forward_count(run):
     assert calls[0] > 0 and len(set(calls)) == 1
 
 
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cached_sampler_rank_sync_same_result_same_forward_count(run, cache):
+    """The KV-cached sampler on 2 gloo processes: unequal decoder forwards without ``ranks_max``, equal
+    with it (the slowest rank's), and the rollouts unchanged."""
+    ranks = [_load(run / f"multi{r}.pt")["cached"][cache] for r in range(WORLD)]
+    assert ranks[0]["plain_calls"] < ranks[1]["plain_calls"]
+    assert [r["synced_calls"] for r in ranks] == [ranks[1]["synced_calls"]] * WORLD
+    assert ranks[1]["synced_calls"] == ranks[1]["plain_calls"]  # the slowest rank pads nothing
+    for r in ranks:
+        a, b = r["plain"], r["synced"]
+        for field in ("completion_ids", "completion_mask", "commit_step", "commit_prob", "num_steps"):
+            assert torch.equal(getattr(a, field), getattr(b, field)), field
+
+
 class _Counting(torch.nn.Module):
     """Tiny deterministic LM (random fixed weights) counting its forwards."""
 
@@ -193,3 +207,45 @@ def test_all_done_hook_single_process(cfg_scale):
     assert seen.count(False) == plain_calls // per_step and seen.count(True) == 4
     for field in ("completion_ids", "commit_step", "commit_prob", "num_steps"):
         assert torch.equal(getattr(plain, field), getattr(synced, field)), field
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_ranks_max_hook_single_process(cache):
+    """The cached sampler's counts are its real forwards (with an observer asking outside the windows:
+    the extra full forward); other ranks needing more: dummy forwards of one row, the rollout unchanged."""
+    from maskrl.credit.dps import DPS
+    from maskrl.models import build_tiny
+
+    adapter = build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seed=0)
+    calls, heads = [], []
+    adapter.model.get_decoder().register_forward_pre_hook(lambda *_: calls.append(1))
+    adapter.model.get_output_embeddings().register_forward_pre_hook(lambda *_: heads.append(1))
+    ids = torch.tensor([[5, 6, 7], [7, 6, 5]])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    cfg = SamplerConfig(gen_length=8, block_length=4, schedule="threshold", threshold=0.5, cache=cache)
+
+    def run(hook):
+        gen = torch.Generator().manual_seed(0)
+        calls.clear(), heads.clear()
+        obs = DPS(dps_scope="all").observers(cfg, torch.Generator().manual_seed(1))
+        return generate(adapter, ids, mask, cfg, generator=gen, observers=obs, all_done=lambda f: f, ranks_max=hook)
+
+    sent = []
+    own = run(lambda v: sent.append(list(v)) or list(v))
+    n_calls, n_heads = len(calls), len(heads)
+    assert sent[-1] == [0, 0, 0] and all(b == 1 for b, *_ in sent[:-1])  # the last call: no rows left
+    assert n_calls == sum(d + e for _, d, e in sent) and n_heads == sum(1 + e for _, _, e in sent[:-1])
+    # DPS reads exact logits (and, under dual, asks beyond the block window): extra full forwards
+    assert any(e for *_, e in sent)
+    def others(v):  # another rank: busy 4 iterations longer, 3 decoder forwards and an extra each time
+        sent.append(list(v))
+        o = [1, 3, 1] if len(sent) <= len(own_sent) - 1 + 4 else [0, 0, 0]
+        return [max(a, b) for a, b in zip(v, o)]
+
+    own_sent, sent = sent, []
+    synced = run(others)
+    for field in ("completion_ids", "completion_mask", "commit_step", "commit_prob", "num_steps"):
+        assert torch.equal(getattr(own, field), getattr(synced, field)), field
+    iters = len(own_sent) - 1 + 4
+    assert len(sent) == iters + 1  # the last call finds no rank busy
+    assert len(calls) == 4 * iters and len(heads) == 2 * iters  # every iteration: 3 + 1 decoders, 2 heads

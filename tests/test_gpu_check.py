@@ -19,7 +19,7 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
            "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(SCRIPT), "--scale", "tiny", "--device", "cpu", "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=180)
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert {"device_name", "dtype", "torch", "transformers", "model", "sampler", "train_step"} <= set(r)
@@ -34,6 +34,10 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     assert t["trainable_params"] > 0 and t["inner_iterations"] == 1
     assert t["steps"][0]["loss_metrics"]["grad_norm"] > 0  # the LoRA step got a gradient
     assert t["peak_gpu_memory_gib"] is None  # no GPU here
+    # maskrl plan's fields beside the measured ones
+    pv = r["plan_vs_measured"]
+    assert r["plan"]["flops_per_step"] > 0 and r["plan"]["peak_gib"] > 0 and r["plan"]["forwards_per_step"] == 16 + 2
+    assert pv["seconds_per_step"]["measured"] == t["steps"][-1]["seconds"] and pv["achieved_mfu"] > 0
 
 
 def test_gpu_check_full_scale_shape_and_cuda_requirement():

@@ -194,6 +194,28 @@ def cmd_config(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    """Memory and time of a recipe per process before renting GPUs (:mod:`maskrl.plan`)."""
+    from maskrl.pipeline import write_json
+    from maskrl.plan import Hardware, format_plan, make_plan, parse_bytes, strategy_from_accelerate
+
+    cfg = _config(args)
+    strategy = args.strategy or strategy_from_accelerate(args.accelerate_config, args.gpus)
+    hw = Hardware(gpus=args.gpus, gpu_memory=parse_bytes(args.gpu_memory), tflops=args.tflops, mfu=args.mfu,
+                  bandwidth=args.bandwidth * 1e12, strategy=strategy)
+    from maskrl.plan import estimate_prompt_length
+
+    prompt_length, how = (args.prompt_length, "--prompt-length") if args.prompt_length else estimate_prompt_length(cfg)
+    plan = make_plan(cfg, hw, prompt_length=prompt_length, search=not args.no_search)
+    plan["recipe"]["prompt_length_source"] = how
+    print(f"prompt length {prompt_length} tokens ({how})")
+    print(format_plan(plan))
+    if args.json:
+        write_json(args.json, plan)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="maskrl", description="RL for masked diffusion language models")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -289,6 +311,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model, model.tiny, task, rollout, eval, sft, train, objective[.NAME], likelihood[.NAME], "
                         "credit[.NAME]")
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("plan", help="memory and time per process of a recipe on given GPUs, before running it")
+    _add_config_args(p)
+    p.add_argument("--gpus", type=int, default=1, help="processes, one GPU each (default 1)")
+    p.add_argument("--gpu-memory", default="80GB", help="memory per GPU, e.g. 24GB, 80GB (read as GiB)")
+    p.add_argument("--tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s per GPU (H100 SXM 989)")
+    p.add_argument("--mfu", type=float, default=0.4, help="fraction of the peak reached (default 0.4)")
+    p.add_argument("--bandwidth", type=float, default=3.35, help="memory bandwidth in TB/s (H100 SXM 3.35, H200 4.8)")
+    p.add_argument("--strategy", choices=["single", "ddp", "fsdp", "zero2", "zero3"],
+                   help="sharding (default: from --accelerate-config, else ddp for several GPUs)")
+    p.add_argument("--accelerate-config", help="an accelerate config (configs/accelerate/*.yaml) giving the strategy")
+    p.add_argument("--prompt-length", type=int, default=0, help="prompt tokens per row, chat template included "
+                   "(default: measured on the training prompts when the tokenizer is at hand, else 256)")
+    p.add_argument("--no-search", action="store_true", help="do not try changes when the recipe does not fit")
+    p.add_argument("--json", help="write the plan as JSON here")
+    p.set_defaults(func=cmd_plan)
 
     _add_bench_parser(sub)
     return parser

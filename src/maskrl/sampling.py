@@ -26,7 +26,8 @@ Speed (issue 12):
   the block alone (``dual``). For Dream-style shifted models the query also holds the position left
   of the block, whose hidden state predicts the block's first token. Within a step every row's
   computation depends on that row only, so batch and single decoding agree. Not supported with
-  ``cfg_scale > 0`` or with ``all_done`` (sharded models): both raise ``ValueError``.
+  ``cfg_scale > 0`` (``ValueError``). On several ranks the cache takes the ``ranks_max`` hook (the
+  forwards per step vary with the rows' block starts; every rank pads to the maximum).
 """
 from __future__ import annotations
 
@@ -412,6 +413,50 @@ def _head_at(adapter: ModelAdapter, groups, cover: torch.Tensor, p_len: int, shi
     return adapter.head(flat_h)
 
 
+def cached_forward_counts(config: SamplerConfig, refresh: torch.Tensor, start: torch.Tensor,
+                          requested: torch.Tensor | None, L: int,
+                          wants_exact: torch.Tensor | None = None) -> tuple[int, int]:
+    """Forwards one cached sampler step runs (what :func:`generate` sends to ``ranks_max``).
+
+    Args:
+        config: the sampler (``cache`` ``prefix`` or ``dual``).
+        refresh: ``[n]`` bool, rows at their block's first step (a full forward fills the cache).
+        start: ``[n]`` long, each row's block start in the completion.
+        requested: ``[n, L]`` bool positions observers asked for, or ``None``.
+        L: completion length.
+        wants_exact: ``[n]`` bool rows an ``exact_logits`` observer reads, or ``None``.
+
+    Returns:
+        ``(decoder forwards before the output layer, 1 if the observers' extra full forward runs, else
+        0)``: one full forward when a row refreshes; then one window forward for the other rows (dual)
+        or one per distinct block start (prefix). The extra forward runs when a row's requests leave
+        its window, or an exact-logits observer reads a cached (non-refresh) row.
+    """
+    rest = ~refresh
+    d = int(bool(refresh.any()))
+    if rest.any():
+        d += 1 if config.cache == "dual" else int(start[rest].unique().numel())
+    redo = (wants_exact & rest) if wants_exact is not None else torch.zeros_like(refresh)
+    if requested is not None:
+        pos = torch.arange(L, device=start.device)
+        lo = torch.where(refresh, 0, start)
+        hi = torch.where(refresh, L, start + config.block_length if config.cache == "dual" else L)
+        window = (pos[None, :] >= lo[:, None]) & (pos[None, :] < hi[:, None])
+        redo = redo | (requested & ~window).any(-1)
+    return d, int(bool(redo.any()))
+
+
+def _dummy_forwards(adapter: ModelAdapter, x: torch.Tensor, attn: torch.Tensor, decoder: int, heads: int) -> None:
+    """``decoder`` decoder forwards of one row, then ``heads`` × (decoder forward + output layer on one
+    position); results discarded (multi-rank padding of the cached sampler)."""
+    pos = adapter.position_ids(attn)
+    for _ in range(decoder):
+        adapter.decoder_forward(x, attn, pos)
+    for _ in range(heads):
+        h, _ = adapter.decoder_forward(x, attn, pos)
+        adapter.head(h[:, :1])
+
+
 @torch.no_grad()
 def generate(
     adapter: ModelAdapter,
@@ -422,6 +467,7 @@ def generate(
     observers: Sequence[StepObserver] = (),
     group_ids: torch.Tensor | None = None,
     all_done: Callable[[bool], bool] | None = None,
+    ranks_max: Callable[[list[int]], list[int]] | None = None,
 ) -> Rollout:
     """Denoise ``[prompt ; [M]×L]`` into completions (SPEC §1.2).
 
@@ -442,14 +488,22 @@ def generate(
             rank keeps running dummy forwards on its last state until then, so all ranks run the
             same number of forwards. ``None`` (default): stop as soon as this rank's rows finish.
             The returned Rollout is the same either way.
+        ranks_max: the same synchronisation for the cached sampler (``cache != "none"``), whose
+            forwards per step vary with the rows' block starts: ``ranks_max(values)`` returns the
+            element-wise maximum of a list of ints over ranks (one collective, called once per loop
+            iteration before any forward). Each rank sends (has rows, decoder forwards before the
+            output layer, observers' extra full forward) and pads with dummy forwards of one row to
+            the maxima, so every rank runs the same forwards in the same order; a finished rank
+            runs dummies until no rank has rows. ``all_done`` is then not called. The Rollout is
+            unchanged.
 
     Returns:
         A :class:`Rollout` (``commit_step``/``commit_prob`` ``[N, L]``, ``num_steps`` ``[N]``).
 
     Raises:
         ValueError: on mismatched shapes or a missing generator; with ``config.cache != "none"``: a
-            model without a decoder forward (``attention="2d"``), ``all_done`` given, or a shifted
-            model with no prompt column.
+            model without a decoder forward (``attention="2d"``), ``all_done`` given without
+            ``ranks_max``, or a shifted model with no prompt column.
     """
     if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
         raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)} must be equal [N, P]")
@@ -459,9 +513,10 @@ def generate(
     if cached and not adapter.supports_cache:
         raise ValueError(f"cache={config.cache!r} needs a decoder model with the 4-D mask (attention='4d'); "
                          f"this adapter has attention={adapter.attention!r}: use cache='none'")
-    if cached and all_done is not None:
-        raise ValueError(f"cache={config.cache!r} is not supported with all_done (several processes): the number "
-                         "of forwards per step varies with the rows' block starts; use cache='none'")
+    if cached and all_done is not None and ranks_max is None:
+        raise ValueError(f"cache={config.cache!r} with all_done (several processes) needs ranks_max: the number of "
+                         "forwards per step varies with the rows' block starts (maskrl.trainer.ranks_max)")
+    sync = ranks_max if cached else None  # several ranks, cached: equal forwards per step
     if cached and config.observer_logits == "refuse" and exact_observers(observers):
         raise ValueError(f"cache={config.cache!r} with observer_logits='refuse': the observers "
                          f"{exact_observers(observers)} need theta's exact logits, which a cached step does not "
@@ -494,7 +549,13 @@ def generate(
     while True:
         rows = (block < config.num_blocks).nonzero().squeeze(-1)  # [n]
         finished = rows.numel() == 0
-        if all_done is not None:
+        if sync is not None and finished:
+            busy, d_max, e_max = sync([0, 0, 0])
+            if not busy:
+                break
+            _dummy_forwards(adapter, x[:1], attn[:1], max(d_max - 1, 0), 1 + e_max)  # the others' forwards, in order
+            continue
+        if all_done is not None and sync is None:
             # Threshold rows finish at different steps, so ranks would leave this loop at different
             # times and the per-forward collectives of FSDP / ZeRO-3 would go out of step.
             if all_done(finished):
@@ -513,6 +574,9 @@ def generate(
         pos = start[:, None] + offsets  # [n, b]
         in_block = (positions[None, :] >= start[:, None]) & (positions[None, :] < start[:, None] + b)  # [n, L]
         requested, wants_exact = _requested(observers, step, rows, masked, in_block, start) if observers else (None, None)
+        if sync is not None:
+            d_loc, e_loc = cached_forward_counts(config, block_step[rows] == 0, start, requested, L, wants_exact)
+            _, d_max, e_max = sync([1, d_loc, e_loc])
 
         # ---- forwards: hidden states of each row over a window of columns [w0, w0 + W)
         # groups: (local row indices [g], hidden [g, W, d] or None, w0 [g], full logits [g, S, V] or None)
@@ -563,6 +627,8 @@ def generate(
         else:
             inside = None
             prim_cover = in_block
+        if sync is not None:  # pad this rank's decoder forwards to the ranks' maximum, before the output layer
+            _dummy_forwards(adapter, xr[:1], ar[:1], d_max - d_loc, 0)
         logits_flat = _head_at(adapter, groups, prim_cover, p_len, shift)  # [M1, V]
         logits_flat[:, adapter.mask_id] = float("-inf")
         fidx = prim_cover.flatten().long().cumsum(0).view(n, L) - 1  # [n, L] row in logits_flat
@@ -617,6 +683,8 @@ def generate(
             view = StepView(step, rows, view_logits, cover, view_exact, masked, commit_full, comp_new, start, b)
             for obs in observers:
                 obs.on_step(view)
+        if sync is not None and e_max > e_loc:  # another rank ran the observers' extra full forward
+            _dummy_forwards(adapter, xr[:1], ar[:1], 0, 1)
         # advance blocks
         block_step[rows] += 1
         block_done = ~((comp_new == adapter.mask_id) & in_block).any(-1)

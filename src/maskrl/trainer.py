@@ -166,6 +166,23 @@ def all_ranks_done(acc: Accelerator) -> Callable[[bool], bool] | None:
     return all_done
 
 
+def ranks_max(acc: Accelerator) -> Callable[[list[int]], list[int]] | None:
+    """The cached sampler's ``ranks_max`` hook over ``acc``'s processes; ``None`` on a single process.
+
+    ``ranks_max(values)`` gathers every rank's list of ints (one all-gather, on ``acc.device``) and
+    returns their element-wise maximum (see :func:`maskrl.sampling.generate`). Every rank must call it
+    the same number of times (it is a collective).
+    """
+    if acc.num_processes == 1:
+        return None
+
+    def fn(values: list[int]) -> list[int]:
+        t = torch.tensor([values], dtype=torch.long, device=acc.device)  # [1, k]
+        return acc.gather(t).view(acc.num_processes, -1).max(0).values.tolist()
+
+    return fn
+
+
 @dataclass(frozen=True)
 class Batch:
     """One collected RL batch (rows of this process).
@@ -248,6 +265,7 @@ class RLTrainer:
         self.data_gen = torch.Generator().manual_seed(self.tc.seed * 7919 + rank)
         self.rollout_gen = torch.Generator(device=self.device).manual_seed(self.tc.seed * 104729 + 17 + rank)
         self.all_done = all_ranks_done(self.acc)  # keeps ranks' sampler forwards in step (FSDP / ZeRO-3)
+        self.ranks_max = ranks_max(self.acc)  # the same for the cached sampler
         self.out_dir = Path(cfg.output_dir)
         self._trackers_started = False
         self._metrics_fh = None
@@ -277,7 +295,7 @@ class RLTrainer:
         guard = NonFiniteLogits(self.policy.mask_id)
         observers = [guard] + [o for i, (_, c) in enumerate(self.credits) for o in c.observers(self.sampler, self._observer_generator(i))]
         rollout = generate(self.policy_eval, ids, mask, self.sampler, generator=self.rollout_gen, group_ids=group_ids,
-                           all_done=self.all_done, observers=observers)
+                           all_done=self.all_done, ranks_max=self.ranks_max, observers=observers)
         if guard.step is not None:
             self._nonfinite("logits", guard.rows, f" (sampler step {guard.step})")
         self._check("commit_prob", rollout.commit_prob)

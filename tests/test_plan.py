@@ -1,0 +1,120 @@
+"""``maskrl plan`` (issue 21): FLOPs equal to torch's counter on real trainer steps, the memory arithmetic
+of the sharding strategies, option checks, and every 8B recipe planned on 1x80 GB and 8x80 GB and
+dry-run on the stand-in model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from maskrl.config import load_config
+from maskrl.plan import (GIB, FlopModel, Hardware, PlanError, _static_memory, dry_run, make_plan, model_shape,
+                         param_memory, parse_bytes, record_work, strategy_from_accelerate, synthetic_trainer,
+                         work_table)
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+RECIPES_8B = sorted(CONFIGS.glob("llada8b_*.yaml")) + sorted(CONFIGS.glob("dream7b_*.yaml"))
+TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
+        "model.tiny.intermediate_size=64", "rollout.gen_length=8", "rollout.block_length=4", "rollout.steps=4",
+        "rollout.temperature=0.9", "train.prompts_per_step=1", "train.group_size=2"]
+
+
+@pytest.mark.parametrize("extra", [
+    ["train.inner_iterations=2"],  # θ_old, reference and θ passes, full fine-tuning
+    ["train.inner_iterations=1", "model.lora_rank=4", "model.gradient_checkpointing=true", "likelihood.name=state",
+     "train.max_forward_rows=3"],  # LoRA + recomputation, one row per commit step, split rows
+], ids=["full_mu2", "lora_ckpt_state"])
+def test_plan_flops_equal_flop_counter_on_real_steps(extra):
+    """The plan's FLOPs of one step (stand-in work, meta-model counts) equal FlopCounterMode around a real
+    ``RLTrainer.step`` of the same config (SDPA's math backend so that attention is counted)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = load_config([], TINY + extra)
+    calls = record_work(cfg, prompt_length=6)
+    fm = FlopModel(model_shape(cfg), torch.float32, {"rank": 4, "alpha": 32.0, "targets": "all-linear"}
+                   if cfg.model.lora_rank else None, cfg.model.gradient_checkpointing)
+    _, planned, _ = work_table(calls, fm, cfg.model.gradient_checkpointing)
+    trainer = synthetic_trainer(cfg, 6)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+        trainer.step()
+    assert planned == fc.get_total_flops() > 0
+
+
+def test_plan_phases_follow_the_trainer_rules():
+    """θ_old only for μ > 1 with a ratio objective, the reference only with β > 0, θ always; μ each."""
+    calls = record_work(load_config([], TINY + ["train.inner_iterations=3"]), prompt_length=6)
+    phases = {c.phase: c.count for c in calls}
+    assert phases == {"rollout": 1, "theta_old": 3, "reference": 3, "theta": 3}
+    assert sum(c.phase == "rollout" for c in calls) == 4  # one forward per denoising step
+    calls = record_work(load_config([], TINY + ["train.inner_iterations=1", "objective.beta=0"]), prompt_length=6)
+    assert {c.phase for c in calls} == {"rollout", "theta"}
+    theta = [c for c in calls if c.phase == "theta"]
+    assert [(c.rows, c.seq, c.scored) for c in theta] == [(2, 6 + 8, 16)]  # mean-field: 1 row, L scored per sequence
+
+
+def test_static_memory_by_strategy():
+    """Weights / gradients / AdamW states per process: replicated (DDP, plus its gradient buckets),
+    states sharded (ZeRO-2), everything sharded (FSDP, ZeRO-3), the unsharded reference copy of full
+    fine-tuning with β > 0."""
+    cfg = load_config([], TINY)
+    pm = param_memory(model_shape(cfg), torch.float32, None)
+    model = synthetic_trainer(cfg, 4).policy.model
+    n = sum(p.numel() for p in model.parameters())
+    w = 4 * n + sum(b.numel() * b.element_size() for b in model.buffers())  # accelerate counts buffers too
+    assert pm["params"] == pm["trainable"] == n and pm["total_bytes"] == w
+    ddp = _static_memory(cfg, pm, Hardware(gpus=4, strategy="ddp"), torch.float32, True)
+    assert ddp == {"weights": w, "gradients": 4 * n, "optimizer": 8 * n, "ddp_buckets": 4 * n, "reference_copy": w}
+    z2 = _static_memory(cfg, pm, Hardware(gpus=4, strategy="zero2"), torch.float32, False)
+    assert z2 == {"weights": w, "gradients": n, "optimizer": 2 * n}
+    fsdp = _static_memory(cfg, pm, Hardware(gpus=4, strategy="fsdp"), torch.float32, False)
+    assert fsdp["weights"] == w / 4 and fsdp["gradients"] == n and fsdp["optimizer"] == 2 * n
+    assert fsdp["gathered_layers"] == 2 * pm["largest_layer_bytes"] > 0
+
+
+def test_known_8b_shapes():
+    """LLaDA-8B by hand: 2 x 126464 x 4096 (embedding, head) + 32 x (4 x 4096² + 3 x 4096 x 12288 + 2 x 4096)
+    + 4096 = 8,015,581,184; Dream-7B: 7.62 B (Qwen2-7B shape, untied head)."""
+    llada = model_shape(load_config([CONFIGS / "llada8b_gsm8k_diffu_grpo.yaml"]))
+    dream = model_shape(load_config([CONFIGS / "dream7b_gsm8k_diffu_grpo.yaml"]))
+    assert param_memory(llada, torch.bfloat16, None)["params"] == 8_015_581_184
+    assert round(param_memory(dream, torch.bfloat16, None)["params"] / 1e9, 2) == 7.62
+
+
+def test_plan_options_are_checked(tmp_path):
+    assert parse_bytes("80GB") == parse_bytes("80 GiB") == 80 * GIB
+    with pytest.raises(PlanError, match="--gpu-memory"):
+        parse_bytes("eighty")
+    with pytest.raises(PlanError, match="--mfu"):
+        Hardware(mfu=1.5)
+    with pytest.raises(PlanError, match="--gpus"):
+        Hardware(gpus=0)
+    acc = CONFIGS / "accelerate"
+    assert strategy_from_accelerate(str(acc / "fsdp.yaml"), 8) == "fsdp"
+    assert strategy_from_accelerate(str(acc / "deepspeed_zero3.yaml"), 8) == "zero3"
+    assert strategy_from_accelerate(str(acc / "deepspeed_zero2.yaml"), 8) == "zero2"
+    assert strategy_from_accelerate(str(acc / "ddp.yaml"), 8) == "ddp"
+    assert strategy_from_accelerate(None, 1) == "single"
+    cfg = load_config([], ["model.path=" + str(tmp_path)])
+    with pytest.raises(PlanError, match="model.path"):
+        model_shape(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", RECIPES_8B, ids=lambda p: p.name)
+def test_8b_recipe_plans_and_dry_runs(path):
+    """Every 8B recipe: planned on 1x80 GB and 8x80 GB (FSDP), numbers sane; and one full step on the
+    stand-in model (the recipe's sampler, batch, μ, objective, likelihood and credit modules)."""
+    cfg = load_config([path])
+    one = make_plan(cfg, Hardware(gpus=1, gpu_memory=80 * GIB), prompt_length=200, search=False)
+    eight = make_plan(cfg, Hardware(gpus=8, gpu_memory=80 * GIB, strategy="fsdp"), prompt_length=200, search=False)
+    assert one["memory_gib"]["peak"] > one["memory_gib"]["static"]["weights"] > 10
+    assert eight["memory_gib"]["static"]["weights"] == pytest.approx(one["memory_gib"]["static"]["weights"] / 8)
+    assert one["work"]["flops"] == eight["work"]["flops"] > 1e15  # per process: B prompts each
+    assert one["work"]["by_phase_term"]["rollout"]["forwards"] >= cfg.rollout.gen_length // cfg.rollout.block_length
+    assert one["time"]["seconds_per_step"] > 0
+    if cfg.credit and type(cfg.credit[0]).__name__ == "DiSPO":
+        assert any(k.startswith("theta/step") for k in one["work"]["by_phase_term"])
+    metrics = dry_run(cfg, prompt_length=16)
+    assert metrics["step"] == 1
