@@ -221,7 +221,7 @@ def _check_rollout(ro, adapter, schedule):
     return tail
 
 
-def _check_term(t, tail_of, who):
+def _check_term(t, who):
     m = t.rollout.batch_size
     assert isinstance(t, LossTerm), who
     assert t.advantages.shape == (m, L) and t.advantages.dtype == torch.float32, who
@@ -262,7 +262,7 @@ def test_one_trainer_step_at_llada_shapes(tmp_path, name, base, credits, likelih
     if not credits or credits == ("dps",):  # the base term trains on tokens past the first block
         assert bool(loss_mask[:, BLOCK:].any())
     for t in batch.terms:
-        _check_term(t, tail, f"term {t.name}")
+        _check_term(t, f"term {t.name}")
         if t.rollout.completion_ids.shape == ro.completion_ids.shape:
             assert not bool((t.mask & ~t.rollout.completion_mask).any()), f"term {t.name} trains past a stop token"
     # likelihood outputs: [N, L], float32 (complex64 for the (ELBO, EUBO) pair), finite where scored
