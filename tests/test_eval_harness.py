@@ -161,6 +161,8 @@ def test_writes_rows_with_task_rewards_and_summary(reference, task, examples, mo
     assert md == summary["markdown"]
     table = [ln for ln in md.splitlines() if re.match(r"\| \d+ \|", ln)]
     assert [ln.split(" | ")[:3] for ln in table] == [["| 32", "16", "6"], ["| 64", "32", "6"]]
+    # the per-sample files are named by their path, not their bare name (issue 20 item 5)
+    assert f"`{out / 'samples_L32.jsonl'}`, `{out / 'samples_L64.jsonl'}`" in md
 
 
 def test_rewards_and_accuracy_follow_the_stored_completion(tmp_path, monkeypatch, model_dir, data_csv, examples):

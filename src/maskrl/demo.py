@@ -48,8 +48,22 @@ def _pick(metrics: dict) -> dict:
     return {k: metrics[k] for k in METRIC_KEYS if k in metrics}
 
 
-def plot_curves(history: list[dict], base_acc: float, path: Path) -> None:
-    """Rollout reward and evaluation accuracy against RL steps, saved as PNG."""
+def accuracy_points(history: list[dict], base: dict) -> list[tuple[int, float, float, float]]:
+    """The evaluation points of the accuracy panel: ``(RL step, accuracy, CI low, CI high)``, step 0
+    being the base model (``base``: its metrics with ``accuracy`` and ``accuracy_ci95``), then every
+    history entry with ``eval/accuracy`` (and ``eval/accuracy_ci95``, the 95 % Wilson interval of
+    :func:`maskrl.stats`; the point itself where a run logged none)."""
+    def point(step: int, acc: float, ci) -> tuple[int, float, float, float]:
+        lo, hi = ci if ci is not None else (acc, acc)
+        return step, float(acc), float(lo), float(hi)
+
+    pts = [point(0, base["accuracy"], base.get("accuracy_ci95"))]
+    pts += [point(h["step"], h["eval/accuracy"], h.get("eval/accuracy_ci95")) for h in history if "eval/accuracy" in h]
+    return pts
+
+
+def plot_curves(history: list[dict], base: dict, path: Path) -> None:
+    """Rollout reward and evaluation accuracy (with 95 % interval bars and band) against RL steps, as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,8 +80,11 @@ def plot_curves(history: list[dict], base_acc: float, path: Path) -> None:
     ax[0].set_xlabel("RL step")
     ax[0].set_ylabel("reward")
     ax[0].legend()
-    ev = [(0, base_acc)] + [(h["step"], h["eval/accuracy"]) for h in history if "eval/accuracy" in h]
-    ax[1].plot([s for s, _ in ev], [a for _, a in ev], marker="o")
+    pts = accuracy_points(history, base)
+    s, a, lo, hi = (list(v) for v in zip(*pts))
+    ax[1].fill_between(s, lo, hi, alpha=0.15, color="C0", lw=0)
+    ax[1].errorbar(s, a, yerr=[[x - y for x, y in zip(a, lo)], [y - x for x, y in zip(a, hi)]], marker="o", capsize=3)
+    ax[1].set_title(f"test accuracy with 95 % intervals (n = {base.get('n', '?')}; step 0 = SFT base)", fontsize=9)
     ax[1].set_xlabel("RL step")
     ax[1].set_ylabel("eval accuracy (solved)")
     fig.suptitle("maskrl demo: diffu-GRPO on the tiny model")
@@ -188,7 +205,7 @@ def _run_demo(cfg: RunConfig, force_sft: bool) -> dict:
     with open(out / "history.jsonl", "w", encoding="utf-8") as fh:
         for h in history:
             fh.write(json.dumps(h) + "\n")
-    plot_curves(history, base["accuracy"], out / "curves.png")
+    plot_curves(history, _pick(base), out / "curves.png")
     _print_table(summary)
     return summary
 

@@ -253,8 +253,11 @@ def default_eval_dir(task_name: str, settings: dict) -> Path:
     return Path("runs") / "eval" / task_name / key[:12]
 
 
-def harness_markdown(summary: dict) -> str:
-    """``summary.md``: one table row per completion length (same metric cells as ``maskrl score``)."""
+def harness_markdown(summary: dict, out_dir: str | os.PathLike | None = None) -> str:
+    """``summary.md``: one table row per completion length (same metric cells as ``maskrl score``).
+
+    ``out_dir``: the run's folder; the per-sample files are then named by their path in it
+    (``OUT/samples_L{L}.jsonl``, as the user passed ``--out``), not by their bare file name."""
     from maskrl.scoring import METRIC_ALIGN, METRIC_HEADER, metric_cells, source_line
 
     lines = [f"# {summary['task']}: {summary['model']}", "",
@@ -269,7 +272,8 @@ def harness_markdown(summary: dict) -> str:
               f"block {first['block_length']}; chat template: {'applied' if summary['chat_template'] else 'none'}; "
               f"{summary['dtype']} on {summary['device']}",
               f"- prompt template {summary['prompt_template']!r}; settings: {describe_settings(summary['settings_used'])}",
-              "- samples: " + ", ".join(f"`{r['samples']}`" for r in summary["results"]),
+              "- samples: " + ", ".join(f"`{Path(out_dir) / r['samples'] if out_dir is not None else r['samples']}`"
+                                        for r in summary["results"]),
               "- seconds: generation time of this invocation (resumed rows excluded)", ""]
     return "\n".join(lines)
 
@@ -507,6 +511,6 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
             "prompt_template": task.prompt_template, "settings_used": used,
         }
         write_json(out / "summary.json", summary)
-        markdown = harness_markdown(summary)
+        markdown = harness_markdown(summary, out)
         (out / "summary.md").write_text(markdown, encoding="utf-8")
     return {**summary, "markdown": markdown}
