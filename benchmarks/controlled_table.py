@@ -197,14 +197,15 @@ def run(setup: Setup, data: dict, out: Path, task: str, name: str, recipe: Path,
     policy = setup.policy()
     fmt = prompt_formatter(policy, cfg.model.chat_template)
     curve = [[0, setup.evaluate(policy, cfg, setup.val)]]  # the SFT model: step 0 of every curve
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     state = {}
 
     def eval_fn(step: int) -> dict:
-        t = time.time()
+        t, c = time.time(), time.process_time()
         m = setup.evaluate(state["trainer"].policy_eval, cfg, setup.val)
         curve.append([step, m])
         state["eval_seconds"] = state.get("eval_seconds", 0.0) + time.time() - t
+        state["eval_cpu"] = state.get("eval_cpu", 0.0) + time.process_time() - c
         return m
 
     tr = RLTrainer(cfg, policy, setup.task, setup.train, prompt_fn=fmt, eval_fn=eval_fn if eval_every else None)
@@ -214,10 +215,12 @@ def run(setup: Setup, data: dict, out: Path, task: str, name: str, recipe: Path,
     if not curve or curve[-1][0] != tr.step_count:
         eval_fn(tr.step_count)
     rl_seconds = time.time() - t0 - state.get("eval_seconds", 0.0)
+    # CPU seconds of this process (all threads): the budget on one core, robust to a loaded machine
+    rl_cpu_seconds = time.process_time() - c0 - state.get("eval_cpu", 0.0)
     row = {"task": task, "cell": name, "kind": CELLS[name]["kind"], "base": CELLS[name]["base"], "seed": seed,
            "steps": tr.step_count, "optimizer_steps": tr.step_count * cfg.train.inner_iterations,
            "completions": tr.step_count * cfg.train.prompts_per_step * cfg.train.group_size,
-           "rl_seconds": rl_seconds, "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "rl_seconds": rl_seconds, "rl_cpu_seconds": rl_cpu_seconds, "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "val": curve[-1][1], "val_curve": curve, "rewards": [h["reward"] for h in hist],
            "recipe": str(recipe.relative_to(ROOT)) if recipe.is_relative_to(ROOT) else str(recipe), **settings}
     mism = [h["rollout/mismatch"] for h in hist if "rollout/mismatch" in h]
@@ -270,6 +273,7 @@ def summarize(data: dict) -> list[dict]:
     for (task, name), rows in sorted(by.items(), key=lambda kv: (kv[0][0], list(CELLS).index(kv[0][1]) if kv[0][1] in CELLS else 99)):
         entry = {"task": task, "cell": name, "kind": CELLS.get(name, {}).get("kind"), "base": CELLS.get(name, {}).get("base"),
                  "seeds": sorted(rows), "rl_seconds": t_interval([r["rl_seconds"] for r in rows.values()])[0],
+                 "rl_cpu_seconds": t_interval([r.get("rl_cpu_seconds", float("nan")) for r in rows.values()])[0],
                  "optimizer_steps": sorted({r["optimizer_steps"] for r in rows.values()}),
                  "completions": sorted({r["completions"] for r in rows.values()})}
         metrics = [k for k in ("accuracy", "cell_accuracy", "mean_reward") if all(k in r["val"] for r in rows.values())]
@@ -323,14 +327,14 @@ def markdown(summary: list[dict]) -> str:
         extra = "cell_accuracy" if any("cell_accuracy" in e.get("val", {}) for e in rows) else "mean_reward"
         lines += [f"## {task}", "",
                   f"| cell | kind | seeds | val solved | val {extra} | Δ val vs SFT (paired) | paired Δ val vs base | "
-                  f"test solved | paired Δ test vs base | AUC | reach | RL s |",
+                  f"test solved | paired Δ test vs base | AUC | reach | RL CPU s |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for e in rows:
             val, test = e.get("val", {}), e.get("test", {})
             lines.append(f"| {e['cell']} | {e['kind']} | {len(e['seeds'])} | {_ci(val.get('accuracy'))} | "
                          f"{_ci(val.get(extra))} | {_paired(e.get('gain_over_sft_val'))} | "
                          f"{_paired(e.get('paired_val'))} | {_ci(test.get('accuracy'))} | {_paired(e.get('paired_test'))} | "
-                         f"{e['val_auc']:.3f} | {e.get('steps_to_base_final', '–')} | {e['rl_seconds']:.0f} |")
+                         f"{e['val_auc']:.3f} | {e.get('steps_to_base_final', '–')} | {e['rl_cpu_seconds']:.0f} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 
