@@ -89,6 +89,8 @@ def main() -> None:
                         run_cell(long_setup, data, out, task, f"{cell}@L{args.long}",
                                  ROOT / "configs" / f"dtca_{task}_{cell}.yaml", over, args.steps, seed, args.test,
                                  curves=curves, group="dtca")
+    if args.pos_tables and args.steps < 1 and not args.summary and not data["runs"]:
+        return  # only the POS tables were asked for: no runs to summarise
     require_runs(data, out)
     data["summary"] = summary_rows(data)
     save_results(out, data)

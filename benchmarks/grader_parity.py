@@ -241,7 +241,7 @@ def _key(task_key: str, item: dict):
 
 def _maskrl_extracted(task_key: str, task, ex, completion: str):
     if task_key in ("gsm8k", "math500"):
-        return task.extract([ex.prompt], [completion])[0]
+        return task.extract([ex.prompt], [completion], [ex.fields["answer"]])[0]
     if task_key == "countdown":
         return equation_text(completion, ex.prompt)
     return extract_grid_digits(completion, ex.prompt)

@@ -1,6 +1,8 @@
 """Shared fixtures: tiny models built in milliseconds, never downloaded."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -9,9 +11,13 @@ from maskrl.models import build_tiny
 from maskrl.tasks.base import Task
 
 
+#: torch threads per test: 1, or $MASKRL_TEST_THREADS (``make test``'s second, ``numerics`` pass)
+TEST_THREADS = int(os.environ.get("MASKRL_TEST_THREADS", "1"))
+
+
 @pytest.fixture(autouse=True)
 def _threads():
-    torch.set_num_threads(1)
+    torch.set_num_threads(TEST_THREADS)
     yield
 
 

@@ -14,6 +14,7 @@ the sampler-synchronisation scenario (:func:`sampling_scenario`). Results go to 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -166,11 +167,30 @@ def run_multi(out: Path) -> None:
     tr.collect(examples()[:2])
     result["collect_all_done_calls"] = len(calls)
     result.update(sampling_scenario(tr))
+    result["interrupt"] = interrupt_scenario(tr, out / "interrupt", rank)
     torch.save(result, out / f"multi{rank}.pt")
     tr.acc.wait_for_everyone()
     # tear the process group down before exit: left to interpreter shutdown, gloo's threads can abort
     # the process ("terminate called without an active exception", exit -6) after the work is done
     torch.distributed.destroy_process_group()
+
+
+def interrupt_scenario(trainer: RLTrainer, out_dir: Path, rank: int) -> dict:
+    """SIGTERM to rank 1 alone, during the first step of ``train``: every rank must finish that step,
+    save one checkpoint together and stop (``TrainingInterrupted``), not hang in a collective."""
+    import signal
+
+    from maskrl.trainer import TrainingInterrupted
+
+    trainer.out_dir = out_dir
+    trainer.tc.eval_every = 1  # eval_fn runs inside the loop, after the signal handlers are installed
+    trainer.eval_fn = lambda step: (os.kill(os.getpid(), signal.SIGTERM) if rank == 1 else None) or {}
+    start = trainer.step_count
+    try:
+        trainer.train(steps=3, progress=False)
+    except TrainingInterrupted as e:
+        return {"start": start, "step": e.step, "signum": int(e.signum), "checkpoint": str(e.checkpoint)}
+    return {"start": start, "step": None}
 
 
 if __name__ == "__main__":

@@ -108,6 +108,29 @@ def test_humaneval_reward_partial_credit_and_garbage():
     assert rewards[3:] == [0.0] * (n - 3)
 
 
+
+def test_solution_followed_by_example_usage_block_is_graded_on_the_solution():
+    """Issue 20 item 4: instruct models add an "example usage" block after the solution; the block
+    that defines the function the tests call is graded, with any number of fenced blocks."""
+    def block(code):
+        return f"```python\n{code}\n```\n"
+
+    solution = "def double(x):\n    return 2 * x"
+    usage = "print(double(3))  # 6"
+    text = "<reasoning>easy</reasoning>\nHere it is:\n" + block(solution) + "Example usage:\n" + block(usage)
+    assert extract_code(text, ("double",)) == solution
+    assert extract_code(text) == usage  # without the required names: the last block, as before
+    many = block("import math") + block(solution) + block(usage) + block("assert double(1) == 2")
+    assert extract_code(many, ("double",)) == solution
+    assert extract_code(block("double = lambda x: 2 * x") + block(usage), ("double",)) == "double = lambda x: 2 * x"
+    assert extract_code(block(usage) + block("x == 1"), ("double",)) == "x == 1"  # none defines it: the last
+    task, row = _he_examples()
+    assert task.reward(["p"], [text], **{k: [v] for k, v in row.items()}) == [1.0]
+    area = block("def area(r):\n    return r * r") + block("print(area(2))")
+    mbpp = MBPP(workers=1).reward(["p"], [area], test_list=[["assert area(2) == 4"]], code=["def area(r):\n    return r*r"])
+    assert mbpp == [1.0]
+
+
 # ------------------------------------------------------------------------------------------- MBPP
 
 

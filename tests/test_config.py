@@ -58,6 +58,25 @@ def test_out_of_range_values_name_the_key(item, key):
         load_config([], [item])
 
 
+@pytest.mark.parametrize("item,why", [
+    ("train.group_size=1", r"train\.group_size: must be >= 2, got 1: .*every advantage is 0"),
+    ("train.steps=0", r"train\.steps: must be >= 1, got 0: .*train nothing"),
+])
+def test_settings_that_leave_every_gradient_zero_are_refused(item, why):
+    """Issue 20 item 3: G = 1 makes every group-relative advantage 0; 0 steps train nothing."""
+    with pytest.raises(ConfigError, match=why):
+        load_config([], [item])
+    load_config([], [item.split("=")[0] + "=2"])
+
+
+def test_greedy_rollouts_without_credit_modules_are_refused():
+    """Greedy, confidence-ordered rollouts make a group's completions identical: every advantage 0."""
+    with pytest.raises(ConfigError, match=r"rollout\.temperature: 0 .* identical.*every gradient is 0"):
+        load_config([], ["rollout.temperature=0"])
+    load_config([], ["rollout.temperature=0", "rollout.remasking=random"])  # random order differs per completion
+    load_config([], ["rollout.temperature=0", "credit=[{name: dispo}]"])    # DiSPO branches with its own τ
+
+
 def test_missing_and_broken_yaml_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config([tmp_path / "nope.yaml"])
@@ -144,3 +163,112 @@ def test_config_explain_lists_every_field_with_its_doc(capsys):
     assert "valid:" in capsys.readouterr().err
     assert main(["config", "--set", "likelihood=state"]) == 0
     assert "name: state" in capsys.readouterr().out
+
+
+def test_a_component_can_be_switched_from_the_command_line(tmp_path):
+    """Issue 20 item 3: ``--set objective='{name: wd1}'`` replaces the whole section; switching only
+    the name when the section's keys do not fit says how to replace it. Same for every section."""
+    from maskrl.objectives import WD1
+    from maskrl.sampling import SamplerConfig
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("objective: {name: diffu_grpo, clip_eps: 0.3, beta: 0.1}\n"
+                      "credit: [{name: dps, lam: 0.5}]\nrollout: {gen_length: 32, block_length: 8, steps: 32}\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'objective\.clip_eps'.*clip_eps is a field of diffu_grpo.*"
+                                          r"not of wd1.*--set objective='\{name: wd1\}'"):
+        load_config([recipe], ["objective.name=wd1"])
+    cfg = load_config([recipe], ["objective={name: wd1}"])
+    assert cfg.objective == WD1()
+    assert load_config([recipe], ["objective={name: wd1, beta: 0.2}"]).objective == WD1(beta=0.2)
+    # list entries by index (both spellings), and a whole list
+    assert load_config([recipe], ["credit.0.lam=0.25"]).credit[0].lam == 0.25
+    assert load_config([recipe], ["credit[0].lam=0.125"]).credit[0].lam == 0.125
+    with pytest.raises(ConfigError, match=r"credit\.1: credit has 1 entries"):
+        load_config([recipe], ["credit.1.lam=0.25"])
+    with pytest.raises(ConfigError, match=r"credit\[0\]\.clip_eps.*--set credit='\{name: dps\}' \(a list"):
+        load_config([recipe], ["credit.0.clip_eps=0.2"])
+    assert load_config([recipe], ["credit=[]"]).credit == []
+    # a non-component section: a mapping replaces it (the rest take the run's defaults), a key merges
+    assert load_config([recipe], ["rollout={gen_length: 16, block_length: 16}"]).rollout == \
+        SamplerConfig(gen_length=16, block_length=16, steps=16, temperature=0.9)
+    assert load_config([recipe], ["rollout.temperature=0.5"]).rollout.gen_length == 32
+
+
+def test_a_removed_key_says_why():
+    with pytest.raises(ConfigError, match=r"credit\[0\]\.seed: removed: DiSPO's branch generator .* train\.seed"):
+        load_config([], ["credit=[{name: dispo, seed: 3}]"])
+    with pytest.raises(ConfigError, match=r"unknown key 'credit\[0\]\.sead'"):
+        load_config([], ["credit=[{name: dispo, sead: 3}]"])
+
+
+def test_explain_one_field_of_a_section_or_component():
+    from maskrl.config import explain
+
+    text = explain("credit.dispo.z")
+    assert text.splitlines()[0] == "[credit.dispo]" and "z = 2" in text and "fillings per state" in text
+    assert "lr = 1e-05" in explain("train.lr") and "group_size" not in explain("train.lr")
+    assert "clip_eps = " in explain("objective.diffu_grpo.clip_eps")
+    with pytest.raises(ConfigError, match=r"credit\.dispo\.seed: removed"):
+        explain("credit.dispo.seed")
+    with pytest.raises(ConfigError, match=r"credit\.dispo\.zz: unknown field; valid: .*\bz\b"):
+        explain("credit.dispo.zz")
+    with pytest.raises(ConfigError, match=r"train\.nope: unknown field"):
+        explain("train.nope")
+
+
+def test_paths_in_a_yaml_file_are_read_from_its_folder(tmp_path, monkeypatch):
+    """Issue 20 item 3: every input path field of a YAML file is relative to the file's folder (as
+    its reader takes it); --set values stay relative to the working directory."""
+    import json as _json
+    import os
+
+    recipes = tmp_path / "recipes"
+    (recipes / "tables").mkdir(parents=True)
+    (recipes / "tables" / "w.json").write_text(_json.dumps({"w_c": {"NOUN": 1.1}}))
+    (recipes / "my_plugin.py").write_text("VALUE = 1\n")
+    (recipes / "data").mkdir()
+    (recipes / "tok").mkdir()
+    (recipes / "tok" / "tokenizer.json").write_text("{}")
+    (recipes / "r.yaml").write_text(
+        "plugins: [my_plugin.py, json]\n"
+        "model: {path: ckpt, tiny: {tokenizer: tok}}\n"
+        "task: {data_path: data/test.jsonl}\n"
+        "credit: [{name: dtca, pos_weights: tables/w.json, tagger: 'maskrl.pos:spacy_pos_classes'}]\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(["../recipes/r.yaml"])
+    assert cfg.credit[0].pos_weights == str(recipes / "tables" / "w.json")
+    assert cfg.plugins[0] == str(recipes / "my_plugin.py") and cfg.plugins[1] == "json"  # a module name stays
+    assert cfg.model.path == str(recipes / "ckpt") and cfg.task.data_path == str(recipes / "data" / "test.jsonl")
+    assert cfg.model.tiny.tokenizer == str(recipes / "tok")
+    assert all(type(p) is str for p in cfg.plugins) and type(cfg.model.path) is str
+    # the command line: relative to the working directory
+    (elsewhere / "w2.json").write_text(_json.dumps({"w_c": {"NOUN": 0.9}}))
+    cfg = load_config(["../recipes/r.yaml"], ["model.path=ckpt", "credit.0.pos_weights=w2.json", "task.data_path=d"])
+    assert (cfg.model.path, cfg.credit[0].pos_weights, cfg.task.data_path) == ("ckpt", "w2.json", "d")
+    # a Hub id stays a Hub id, built-in tokenizer names stay names, absolute paths stay
+    (recipes / "hub.yaml").write_text(f"model: {{path: GSAI-ML/LLaDA-8B-Instruct, tiny: {{tokenizer: char}}}}\n"
+                                      f"task: {{data_path: {tmp_path}}}\n")
+    cfg = load_config([recipes / "hub.yaml"])
+    assert (cfg.model.path, cfg.model.tiny.tokenizer, cfg.task.data_path) == ("GSAI-ML/LLaDA-8B-Instruct", "char",
+                                                                             str(tmp_path))
+    # the resolved config reloads to the same paths from any folder (config.json of a run)
+    import yaml as _yaml
+
+    from maskrl.config import to_dict
+
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(_yaml.safe_dump(to_dict(load_config(["../recipes/r.yaml"]))))
+    monkeypatch.chdir(tmp_path)
+    assert load_config([saved]).credit[0].pos_weights == str(recipes / "tables" / "w.json")
+    assert os.path.isabs(load_config([saved]).plugins[0])
+
+
+def test_shipped_recipes_with_paths_load_from_any_folder(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config([root / "dtca_countdown_dtca.yaml"])
+    assert Path(cfg.credit[0].pos_weights).is_file()

@@ -395,12 +395,13 @@ def test_two_processes_with_unequal_kept_states(tmp_path):
         assert r0[mode]["term_rows"]["base"] == r1[mode]["term_rows"]["base"] == 12
         assert all(torch.equal(p, q) for p, q in zip(r0[mode]["weights"], r1[mode]["weights"]))
         assert "step/policy_loss" in r0[mode]["metrics"]
-    # without padding rank 0 runs the step term's forwards alone (θ_old: μ = 2 passes, θ: 2)
+    # without padding rank 0 runs the step term's forwards alone (θ_old: μ = 2 passes, θ: 2, and the
+    # reference for its KL, DiSPO's default β = 0.04)
     f0, f1 = r0["nopad"]["forwards"], r1["nopad"]["forwards"]
-    assert f0["old"] > f1["old"] and f0["theta"] > f1["theta"] and f0["ref"] == f1["ref"] > 0
+    assert f0["old"] > f1["old"] and f0["theta"] > f1["theta"] and f0["ref"] > f1["ref"] > 0
     # with it: the same count of every kind on both ranks, rank 0's unchanged
     assert r0["pad"]["forwards"] == r1["pad"]["forwards"] == f0
-    pads = f0["old"] + f0["theta"] - f1["old"] - f1["theta"]  # rank 1's dummy forwards; rank 0 runs none
+    pads = sum(f0[k] - f1[k] for k in f0)  # rank 1's dummy forwards; rank 0 runs none
     assert r0["pad"]["metrics"]["pad_forwards"] == pytest.approx(pads / 2)  # averaged over the 2 ranks
     assert r0["nopad"]["metrics"]["pad_forwards"] == 0.0
     # the dummy forwards' loss is ×0: the same update and loss metrics as without them
@@ -418,3 +419,65 @@ def test_two_processes_with_unequal_kept_states(tmp_path):
     assert "step/policy_loss" in loss_keys and "base/kl" in loss_keys
     for k in loss_keys:
         assert r0["pad"]["metrics"][k] == r0["nopad"]["metrics"][k], k
+
+
+@pytest.mark.parametrize("cfg", [dataclasses.replace(FIXED, cache="prefix"), dataclasses.replace(THRESH, cache="prefix"),
+                                 dataclasses.replace(THRESH, cache="dual")],
+                         ids=["fixed-prefix", "threshold-prefix", "threshold-dual"])
+def test_fillings_under_a_cache_come_from_thetas_exact_logits(cfg):
+    """Issue 19 item 3: the fillings' recorded log-probs are θ's full-forward log-softmax at x_t (the
+    distribution the step term's ratio scores them under), not the key/value cache's approximation."""
+    from conftest import sharp_tiny
+
+    a = sharp_tiny()
+    ids, mask = encode_prompts(a.tokenizer, PROMPTS)
+    obs = DiSPO(z=2, timing="uniform").observers(cfg, torch.Generator().manual_seed(1))
+    ro = generate(a, ids, mask, cfg, generator=torch.Generator().manual_seed(0), observers=obs)
+    st = ro.step_stats
+    checked = 0
+    for i in range(ro.batch_size):
+        t = int(st["dispo_step"][i])
+        sel = st["dispo_masked"][i]
+        x = torch.cat([ids[i], torch.where(sel, a.mask_id, ro.completion_ids[i])])[None]
+        attn = torch.cat([mask[i], torch.ones(ro.gen_length, dtype=torch.bool)])[None]
+        with torch.no_grad():
+            z = a.logits(x, attn)[0, ids.shape[1]:].double()
+        z[:, a.mask_id] = float("-inf")
+        lp = torch.log_softmax(z, -1)
+        for k in range(2):
+            fill = st["dispo_fill"][i, k]
+            want = lp[sel].gather(-1, fill[sel][:, None]).squeeze(-1)
+            torch.testing.assert_close(st["dispo_logp_old"][i, k][sel].double(), want, rtol=1e-4, atol=1e-4)
+        checked += int(t > 0 and (ro.commit_step[i] < t).any())
+    assert checked  # some branch lies past a block's first step, where the cache would have answered
+
+
+def test_step_term_kl_and_tokens_after_the_stop_are_fields(tiny, tmp_path):
+    """Issue 19 item 5: SPEC §4 leaves the step term's KL and the filled tokens after a branch's first
+    stop token open; both are fields with documented defaults (β = 0.04, the paper adds a KL; tokens
+    after the stop not trained), and each setting changes what the term computes."""
+    assert (DiSPO().beta, DiSPO().train_after_stop) == (0.04, False)
+    assert DiSPO().needs_reference and not DiSPO(beta=0.0).needs_reference and not DiSPO(alpha_step=0.0).needs_reference
+    with pytest.raises(ValueError, match="beta"):
+        DiSPO(beta=-0.1)
+    ro = _gen(tiny, FIXED, DiSPO(z=2, timing="uniform").observers(FIXED, torch.Generator().manual_seed(0)))
+    st = dict(ro.step_stats)
+    fill = st["dispo_fill"].clone()  # a stop token as the first filled position of every branch
+    first = st["dispo_masked"].long().argmax(-1)  # [N] first masked position of each state
+    fill[torch.arange(ro.batch_size), :, first] = tiny.eos_id
+    ro = dataclasses.replace(ro, step_stats={**st, "dispo_fill": fill})
+    terms = {}
+    for after in (False, True):  # continuous random rewards: every state kept, branches in row order
+        ctx, _ = _ctx(tiny, lambda rows, c: torch.rand(len(rows), generator=torch.Generator().manual_seed(1)), ro.batch_size)
+        (terms[after],) = DiSPO(z=2, timing="uniform", train_after_stop=after)(_batch(ro), ctx).terms
+    t0, t1 = terms[False], terms[True]
+    filled = st["dispo_masked"].repeat_interleave(2, 0)
+    assert t1.rollout.batch_size == 2 * ro.batch_size and torch.equal(t1.mask, filled)  # every filled position
+    assert torch.equal(t0.mask, filled & t0.rollout.completion_mask)  # up to and including the first stop
+    assert (t0.mask.sum(-1) == 1).all() and (t1.mask.sum(-1) > 1).any()  # the stop is the first filled one
+    assert t0.objective.beta == 0.04 and DiSPO(beta=0.0).step_term(_batch(ro), ctx)[0].objective.beta == 0.0
+    # in a trainer step: the KL is logged under step/ and needs the reference; β = 0 logs none
+    _, m = _run(tmp_path, "[{name: dispo, z: 2, timing: uniform}]", objective="spg", likelihood="spg_bounds")
+    assert "step/kl" in m and m["step/kl"] >= 0
+    _, m0 = _run(tmp_path, "[{name: dispo, z: 2, timing: uniform, beta: 0.0}]", objective="spg", likelihood="spg_bounds")
+    assert "step/kl" not in m0

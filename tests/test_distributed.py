@@ -130,6 +130,14 @@ def test_only_main_process_writes_logs_and_checkpoint_files(run):
     assert written == [f"checkpoints/step_1/random_states_{WORLD - 1}.pkl"]
 
 
+def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step(run):
+    import signal
+
+    got = [_load(run / f"multi{r}.pt")["interrupt"] for r in range(WORLD)]
+    assert all(g["step"] == g["start"] + 1 and g["signum"] == signal.SIGTERM for g in got), got
+    assert (run / "interrupt" / "checkpoints" / f"step_{got[0]['step']}" / "trainer_state.pt").is_file()
+
+
 def test_sampler_rank_sync_same_result_same_forward_count(run):
     ranks = [_load(run / f"multi{r}.pt") for r in range(WORLD)]
     # without the hook the ranks need different numbers of forwards (2 vs 8) ...

@@ -82,6 +82,7 @@ def test_coverage_matches_a_slow_reference():
 
 
 # ------------------------------------------------------------------------------------ in-step credit
+@pytest.mark.numerics
 def test_in_step_credit_by_hand_has_mean_one():
     w = torch.tensor([[1.2, 0.8, 1.0, 5.0], [1.2, 0.9, 1.0, 1.0]])
     trained = torch.tensor([[True, True, True, False], [True, True, False, False]])
@@ -98,6 +99,7 @@ def test_in_step_credit_by_hand_has_mean_one():
 
 
 # ------------------------------------------------------------------------------------ calibration
+@pytest.mark.numerics
 def test_entropy_flow_calibration_by_hand():
     # one response over two state rows; ΔH = −A p (log p + H)
     adv = torch.tensor([[1.2, 0.8], [-1.0, 0.0]])
@@ -295,6 +297,9 @@ def test_shipped_dtca_recipes(task):
 
     base = load_config([CONFIGS / f"dtca_{task}_rldf.yaml"])
     assert isinstance(base.objective, RLDF) and base.rollout.schedule == "threshold" == base.eval.schedule
+    # the clean prompt the filter and the calibration read is the objective's default: no override needed
+    assert base.likelihood == State(p_mask_prompt=0.0)
+    assert "p_mask_prompt" not in (CONFIGS / f"dtca_{task}_rldf.yaml").read_text()
     assert [type(c) for c in base.credit] == [RLDFSteps]
     flags = {"dtca": (True, True), "dtca_nocal": (True, False), "dtca_nopos": (False, True)}
     for cell, (pos, cal) in flags.items():

@@ -299,7 +299,8 @@ def test_chat_template_and_default_output_folder(tmp_path, monkeypatch, data_csv
                           limit=2, device="cpu", progress=False, prompt_template=TEMPLATE)
     want = [f"<u>{ex.prompt}</u><a>" for ex in examples[:2]]
     assert spy.prompts(32) == want and summary["chat_template"] is True
-    out = tmp_path / "runs" / "eval" / "sudoku4x4"
+    out = tmp_path / summary["out"]  # runs/eval/<task>/<key of weights and settings>
+    assert out.parent == tmp_path / "runs" / "eval" / "sudoku4x4" and len(out.name) == 12
     assert [r["prompt"] for r in rows_of(out / "samples_L32.jsonl")] == want
     assert (out / "summary.md").read_text() == summary["markdown"]
 

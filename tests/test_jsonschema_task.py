@@ -64,6 +64,24 @@ def test_reward_basic():
     assert _rewards(schema, comps) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
 
 
+
+def test_duplicate_keys_are_rejected_at_every_level():
+    """Issue 20 item 4: Python's parser keeps a repeated key's last value, others the first; a
+    first value that breaks the schema must not pass. No nested object is read instead."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1},
+                                               "o": {"type": "object", "properties": {"m": {"type": "string"}}}},
+              "required": ["n"]}
+    comps = ['{"n": 0, "n": 3}',                                # top level, bare
+             '```json\n{"n": "x", "n": 3}\n```',                # in a fence
+             'Sure: {"n": 3, "o": {"m": 1, "m": "a"}} done',    # nested, in prose
+             '[{"n": 1, "n": 2}]',                              # inside an array
+             '{"n": 3, "o": {"m": "a"}}']                       # no duplicates: passes
+    assert _rewards(schema, comps) == [0.0, 0.0, 0.0, 0.0, 1.0]
+    with pytest.raises(NoJSON, match="duplicate key 'n'"):
+        extract_json('text {"a": {"n": 1, "n": 2}} and later {"n": 5}')  # no later value read instead
+    assert extract_json('{"a": {"n": 1}, "b": {"n": 1}}') == {"a": {"n": 1}, "b": {"n": 1}}  # same key, other objects
+
+
 def test_default_draft7_enforces_dependencies():
     """Undeclared schemas use Draft 7, where `dependencies` is enforced (2020-12 would ignore it)."""
     schema = {"type": "object", "dependencies": {"a": ["b"]}}

@@ -60,6 +60,7 @@ def _dream_like(shift: bool):
     return ModelAdapter(model=model, mask_id=19, eos_id=18, pad_id=17, shift=shift, family="dream")
 
 
+@pytest.mark.numerics
 def test_dream_shift_is_applied_in_sampler_and_likelihood():
     """With shift, position i's prediction comes from the raw logits at i-1 -- in the likelihood
     estimator and in the sampler's commit probabilities; the unshifted reading disagrees."""

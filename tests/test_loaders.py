@@ -466,6 +466,55 @@ def test_hub_failure_gives_a_clear_error(monkeypatch):
         load("GSAI-ML/LLaDA-8B-Instruct")
 
 
+
+@pytest.mark.parametrize("arg", ["runs/does-not-exist", "./model", "~/no/such/model", "a/b/c", "..\\x"])
+def test_path_like_model_args_never_reach_the_hub(arg, tmp_path, monkeypatch):
+    """Issue 20 item 3: a mistyped local path (its first folder exists, or it is written like a
+    path) is one clear FileNotFoundError, never a Hub download."""
+    import huggingface_hub
+
+    def hub(*a, **k):
+        raise AssertionError("the Hub was asked")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no model folder at .*nearest existing folder"):
+        load(arg)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileNotFoundError, match="is a file"):
+        load("afile")
+
+
+def test_hub_failure_is_one_line(monkeypatch):
+    import huggingface_hub
+
+    def offline(*args, **kwargs):
+        raise OSError("line one\nline two\nline three")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(OSError) as info:
+        load("owner/name")
+    assert "\n" not in str(info.value) and "line one" in str(info.value) and info.value.__cause__ is None
+
+
+def test_unavailable_devices_are_one_clear_error():
+    from maskrl.pipeline import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(ValueError, match="'cuda:x' is not a device string"):
+        resolve_device("cuda:x")
+    with pytest.raises(ValueError, match="'gpu' is not a device string"):
+        resolve_device("gpu")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match=rf"'cuda:{n}' is not available here \({n} CUDA"):
+        resolve_device(f"cuda:{n}")
+    if not torch.backends.mps.is_available():
+        with pytest.raises(ValueError, match="'mps' is not available here"):
+            resolve_device("mps")
+
+
 # --------------------------------------------------------------------------------------------------
 # tied output layers (issue 13 item 7)
 # --------------------------------------------------------------------------------------------------
@@ -525,3 +574,43 @@ def test_tied_tiny_and_masked_lm_folders_load_tied(tmp_path):
     BertForMaskedLM(config).save_pretrained(tmp_path / "bert")
     b = load(tmp_path / "bert")
     assert b.model.get_output_embeddings().weight is b.model.get_input_embeddings().weight
+
+
+def test_cli_mistyped_model_path_and_device_are_one_line(tmp_path, monkeypatch, capsys):
+    from maskrl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert main(["eval", "--model", "runs/does-not-exist", "--task", "sudoku4x4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no model folder at 'runs/does-not-exist'" in err[0]
+    if not torch.cuda.is_available():
+        assert main(["generate", "--model", "runs", "--device", "cuda", "--prompt", "x"]) == 2
+        assert "device 'cuda' is not available here" in capsys.readouterr().err
+
+
+def test_every_end_id_of_the_checkpoint_stops_a_completion(tmp_path):
+    """Issue 20 item 3: ``eos_token_id: [eos, end_of_turn]`` (and generation_config.json's list) all
+    end a completion: adapter ids, ``completion_mask`` and the sampler's rollout mask."""
+    from maskrl.sampling import SamplerConfig, generate
+
+    folder = write_folder(tmp_path / "m", {**LLADA_CFG, "eos_token_id": [61, 59]}, llada_weights())
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [61, 59, 58]}))
+    adapter = load(folder, tokenizer=False)
+    assert adapter.eos_id == 61 and adapter.stop_ids == (126348, 59, 58)
+    ids = torch.tensor([[1, 2, 59, 3, 4], [1, 58, 2, 61, 3], [1, 2, 3, 4, 5]])
+    assert adapter.completion_mask(ids).tolist() == [[True, True, True, False, False],
+                                                     [True, True, False, False, False], [True] * 5]
+    # the sampler: a model that always prefers id 59 writes it first; the completion ends there
+    hook = adapter.model.lm_head.register_forward_hook(lambda m, a, out: out + 100.0 * F.one_hot(
+        torch.tensor(59), out.shape[-1]).to(out.dtype))
+    try:
+        ro = generate(adapter, torch.tensor([[1, 2, 3]]), torch.ones(1, 3, dtype=torch.long),
+                      SamplerConfig(gen_length=4, block_length=4, steps=4))
+    finally:
+        hook.remove()
+    assert ro.completion_ids.tolist() == [[59, 59, 59, 59]]
+    assert ro.completion_mask.tolist() == [[True, False, False, False]]
+    # a single id keeps working, and the family's end-of-turn id stays a stop id
+    single = load(write_folder(tmp_path / "s", LLADA_CFG, llada_weights()), tokenizer=False)
+    assert (single.eos_id, single.stop_ids) == (61, (126348,))

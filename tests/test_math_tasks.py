@@ -216,3 +216,41 @@ def test_math500_golden():
     # (math-verify reads the assignment x=5 as its value, by design)
     assert [i for i, r in enumerate(rewards) if r != 0.0] == [22]
     assert (answers[22], answers[23]) == ("5", "x=5")
+
+
+# --- issue 20 item 4: one box per value, LaTeX spacing inside numbers ---------------------------
+
+def test_value_count_of_gold_answers():
+    from maskrl.tasks.math import value_count
+
+    assert [value_count(g) for g in ["2, 5", "(1, 2)", "\\frac{1}{2}, -3, 4", "10,\\!080", "1,000", "\\{1, 2\\}",
+                                     "x=2, y=3", "7"]] == [2, 1, 3, 1, 1, 1, 2, 1]
+
+
+def test_one_box_per_value_is_read_as_the_tuple():
+    assert extract_answer("The roots are \\boxed{2} and \\boxed{5}.", n_values=2) == "2, 5"
+    assert extract_answer("so $x=\\boxed{-1}$,\n$y=\\boxed{3}$", n_values=2) == "-1, 3"
+    # a single-value gold keeps the last box; a box that already lists the values is kept
+    assert extract_answer("The roots are \\boxed{2} and \\boxed{5}.") == "5"
+    assert extract_answer("\\boxed{1} so \\boxed{2, 5}", n_values=2) == "2, 5"
+    # boxes far apart are a draft and a final answer, not one answer
+    far = "First \\boxed{2}." + " and so on" * 10 + " The answer is \\boxed{5}."
+    assert extract_answer(far, n_values=2) == "5"
+
+
+def test_reward_one_box_per_value_and_digit_spacing():
+    task = MATH500()
+    golds = ["2, 5", "2, 5", "12,\\!345", "12,\\!345", "1234567", "12345", "12,\\!345", "3"]
+    comps = [
+        "The roots are \\boxed{2} and \\boxed{5}.",   # one box per value
+        "The roots are \\boxed{2} and \\boxed{6}.",   # one of them wrong
+        "\\boxed{12\\,345}",                          # thin space grouping
+        "\\boxed{12~345}",                            # tie grouping
+        "\\boxed{1\\;234\\:567}",                     # medium / thick spaces
+        "\\boxed{12\\ 345}",                          # control space
+        "\\boxed{12\\,346}",                          # wrong digits
+        "\\boxed{3\\,000}",                           # 3000 is not 3
+    ]
+    assert task.reward([""] * len(comps), comps, answer=golds) == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    # a gold answer written with spacing reads the same
+    assert task.reward([""], ["\\boxed{12345}"], answer=["12\\,345"]) == [1.0]

@@ -7,6 +7,7 @@ from maskrl.advantages import group_advantages
 from maskrl.objectives import DiffuGRPO, aggregate, kl3
 
 
+@pytest.mark.numerics
 def test_group_advantages_hand_computed():
     r = torch.tensor([1.0, 0.0, 0.5, 0.2, 0.2, 0.8])
     g = torch.tensor([0, 0, 0, 1, 1, 1])

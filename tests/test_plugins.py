@@ -12,7 +12,8 @@ import torch
 
 from maskrl.config import ConfigError, load_config, to_dict
 from maskrl.credit import CREDITS, CreditBatch, CreditContext, CreditModule, apply_credit
-from maskrl.likelihood import LIKELIHOODS
+from maskrl.likelihood import LIKELIHOODS, PerToken, provides, reads
+from maskrl.likelihood.base import tensors_of
 from maskrl.models import build_tiny
 from maskrl.objectives import OBJECTIVES
 from maskrl.sampling import SamplerConfig, generate
@@ -115,17 +116,20 @@ def test_every_registered_likelihood_honours_its_protocol(tiny, name):
     rows = est.rows(ro, need)
     assert rows.shape == (N,) and rows.dtype == torch.long and rows[1] == 0 and (rows[need.any(-1)] > 0).all()
     out = est(tiny, ro, torch.Generator().manual_seed(2), need)
-    # float32, or complex64 for a two-bound estimator (spg_bounds: real ELBO, imaginary EUBO)
-    two = getattr(est, "eubo_beta", None) is not None
-    assert out.shape == (N, L) and out.dtype == (torch.complex64 if two else torch.float32)
-    assert out.device == ro.completion_ids.device
-    assert (out[~need] == 0).all()
-    if getattr(est, "masking", "random") == "block":  # one drawn block per sequence: others unscored (0)
-        assert (out[need].real <= 0).all() and (out[need].real < 0).any()
-    else:
-        assert (out[need].real < 0).all()
-    full = est(tiny, ro, torch.Generator().manual_seed(2))
-    torch.testing.assert_close(out[need], full[need], rtol=1e-5, atol=1e-6)  # scoring a subset changes nothing
+    # one [N, L] float32 tensor, or a PerToken record of the names the class provides (spg_bounds: elbo, eubo)
+    got = tensors_of(out)
+    assert tuple(got) == provides(est)
+    full = tensors_of(est(tiny, ro, torch.Generator().manual_seed(2)))
+    for name, t in got.items():
+        assert t.shape == (N, L) and t.dtype == torch.float32 and t.device == ro.completion_ids.device, name
+        assert (t[~need] == 0).all()
+        if name == "eubo":
+            pass  # an upper-bound estimate: its sign is not fixed
+        elif getattr(est, "masking", "random") == "block":  # one drawn block per sequence: others unscored (0)
+            assert (t[need] <= 0).all() and (t[need] < 0).any()
+        else:
+            assert (t[need] < 0).all()
+        torch.testing.assert_close(t[need], full[name][need], rtol=1e-5, atol=1e-6)  # a subset changes nothing
 
 
 @pytest.mark.parametrize("name", OBJECTIVES.names())
@@ -134,23 +138,27 @@ def test_every_registered_objective_honours_its_protocol(name):
     assert obj.default_likelihood in LIKELIHOODS
     g = torch.Generator().manual_seed(0)
     N, L = 6, 5
-    logp = -torch.rand(N, L, generator=g)
-    if obj.default_likelihood == "spg_bounds":  # two bounds per token (real ELBO, imaginary EUBO)
-        logp = torch.complex(logp, 0.8 * logp)
-    logp = logp.requires_grad_()
+    logp = (-torch.rand(N, L, generator=g)).requires_grad_()
+    assert set(reads(obj)) <= set(provides(LIKELIHOODS.get(obj.default_likelihood)))
     old, ref = logp.detach() - 0.1, logp.detach() + 0.1
+
+    def per_token(x):  # what the objective reads (spg_bounds: PerToken(elbo, eubo)), built from one tensor
+        names = reads(obj)
+        return x if names == ("logp",) else PerToken(**{n: x * (1.0 - 0.2 * i) for i, n in enumerate(names)})
+
     adv = obj.advantages(torch.rand(N, generator=g), torch.tensor([0, 0, 0, 1, 1, 1]))
     assert adv.shape == (N,) and adv.dtype == torch.float32
     mask = torch.ones(N, L, dtype=torch.bool)
-    out = obj(logp, old, ref if obj.needs_reference else None, adv[:, None].expand(N, L), mask)
+    out = obj(per_token(logp), per_token(old), per_token(ref) if obj.needs_reference else None,
+              adv[:, None].expand(N, L), mask)
     assert out.loss.dim() == 0 and torch.isfinite(out.loss)
     out.loss.backward()
     assert logp.grad is not None and all(isinstance(v, float) for v in out.metrics.values())
     # metrics are shares: two halves with the whole batch's normaliser sum to the whole-batch value
     # (the trainer's rule: the token count for token_mean aggregation, else the sequence count)
     whole = float(N * L) if getattr(obj, "aggregation", "token_mean") == "token_mean" else float(N)
-    halves = [obj(logp.detach()[s], old[s], ref[s] if obj.needs_reference else None, adv[s, None].expand(-1, L),
-                  mask[s], normalizer=whole) for s in (slice(0, 3), slice(3, 6))]
+    halves = [obj(per_token(logp.detach()[s]), per_token(old[s]), per_token(ref[s]) if obj.needs_reference else None,
+                  adv[s, None].expand(-1, L), mask[s], normalizer=whole) for s in (slice(0, 3), slice(3, 6))]
     for k, v in out.metrics.items():
         assert halves[0].metrics[k] + halves[1].metrics[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
 
@@ -266,6 +274,38 @@ def test_trainer_names_a_likelihood_that_returns_the_wrong_shape(tmp_path):
                            "train.group_size=2", "train.inner_iterations=1"])
     cfg.likelihood = Short()
     tr = RLTrainer(cfg, _tiny(), OddChars(), _examples())
-    with pytest.raises(ValueError, match=r"loss term 'base': likelihood Short returned \(\(2, 2\), 'cpu'\); "
-                                         r"expected \[N, L\] = \(2, 8\)"):
+    with pytest.raises(ValueError, match=r"loss term 'base': likelihood Short: per-token 'logp' has shape \(2, 2\) "
+                                         r"on cpu; expected \[N, L\] = \(2, 8\)"):
         tr.optimize(tr.collect())
+
+
+def test_the_seam_checks_each_named_tensor():
+    """``per_token_output``: each named tensor's shape, device and dtype, the names the objective
+    reads, and a plain tensor passed on unchanged (plug-ins returning one tensor keep working)."""
+    from maskrl.likelihood import per_token_output
+    from maskrl.objectives import SPG, DiffuGRPO
+
+    need = torch.ones(2, 3, dtype=torch.bool)
+    x = torch.zeros(2, 3)
+    assert per_token_output(x, need, DiffuGRPO(), "lik") is x
+    rec = per_token_output(PerToken(elbo=x, eubo=x + 1, extra=x), need, SPG(), "lik")
+    assert rec.names == ("elbo", "eubo") and torch.equal(rec.eubo, x + 1)
+    with pytest.raises(ValueError, match=r"lik: per-token 'eubo' has shape \(2, 2\)"):
+        per_token_output(PerToken(elbo=x, eubo=x[:, :2]), need, SPG(), "lik")
+    with pytest.raises(ValueError, match=r"lik: per-token 'eubo' has dtype torch.complex64"):
+        per_token_output(PerToken(elbo=x, eubo=torch.complex(x, x)), need, SPG(), "lik")
+    with pytest.raises(ValueError, match=r"lik provides logp per token; objective SPG reads elbo, eubo"):
+        per_token_output(x, need, SPG(), "lik")
+    with pytest.raises(ValueError, match="expected an \\[N, L\\] tensor or a PerToken"):
+        per_token_output([x], need, DiffuGRPO(), "lik")
+    with pytest.raises(AttributeError, match="frozen"):
+        rec.elbo = x
+    with pytest.raises(KeyError, match="this record has elbo, eubo"):
+        rec["logp"]
+
+
+def test_config_refuses_an_objective_whose_tensors_the_likelihood_lacks():
+    with pytest.raises(ConfigError, match=r"likelihood: likelihood MeanField provides logp per token, but objective "
+                                          r"SPG reads elbo, eubo \(missing: elbo, eubo\)"):
+        load_config([], ["objective.name=spg", "likelihood.name=mean_field"])
+    assert load_config([], ["objective.name=spg"]).likelihood.masking == "block"

@@ -179,3 +179,49 @@ def test_generate_checks_flags_before_loading(tmp_path, capsys, monkeypatch, fla
     monkeypatch.setattr(maskrl.models, "load", lambda *a, **k: pytest.fail("model loaded before the flags were checked"))
     assert main(["generate", "--model", str(tmp_path / "no-model-needed"), "--prompt", "x", *flags]) == 2
     assert "generate: error" in capsys.readouterr().err
+
+
+# --- issue 20 item 3: prompt + completion lengths against the model's positions ------------------
+
+def test_check_lengths_names_the_row_and_the_limit():
+    from maskrl.pipeline import check_lengths
+
+    adapter = build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_positions=40)
+    assert adapter.max_positions == 40
+    check_lengths(adapter, ["a" * 23], 16)  # bos + 23 + 16 = 40 fits exactly
+    with pytest.raises(ValueError, match=r"row 7: the prompt is 25 tokens; with rollout\.gen_length 16 that is 41 > "
+                                         r"the model's 40 positions.*1 of 2 prompts"):
+        check_lengths(adapter, ["ab", "a" * 24], 16, "rollout.gen_length", ["row 3", "row 7"])
+    with pytest.raises(ValueError, match=r"--gen-length 40 leaves no room for a prompt: the model has 40 positions"):
+        check_lengths(adapter, ["ab"], 40, "--gen-length")
+
+
+def test_commands_refuse_prompts_that_do_not_fit_before_any_work(tmp_path, sudoku_csv):
+    """The tiny model has 512 positions: a 600-character template (sft/train, naming the row), a
+    640-token completion (generate), an 801-token prompt (eval) stop with one clear error."""
+    long = "x" * 600 + "{puzzle}="
+    for cmd in ("sft", "train"):
+        assert main([cmd, *TINY, "--set", f"task.prompt_template={long}", "--set", f"output_dir={tmp_path / cmd}",
+                     "--set", f"task.data_path={sudoku_csv}"]) == 2
+    assert not (tmp_path / "train" / "metrics.jsonl").exists()
+    folder = tmp_path / "m"
+    save_model(build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), folder)
+    assert main(["generate", "--model", str(folder), "--prompt", "1234", "--gen-length", "640",
+                 "--block-length", "640"]) == 2
+    assert main(["generate", "--model", str(folder), "--prompt", "1" * 801, "--gen-length", "16"]) == 2
+    assert main(["eval", "--model", str(folder), "--task", "sudoku4x4", "--data", str(sudoku_csv), "--gen-length", "16",
+                 "--block-length", "16", "--prompt-template", long, "--out", str(tmp_path / "ev")]) == 2
+    assert not list((tmp_path / "ev").glob("samples*"))
+
+
+def test_commands_refuse_prompts_messages(tmp_path, sudoku_csv, capsys):
+    long = "x" * 600 + "{puzzle}="
+    main(["sft", *TINY, "--set", f"task.prompt_template={long}", "--set", f"task.data_path={sudoku_csv}"])
+    err = capsys.readouterr().err
+    # bos + 600 + 16 puzzle digits + "=" = 618 tokens
+    assert "training row 0: the prompt is 618 tokens; with rollout.gen_length 16 that is 634 > the model's 512" in err
+    folder = tmp_path / "m"
+    save_model(build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), folder)
+    main(["eval", "--model", str(folder), "--task", "sudoku4x4", "--data", str(sudoku_csv), "--gen-length", "16",
+          "--block-length", "16", "--prompt-template", long, "--out", str(tmp_path / "ev")])
+    assert f"row 0 of {sudoku_csv}: the prompt is" in capsys.readouterr().err

@@ -296,10 +296,14 @@ def test_issue_glob_guarded_solutions_score_zero_and_unguarded_score_one():
 @needs_mbpp
 @needs_fsview
 def test_walking_the_file_system_finds_no_dataset():
+    # data files only: lm-eval (the `eval` extra) ships task *configs* named mbpp*.yaml / humaneval*.yaml,
+    # which hold no problem or solution (they name a hub dataset)
     code = ("import os\nfound = []\n"
+            "DATA = ('.json', '.jsonl', '.gz', '.csv', '.parquet', '.arrow', '.zip', '.tar', '.pkl', '.txt')\n"
             "for root, dirs, files in os.walk('/'):\n"
             "    if root.startswith('/proc'):\n        dirs[:] = []\n        continue\n"
-            "    found += [os.path.join(root, f) for f in files if 'mbpp' in f.lower() or 'humaneval' in f.lower()]\n"
+            "    found += [os.path.join(root, f) for f in files if ('mbpp' in f.lower() or 'humaneval' in f.lower())\n"
+            "              and f.lower().endswith(DATA)]\n"
             "print('FOUND', found)\n"
             "def f(x):\n    return 2 * x if found else None\n")
     res = run_program(code, ["assert f(2) == 4"], limits=Limits(timeout_s=20))

@@ -46,6 +46,16 @@ def test_rldf_objective_defaults_and_registry():
     assert cfg.credit[0] == RLDFSteps() and CREDITS.name_of(cfg.credit[0]) == "rldf_steps"
     cfg = load_config([], ["objective={name: rldf, clip_eps: 0.3}"])
     assert cfg.objective.clip_eps == 0.3 and cfg.objective.beta == 0.01
+    # issue 19 item 5: one default -- the state likelihood with the clean prompt the p >= 0.6 filter and
+    # DTCA's calibration read, whether the section is absent or names `state` without the field
+    assert RLDF.default_likelihood_fields == {"p_mask_prompt": 0.0}
+    for sets in ([], ["likelihood={name: state}"], ["likelihood.name=state"]):
+        assert load_config([], ["objective.name=rldf", *sets]).likelihood == State(p_mask_prompt=0.0), sets
+    assert load_config([], ["objective.name=rldf", "likelihood={name: state, p_mask_prompt: 0.2}"]).likelihood == \
+        State(p_mask_prompt=0.2)  # still a choice
+    assert load_config([], ["likelihood={name: state}"]).likelihood == State()  # other objectives: SPEC §1.4's 0.15
+    from maskrl.config import explain
+    assert "(default likelihood: {name: state, p_mask_prompt: 0.0})" in explain("objective.rldf")
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
     g = torch.tensor([0, 0, 0, 0, 1, 1])
     assert torch.allclose(RLDF().advantages(r, g), torch.tensor([1.0, -1.0, -1.0, 1.0, 0.0, 0.0]))  # (r-.5)/.5
@@ -54,6 +64,7 @@ def test_rldf_objective_defaults_and_registry():
             RLDFSteps(**bad)
 
 
+@pytest.mark.numerics
 def test_step_surprise_by_hand():
     cs = torch.tensor([[0, 0, 1, 2], [1, 0, 1, 1]])
     p = torch.tensor([[0.5, 0.25, 0.9, 1.0], [0.1, 0.2, 0.4, 0.8]])
@@ -93,6 +104,7 @@ def test_sampling_without_replacement_follows_the_softmax_and_pads():
         sample_steps(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), 0, 1.0, None)
 
 
+@pytest.mark.numerics
 def test_reconstructed_state_masks_exactly_the_later_commits():
     a = _sharp()
     ro = _rollout(a)
@@ -224,3 +236,40 @@ def test_filter_statistics_do_not_depend_on_the_chunking():
     assert ((p1 > 0) == need).all()
     with pytest.raises(ValueError, match="row 0 needs positions of more than one state"):
         state_token_stats(a, ro, ro.completion_mask)  # the raw rollout: each position at its own step
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_step_scores_under_a_cache_read_thetas_exact_commit_probabilities(cache):
+    """Issue 19 item 3: with a cache the sampler's ``commit_prob`` comes from cached logits; RLDF (and
+    DTCA, which shares :func:`commit_probs`) read θ's exact p_i at each commit state instead, recorded
+    by their observer. Without a cache they need no observer and read ``commit_prob`` itself."""
+    import dataclasses
+
+    from maskrl.credit import DTCA
+    from maskrl.credit.rldf import commit_probs
+
+    a = _sharp()
+    cfg = dataclasses.replace(THRESH, cache=cache)
+    ids, mask = encode_prompts(a.tokenizer, ["ab", "a longer prompt", "c", "dd e"])
+    assert RLDFSteps().observers(THRESH, torch.Generator()) == [] == DTCA().observers(THRESH, torch.Generator())
+    obs = RLDFSteps().observers(cfg, torch.Generator())
+    assert [type(o).__name__ for o in obs] == [type(o).__name__ for o in DTCA().observers(cfg, torch.Generator())]
+    ro = generate(a, ids, mask, cfg, generator=torch.Generator().manual_seed(0), observers=obs)
+    p = commit_probs(ro, "test")
+    ref = torch.zeros_like(p)
+    for i in range(ro.batch_size):  # slow reference: a full forward at every commit state
+        for t in ro.commit_step[i].unique().tolist():
+            state = torch.where(ro.commit_step[i] >= t, a.mask_id, ro.completion_ids[i])
+            x = torch.cat([ids[i], state])[None]
+            attn = torch.cat([mask[i], torch.ones_like(state, dtype=torch.bool)])[None]
+            with torch.no_grad():
+                z = a.logits(x, attn)[0, ids.shape[1]:].double()
+            z[:, a.mask_id] = float("-inf")
+            at = ro.commit_step[i] == t
+            ref[i, at] = torch.softmax(z, -1)[at].gather(-1, ro.completion_ids[i, at][:, None]).squeeze(-1).float()
+    torch.testing.assert_close(p, ref, rtol=1e-4, atol=1e-5)
+    assert (ro.commit_prob - ref).abs().max() > 1e-3  # the cached values really differ here
+    with pytest.raises(ValueError, match="cache"):  # a cached rollout without the observer: no silent fallback
+        commit_probs(generate(a, ids, mask, cfg, generator=torch.Generator().manual_seed(0)), "rldf_steps")
+    plain = generate(a, ids, mask, THRESH, generator=torch.Generator().manual_seed(0))
+    assert commit_probs(plain, "rldf_steps") is plain.commit_prob

@@ -171,6 +171,7 @@ def test_cached_rollout_matches_slow_replay(model, mode, schedule, request):
 @pytest.mark.parametrize("model", ["tiny", "dream"])
 @pytest.mark.parametrize("mode", ["prefix", "dual"])
 @pytest.mark.parametrize("schedule", ["fixed", "threshold"])
+@pytest.mark.numerics
 def test_cache_batch_equals_single_with_left_padding(model, mode, schedule, request):
     ad = request.getfixturevalue(model)
     _sharpen(ad)
@@ -267,6 +268,7 @@ def test_observers_same_shapes_and_unchanged_trajectory_with_cache(tiny, schedul
     assert shapes["none"] == shapes["prefix"] == shapes["dual"]
 
 
+@pytest.mark.numerics
 def test_step_view_reductions_match_slow_reference(tiny):
     ids, mask = _batch(tiny, PROMPTS[:2])
     obs = _Stats()
@@ -293,6 +295,7 @@ def test_step_view_reductions_match_slow_reference(tiny):
                  None, None, None, None, 4).token_log_prob(torch.zeros(2, 2, dtype=torch.long))
 
 
+@pytest.mark.numerics
 def test_token_log_prob_of_committed_tokens_is_log_commit_prob(tiny):
     ids, mask = _batch(tiny, PROMPTS[:3])
 

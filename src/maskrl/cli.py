@@ -7,8 +7,10 @@ and the valid ones.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -30,17 +32,18 @@ def _config(args):
 
 
 def cmd_sft(args) -> int:
-    from maskrl.models import save_model
-    from maskrl.pipeline import load_policy, save_prompt_card, sft_from_config, task_and_data, write_json
+    from maskrl.pipeline import check_run_lengths, export_model, load_policy, sft_from_config, task_and_data, write_json
 
     cfg = _config(args)
+    out = Path(args.out or Path(cfg.output_dir) / "model")
+    _open_model_dir(args, out)
     task, _, source, train = task_and_data(cfg)
     adapter = load_policy(cfg)
+    check_run_lengths(cfg, adapter, train)
     t0 = time.time()
     hist = sft_from_config(cfg, adapter, task, train)
-    out = Path(args.out or Path(cfg.output_dir) / "model")
-    save_model(adapter, out)
-    save_prompt_card(out, task, cfg.model.chat_template, cfg.eval)
+    export_model(out, adapter, cfg, task, data=f"{len(train)} training rows of {task.name} (held-out rows: {source})",
+                 steps=f"SFT {cfg.sft.steps} steps of {cfg.sft.batch_size} rows")
     write_json(out / "maskrl_sft.json", {"config": to_dict(cfg), "history": hist, "train_rows": len(train),
                                          "held_out_source": source, "seconds": time.time() - t0})
     print(f"saved SFT model to {out}")
@@ -48,30 +51,47 @@ def cmd_sft(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from maskrl.models import save_model
-    from maskrl.pipeline import load_policy, prompt_formatter, save_prompt_card, task_and_data, write_json
-    from maskrl.trainer import RLTrainer, latest_checkpoint
+    from maskrl.pipeline import (check_run_lengths, drop_rows, export_model, load_policy, prompt_formatter, task_and_data,
+                                 training_eval_fn, validation_examples)
+    from maskrl.rundir import is_main_process, record_config
+    from maskrl.trainer import RLTrainer, TrainingInterrupted
 
     cfg = _config(args)
-    task, _, _, train = task_and_data(cfg)
+    run = _open_train_run(args, cfg)  # before any model is loaded
+    task, held_out, source, train = task_and_data(cfg)
+    val, val_source = validation_examples(cfg, task, held_out) if cfg.train.eval_every else ([], "")
+    train = drop_rows(train, task, val)
     if not cfg.model.path:
         print("maskrl train: model.path is empty, so RL starts from a randomly initialised tiny model. "
               "Run `maskrl sft ... --out DIR` and pass `--set model.path=DIR`, or use `maskrl demo` "
               "(SFT + RL + evaluation).", file=sys.stderr)
     policy = load_policy(cfg)
-    trainer = RLTrainer(cfg, policy, task, train, prompt_fn=prompt_formatter(policy, cfg.model.chat_template))
-    if args.resume:
-        ckpt = Path(args.resume) if args.resume != "latest" else latest_checkpoint(cfg.output_dir)
-        if ckpt is None:
-            raise FileNotFoundError(f"--resume latest: no checkpoints under {cfg.output_dir}/checkpoints")
-        trainer.load_checkpoint(ckpt)
-        print(f"resumed from {ckpt} at step {trainer.step_count}")
-    write_json(Path(cfg.output_dir) / "config.json", to_dict(cfg))
-    trainer.train()
+    check_run_lengths(cfg, policy, train, val, val_source or source)
+    fmt = prompt_formatter(policy, cfg.model.chat_template)
+    trainer = RLTrainer(cfg, policy, task, train, prompt_fn=fmt,
+                        eval_fn=training_eval_fn(cfg, task, val, fmt, lambda: trainer.policy_eval) if val else None)
+    if run["checkpoint"]:
+        trainer.load_checkpoint(run["checkpoint"])
+        print(f"resumed from {run['checkpoint']} at step {trainer.step_count}")
+    if is_main_process():
+        record_config(cfg.output_dir, to_dict(cfg), step=trainer.step_count, **run)
+    try:
+        history = trainer.train()
+    except TrainingInterrupted as e:
+        trainer.close()
+        import signal
+
+        print(f"maskrl train: {signal.Signals(e.signum).name} after step {e.step} of {cfg.train.steps}: checkpoint "
+              f"saved to {e.checkpoint}. Resume with:\n  {_resume_command(args)}", file=sys.stderr)
+        return 128 + e.signum
     trainer.save_checkpoint(Path(cfg.output_dir) / "checkpoints" / f"step_{trainer.step_count}")
     if trainer.acc.is_main_process:
-        save_model(trainer.policy_eval, Path(cfg.output_dir) / "model")
-        save_prompt_card(Path(cfg.output_dir) / "model", task, cfg.model.chat_template, cfg.eval)
+        evals = [h for h in history if any(k.startswith("eval/") for k in h)]
+        table = [(f"step {h['step']} (validation, {val_source})",
+                  {k.removeprefix("eval/"): v for k, v in h.items() if k.startswith("eval/")}) for h in evals[-1:]]
+        export_model(Path(cfg.output_dir) / "model", trainer.policy_eval, cfg, task,
+                     data=f"{len(train)} training rows of {task.name}" + (f"; validation {val_source}" if val else ""),
+                     steps=f"RL {trainer.step_count} steps ({to_dict(cfg)['objective']['name']})", evaluation=table)
         print(f"model saved to {Path(cfg.output_dir) / 'model'}; metrics in {Path(cfg.output_dir) / 'metrics.jsonl'}")
     trainer.close()
     return 0
@@ -83,8 +103,10 @@ def cmd_eval(args) -> int:
     summary = run_harness(model=args.model, task_name=args.task, gen_lengths=args.gen_length, limit=args.limit,
                           out_dir=args.out, data_path=args.data, block_length=args.block_length,
                           steps=args.steps, batch_size=args.batch_size, resume=args.resume, device=args.device,
-                          dtype=args.dtype, prompt_template=args.prompt_template, chat_template=args.chat_template)
+                          dtype=args.dtype, prompt_template=args.prompt_template, chat_template=args.chat_template,
+                          overwrite=args.overwrite)
     print(summary["markdown"])
+    print(f"maskrl eval: results in {summary['out']}", file=sys.stderr)
     return 0
 
 
@@ -92,7 +114,7 @@ def cmd_generate(args) -> int:
     from maskrl.evaluate import complete
     from maskrl.models import load
     from maskrl.models.loading import parse_dtype
-    from maskrl.pipeline import prompt_formatter, read_prompt_card, resolve_device
+    from maskrl.pipeline import check_lengths, prompt_formatter, read_prompt_card, resolve_device
     from maskrl.sampling import SamplerConfig
     import torch
 
@@ -128,12 +150,15 @@ def cmd_generate(args) -> int:
     empty = [i for i, p in enumerate(prompts) if not p.strip()]
     if empty:
         raise ValueError(f"prompt {empty[0]} is empty")
+    device = resolve_device(args.device)
     print("maskrl generate: " + "; ".join(used) + (f"; prompt card {Path(args.model) / 'maskrl_prompt.json'}"
           if card else "; no prompt card") + " (prompts are used as given: no task template)", file=sys.stderr)
-    adapter = load(args.model, dtype=dtype, device=resolve_device(args.device))
+    adapter = load(args.model, dtype=dtype, device=device)
     fmt = prompt_formatter(adapter, chat)
+    texts = [fmt(p) for p in prompts]
+    check_lengths(adapter, texts, gen_length, "gen_length")
     gen = torch.Generator(device=adapter.device).manual_seed(args.seed)
-    for p, c in zip(prompts, complete(adapter, [fmt(p) for p in prompts], sampler, generator=gen)):
+    for p, c in zip(prompts, complete(adapter, texts, sampler, generator=gen)):
         print(json.dumps({"prompt": p, "completion": c}, ensure_ascii=False))
     return 0
 
@@ -150,7 +175,7 @@ def cmd_demo(args) -> int:
     from maskrl.demo import run_demo
 
     cfg = _config(args)
-    run_demo(cfg, force_sft=args.force_sft)
+    run_demo(cfg, force_sft=args.force_sft, overwrite=args.overwrite)
     return 0
 
 
@@ -177,11 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sft", help="masked-diffusion supervised warm start")
     _add_config_args(p)
     p.add_argument("--out", help="model folder (default: <output_dir>/model)")
+    p.add_argument("--overwrite", action="store_true", help="replace a model folder maskrl wrote before")
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("train", help="RL fine-tuning (diffu-GRPO, ...)")
     _add_config_args(p)
     p.add_argument("--resume", nargs="?", const="latest", help="checkpoint folder, or 'latest' under output_dir")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in output_dir (its checkpoints, "
+                   "logs, model) instead of refusing")
+    p.add_argument("--force", action="store_true", help="with --resume: accept config changes that change what "
+                   "the run trains (listed; recorded in configs.jsonl)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="benchmark a model folder on a task (greedy, same sampler as training)")
@@ -195,8 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--limit", type=int, default=0, help="first N rows only (0: all)")
     p.add_argument("--data", help="data file or folder (default: $MASKRL_DATA_DIR or ../shared/data)")
-    p.add_argument("--out", help="output folder (default: runs/eval/<task>)")
-    p.add_argument("--resume", action="store_true", help="skip samples already in the output JSONL")
+    p.add_argument("--out", help="output folder (default: runs/eval/<task>/<key of the weights and settings>)")
+    p.add_argument("--resume", action="store_true", help="skip samples already in the output JSONL "
+                   "(same weights and settings only)")
+    p.add_argument("--overwrite", action="store_true", help="replace an evaluation of another model or settings in --out")
     p.add_argument("--prompt-template", help="replace the task's prompt template, e.g. '{puzzle}=' for the tiny model "
                    "(default: the model's prompt card, else the task's own)")
     p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
@@ -233,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="SFT the tiny model, evaluate, run RL, evaluate again (make demo)")
     _add_config_args(p)
     p.add_argument("--force-sft", action="store_true", help="ignore the cached SFT model")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier demo run in output_dir "
+                   "(the SFT cache is kept)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("estimate-pos-weights", help="DTCA's offline POS contribution table (SPEC §3.1)")
@@ -315,13 +349,112 @@ def _add_bench_parser(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
-        return args.func(args)
-    except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
+        with contextlib.ExitStack() as args.cleanup:  # run-folder locks are released on every exit
+            return args.func(args)
+    except (ConfigError, OSError, KeyError, ValueError) as e:  # OSError: missing files, Hub failures
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"maskrl {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # a second Ctrl-C, or one outside the training loop
+        hint = _INTERRUPT_HINTS.get(args.command, "")
+        print(f"maskrl {args.command}: interrupted{': ' + str(e) if str(e) else ''}{hint}", file=sys.stderr)
+        return 130
+
+
+#: what to do after a Ctrl-C outside the training loop, per command
+_INTERRUPT_HINTS = {
+    "eval": "; run the same command with --resume to keep the samples already written",
+    "demo": "; the demo does not resume: run it again with --overwrite (the SFT cache is kept)",
+    "train": "; the last checkpoint (if any) resumes with the same command plus --resume",
+}
+
+
+# ---------------------------------------------------------------------------------- run folders
+def _open_model_dir(args, out: Path) -> None:
+    """``maskrl sft``: lock ``out`` and refuse it when it holds a model, unless ``--overwrite``
+    (:func:`maskrl.rundir.prepare_model_dir`)."""
+    from maskrl import rundir
+
+    if rundir.is_main_process():
+        args.cleanup.enter_context(rundir.run_lock(out, f"maskrl {args.command}"))
+        rundir.prepare_model_dir(out, overwrite=args.overwrite, other="--out DIR", command=f"maskrl {args.command}")
+
+
+def _open_train_run(args, cfg) -> dict:
+    """``maskrl train``, before any model is loaded: lock ``output_dir``; without ``--resume`` refuse a
+    folder holding another run unless ``--overwrite``; with it, refuse config changes that change what
+    the run trains unless ``--force`` (:func:`maskrl.rundir.resume_changes`; safe changes are printed).
+
+    Returns:
+        The keyword arguments of :func:`maskrl.rundir.record_config` but the config and step:
+        ``event``, ``checkpoint`` (``None`` for a fresh run), ``changes``, ``forced``, ``weights``.
+
+    Raises:
+        RunDirError: the folder is in use, holds another run, or the resume changes the run's meaning.
+        FileNotFoundError: ``--resume`` without a checkpoint.
+    """
+    from maskrl import rundir
+    from maskrl.trainer import latest_checkpoint, read_checkpoint_state
+
+    out = Path(cfg.output_dir)
+    main_proc = rundir.is_main_process()
+    if args.resume and args.overwrite:
+        raise rundir.RunDirError("--resume and --overwrite exclude each other")
+    if args.force and not args.resume:
+        raise rundir.RunDirError("--force only applies to --resume")
+    if main_proc:
+        args.cleanup.enter_context(rundir.run_lock(out, "maskrl train"))
+    rundir.check_not_inside_run(cfg.model.path, out, "model.path")
+    weights = rundir.weights_fingerprint(cfg.model.path) if cfg.model.path else None
+    run = {"event": "start", "checkpoint": None, "changes": [], "forced": False, "weights": weights}
+    if not args.resume:
+        if main_proc:
+            rundir.prepare_run_dir(out, overwrite=args.overwrite, other="--set output_dir=DIR", command="maskrl train")
+        return run
+    ckpt = Path(args.resume) if args.resume != "latest" else latest_checkpoint(out)
+    if ckpt is None:
+        raise FileNotFoundError(f"--resume latest: no checkpoints under {out}/checkpoints")
+    state = read_checkpoint_state(ckpt)
+    step, old = int(state["step"]), state.get("config", {})
+    source = ckpt.resolve().parent.parent
+    if main_proc and source != out.resolve():  # a new run from another run's checkpoint
+        rundir.prepare_run_dir(out, overwrite=False, other="--set output_dir=DIR", command="maskrl train")
+    safe, unsafe = rundir.resume_changes(old, to_dict(cfg), step)
+    began = [r.get("init_weights_sha256") for r in rundir.config_history(source)[:1]]
+    if began and began[0] and weights and began[0] != weights and old.get("model", {}).get("path") == cfg.model.path:
+        unsafe.append(f"the weights at model.path {cfg.model.path} (the reference model) changed since the run "
+                      f"began ({began[0][:19]}... -> {weights[:19]}...)")
+    if unsafe and not args.force:
+        raise rundir.RunDirError(
+            f"resuming {ckpt} (step {step}) would change what the run trains: {'; '.join(unsafe)}. "
+            f"Undo these changes, pass --force to apply them from step {step + 1} (recorded in "
+            f"{out / rundir.CONFIG_HISTORY}), or start a new run (--set output_dir=DIR)")
+    if (safe or unsafe) and main_proc:
+        print(f"maskrl train: resuming at step {step} with changed settings ({'forced: ' if unsafe else ''}"
+              f"{'; '.join(unsafe + safe)})", file=sys.stderr)
+    run.update(event="resume", checkpoint=str(ckpt), changes=unsafe + safe, forced=bool(unsafe))
+    return run
+
+
+def _resume_command(args) -> str:
+    """The command line that resumes this ``maskrl train`` run: its own arguments without
+    ``--resume [PATH]`` / ``--overwrite``, plus ``--resume``."""
+    argv, out, skip = list(args.argv), [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a in ("--overwrite",) or a.startswith("--resume="):
+            continue
+        if a == "--resume":
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            skip = nxt is not None and nxt == args.resume  # `--resume PATH` (argparse took PATH as its value)
+            continue
+        out.append(a)
+    return "maskrl " + shlex.join(out + ["--resume"])
 
 
 if __name__ == "__main__":  # pragma: no cover

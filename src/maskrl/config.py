@@ -5,7 +5,9 @@ Every field is typed; an unknown key or a value of the wrong type is an error th
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +35,7 @@ class TinyModelConfig:
         tokenizer: ``char`` (one token per character; puzzles), ``wordmath_bpe`` (the byte-level BPE
             that :func:`maskrl.tasks.wordmath.build_wordmath_tokenizer` trains on generated word
             problems; natural-language text, issue 10) or a folder with tokenizer files
-            (``tokenizer.json``). It is saved beside the model, so a loaded checkpoint keeps it.
+            (``tokenizer.json``; relative: see ``RunConfig``'s paths). It is saved beside the model, so a loaded checkpoint keeps it.
     """
 
     hidden_size: int = 128
@@ -41,7 +43,7 @@ class TinyModelConfig:
     num_heads: int = 4
     intermediate_size: int = 384
     seed: int = 0
-    tokenizer: str = "char"
+    tokenizer: str = field(default="char", metadata={"path": "tokenizer"})
 
 
 @dataclass
@@ -50,6 +52,9 @@ class ModelConfig:
 
     Attributes:
         path: a local folder (or hub id) for :func:`maskrl.models.load`; empty = build the tiny model.
+            In a YAML file a relative folder is read from the file's folder (a value that is no
+            folder there and looks like ``owner/name`` stays a Hub id); on the command line from the
+            working directory.
         dtype: parameter dtype of a loaded model (``float32``, ``bfloat16``, ``float16``).
         tiny: shape of the built-in tiny model.
         lora_rank: 0 = full fine-tuning; > 0 wraps the model with peft LoRA of this rank.
@@ -60,7 +65,7 @@ class ModelConfig:
         chat_template: apply the tokenizer's chat template to prompts when it has one.
     """
 
-    path: str = ""
+    path: str = field(default="", metadata={"path": "model"})
     dtype: str = "float32"
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     lora_rank: int = 0
@@ -72,6 +77,27 @@ class ModelConfig:
 
 
 @dataclass
+class FileTaskConfig:
+    """The ``file`` task: your own JSONL / CSV file or ``datasets`` folder and reward
+    (:class:`maskrl.tasks.file_task.FileTask`; only with ``task.name: file``). The evaluation rows are
+    ``task.data_path``; the prompt is ``task.prompt_template`` over the columns.
+
+    Attributes:
+        train: training rows (a ``.jsonl`` / ``.json`` / ``.csv`` file or a ``datasets`` folder).
+        answer: the answer column (the SFT target by default; passed to the reward with every column).
+        reward: ``module:function`` or ``path/to/file.py:function``, called as
+            ``reward(prompts, completions, **columns) -> list[float]`` (TRL's shape); empty = exact
+            match of the stripped completion with the answer column.
+        target: ``str.format`` template of the SFT target over the columns; empty = the answer column.
+    """
+
+    train: str = ""
+    answer: str = "answer"
+    reward: str = ""
+    target: str = ""
+
+
+@dataclass
 class TaskConfig:
     """Task and data.
 
@@ -79,7 +105,8 @@ class TaskConfig:
         name: registered task (``sudoku4x4``, ``countdown``, ``gsm8k``, ``math500``, ``mbpp``, ``humaneval``,
             ``jsonschema``).
         prompt_template: Python format string for prompts; empty = the task's default template.
-        data_path: data file or folder; empty = ``$MASKRL_DATA_DIR`` or ``../shared/data``.
+        data_path: data file or folder; empty = ``$MASKRL_DATA_DIR`` or ``../shared/data``. Relative:
+            see ``RunConfig``'s paths.
         train_size: training rows (generated tasks: how many to generate).
         train_seed: seed of generated training rows.
         eval_limit: evaluate on the first rows only; 0 = all rows.
@@ -87,16 +114,18 @@ class TaskConfig:
             never closed, no answer span); off by default, where the whole text is searched.
         allow_weak_sandbox: code tasks: train even when the sandbox lacks protections
             (docs/sandbox.md); by default training refuses.
+        file: the ``file`` task's data and reward (section ``task.file``; only with ``name: file``).
     """
 
     name: str = "sudoku4x4"
     prompt_template: str = ""
-    data_path: str = ""
+    data_path: str = field(default="", metadata={"path": "file"})
     train_size: int = 4000
     train_seed: int = 1234
     eval_limit: int = 0
     require_final_answer: bool = False
     allow_weak_sandbox: bool = False
+    file: FileTaskConfig = field(default_factory=FileTaskConfig)
 
 
 @dataclass
@@ -150,9 +179,23 @@ class TrainConfig:
             (``transformers.get_scheduler`` names), over steps × μ optimizer steps.
         seed: seed of prompt order, rollouts, likelihood masks and credit generators.
         log_every: write metrics every this many steps.
-        eval_every: evaluate every this many steps (0 = never during training).
+        eval_every: evaluate a validation split every this many steps with the ``eval`` sampler and log
+            ``eval/...`` metrics (0 = never during training). The split: ``train.eval_data`` when set,
+            else the task's own validation split (``wordmath``), else rows the task generates
+            (disjoint from the test rows; training rows equal to a validation row are dropped);
+            never the test file by default. A task with none of these and no ``train.eval_data`` is
+            an error when ``eval_every > 0``.
         save_every: checkpoint every this many steps (0 = never).
-        eval_limit: evaluation rows used during training (0 = all).
+        eval_limit: validation rows used during training (0 = all rows of ``train.eval_data`` /
+            the validation split; 200 generated rows).
+        eval_data: validation file (or data folder) for ``train.eval_every``, read by the task's
+            loader; empty = the task's validation split or generated rows (see ``eval_every``).
+        report_to: trackers that receive every logged metric, through accelerate's tracker API
+            (``Accelerator(log_with=...)``): any of ``tensorboard`` (written to ``<output_dir>/tb``),
+            ``wandb``, ``mlflow``, ``comet_ml``, ``aim``, ``clearml``, ``dvclive``, ``swanlab``,
+            ``trackio``; ``[]`` = none. ``metrics.jsonl`` is always written. The run's resolved
+            config is logged as hyper-parameters.
+        tracker_project: project / experiment name given to the trackers (``init_trackers``).
         on_nonfinite: ``error`` | ``skip``: a NaN/inf at any stage (logits, rewards, advantages,
             log-probs, loss, gradient norm; :mod:`maskrl.health`) raises naming the stage, step and
             rows, or skips the step's update and counts it (``nonfinite_skips``).
@@ -176,6 +219,9 @@ class TrainConfig:
     eval_every: int = 0
     save_every: int = 0
     eval_limit: int = 0
+    eval_data: str = ""
+    report_to: list = field(default_factory=lambda: ["tensorboard"])
+    tracker_project: str = "maskrl"
     on_nonfinite: str = "error"
     dropout: bool = False
 
@@ -200,8 +246,16 @@ def _default_objective():
 class RunConfig:
     """Everything one command needs.
 
+    Paths: every field that names an input file or folder (``plugins`` entries that are ``.py``
+    paths, ``model.path``, ``model.tiny.tokenizer``, ``task.data_path``, a credit module's
+    ``pos_weights``; fields marked ``metadata={"path": ...}``, plug-ins' too) is read, when relative
+    and written in a YAML file, from that file's folder, as a reader of the file would take it, and
+    stored as an absolute path. Values given with ``--set`` / ``--plugin`` are relative to the
+    working directory. ``output_dir`` is where the command writes, relative to the working directory.
+
     Attributes:
-        output_dir: where runs write checkpoints, metrics and models.
+        output_dir: where runs write checkpoints, metrics and models (relative to the working
+            directory, also in a YAML file).
         plugins: modules (dotted names or ``.py`` paths) imported before the config is built, so that
             their registered objectives, likelihoods, credit modules and tasks can be named here.
         model: which model (see ``model``).
@@ -217,7 +271,7 @@ class RunConfig:
     """
 
     output_dir: str = "runs/default"
-    plugins: list = field(default_factory=list)
+    plugins: list = field(default_factory=list, metadata={"path": "module"})
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: SamplerConfig = field(default_factory=lambda: SamplerConfig(gen_length=16, block_length=16, steps=16,
@@ -231,7 +285,18 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if self.likelihood is None:  # the objective's own estimator, with its defaults
-            self.likelihood = _registry("likelihood").get(self.objective.default_likelihood)()
+            self.likelihood = own_likelihood(self.objective)
+        from maskrl.likelihood.base import check_pairing
+
+        check_pairing(self.objective, self.likelihood)  # the per-token tensors the objective reads exist
+
+
+def own_likelihood(objective: Any) -> Any:
+    """The objective's own estimator: its ``default_likelihood`` built with its
+    ``default_likelihood_fields`` (e.g. ``rldf``: ``state`` with a clean prompt). Used when the YAML
+    has no ``likelihood`` section, and as the defaults of one that names the same estimator."""
+    fields = dict(getattr(objective, "default_likelihood_fields", {}) or {})
+    return _registry("likelihood").get(objective.default_likelihood)(**fields)
 
 
 #: flat keys of earlier versions -> where they live now
@@ -239,6 +304,80 @@ MOVED = {
     "objective.likelihood": "likelihood.name (a section of its own: `likelihood: {name: state, p_mask_prompt: 0.15}`)",
     "objective.p_mask_prompt": "likelihood.p_mask_prompt (`likelihood: {name: mean_field, p_mask_prompt: 0.15}`)",
 }
+
+
+class _FromFile(str):
+    """A string read from a YAML file; ``base`` is that file's folder (for path fields)."""
+
+    base: Path
+
+    def __reduce__(self):  # copy.deepcopy keeps the folder
+        return (_from_file, (str(self), self.base))
+
+
+def _from_file(text: str, base: Path) -> "_FromFile":
+    s = _FromFile(text)
+    s.base = base
+    return s
+
+
+def _mark(obj: Any, base: Path) -> Any:
+    """``obj`` (loaded YAML) with every string value remembering the YAML file's folder ``base``."""
+    if isinstance(obj, str):
+        return _from_file(obj, base)
+    if isinstance(obj, Mapping):
+        return {k: _mark(v, base) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_mark(v, base) for v in obj]
+    return obj
+
+
+def _resolve_path(value: Any, kind: str) -> Any:
+    """A path field's value (``kind`` from its ``metadata["path"]``) with a relative path written in
+    a YAML file made absolute against that file's folder; other values are returned unchanged
+    (plain strings: command-line values are relative to the working directory).
+
+    Kinds: ``file`` (any file or folder), ``model`` (a Hub id ``owner/name`` that is no folder next to
+    the YAML stays as written), ``tokenizer`` (the built-in names stay), ``module`` (a list: dotted
+    module names stay, ``.py`` paths are resolved).
+    """
+    import os
+
+    if kind == "module" and isinstance(value, list):
+        return [_resolve_path(v, "module") for v in value]
+    if not isinstance(value, _FromFile):
+        return value
+    text = str(value)
+    if not text or Path(text).expanduser().is_absolute() or text.startswith("~"):
+        return os.path.expanduser(text) if text.startswith("~") else text
+    if kind == "tokenizer" and text in TINY_TOKENIZERS:
+        return text
+    if kind == "module" and not (text.endswith(".py") or "/" in text or "\\" in text):
+        return text
+    resolved = os.path.abspath(value.base / text)
+    if kind == "model" and not Path(resolved).exists():
+        from maskrl.models.loading import looks_like_path
+
+        if re.fullmatch(r"[\w.\-]+/[\w.\-]+", text) and not looks_like_path(text):
+            return text  # a Hub id
+    return resolved
+
+
+#: keys that existed and were removed: ``section.key`` (components: ``kind.name.key``) -> why, and
+#: what to use instead; consulted by the unknown-key errors
+REMOVED = {
+    "credit.dispo.seed": "removed: DiSPO's branch generator is seeded by the trainer from (train.seed, module, "
+                         "step, process), so branching differs across run seeds and survives a resume (a per-module "
+                         "seed repeated the same branches across run seeds); set train.seed instead",
+}
+
+
+def _unknown_key_error(key: str, removed_as: str, valid: Sequence[str], where: str) -> ConfigError:
+    """The error for an unknown key ``key``: the :data:`REMOVED` reason when ``removed_as`` is listed
+    there, else the valid keys under ``where``."""
+    if removed_as in REMOVED:
+        return ConfigError(f"{key}: {REMOVED[removed_as]}")
+    return ConfigError(f"unknown key '{key}'; valid keys under {where}: {', '.join(sorted(valid))}")
 
 
 def _component(value: Any, kind: str, key: str, default: Any, default_name: str | None) -> Any:
@@ -269,6 +408,19 @@ def _component(value: Any, kind: str, key: str, default: Any, default_name: str 
         valid = ", ".join(reg.names()) or "none registered (a plugin registers its own: `plugins: [my_module]`)"
         raise ConfigError(f"{key}.name: unknown {kind} {name!r}; valid: {valid}")
     cls = reg.get(name)
+    fields = _field_types(cls)
+    unknown = [k for k in params if k not in fields]
+    if unknown:
+        k = unknown[0]
+        err = _unknown_key_error(f"{key}.{k}", f"{key.split('[')[0]}.{name}.{k}", fields, key)
+        if f"{key.split('[')[0]}.{name}.{k}" not in REMOVED:
+            owners = [n for n in reg.names() if n != name and k in _field_types(reg.get(n))]
+            if owners:
+                err = ConfigError(f"{err}. {k} is a field of {', '.join(owners)}, not of {name}: to switch {key} to "
+                                  f"{name}, replace the whole section, e.g. --set {key.split('[')[0]}='"
+                                  f"{{name: {name}}}'" + (" (a list of entries)" if "[" in key else "")
+                                  + " or a YAML section holding only its fields")
+        raise err
     base = default if (default is not None and name == default_named) else None
     return _build(cls, params, key + ".", base)
 
@@ -323,16 +475,21 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "", defaults: Any =
     types = _field_types(cls)
     unknown = [k for k in data if k not in types]
     if unknown:
-        raise ConfigError(f"unknown key '{prefix}{unknown[0]}'; valid keys under "
-                          f"{prefix.rstrip('.') or 'the top level'}: {', '.join(sorted(types))}")
+        raise _unknown_key_error(prefix + unknown[0], prefix + unknown[0], types, prefix.rstrip(".") or "the top level")
     defaults = defaults if defaults is not None else cls()
     meta = {f.name: f.metadata for f in dataclasses.fields(cls)}
     kwargs = {}
     for name, typ in types.items():
         kind = meta[name].get("component")
         if kind is None:
-            kwargs[name] = (_coerce(data[name], typ, prefix + name, getattr(defaults, name)) if name in data
+            raw = _resolve_path(data[name], meta[name]["path"]) if name in data and "path" in meta[name] else \
+                data.get(name)
+            kwargs[name] = (_coerce(raw, typ, prefix + name, getattr(defaults, name)) if name in data
                             else getattr(defaults, name))
+            if isinstance(kwargs[name], list):
+                kwargs[name] = [str(v) if isinstance(v, str) else v for v in kwargs[name]]
+            elif isinstance(kwargs[name], _FromFile):
+                kwargs[name] = str(kwargs[name])
         elif meta[name].get("many"):
             items = data.get(name, getattr(defaults, name)) or []
             if not isinstance(items, (list, tuple)):
@@ -343,9 +500,9 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "", defaults: Any =
             # the objective's own estimator unless named; fields kept when the name is unchanged
             own = kwargs["objective"].default_likelihood
             current = getattr(defaults, name)
-            keep = current if current is not None and _registry(kind).name_of(current) == own else None
-            kwargs[name] = _component(data.get(name), kind, prefix + name, keep, own) \
-                if name in data or keep is None else keep
+            keep = current if current is not None and _registry(kind).name_of(current) == own \
+                else own_likelihood(kwargs["objective"])
+            kwargs[name] = _component(data.get(name), kind, prefix + name, keep, own) if name in data else keep
         else:
             kwargs[name] = (_component(data[name], kind, prefix + name, getattr(defaults, name), None)
                             if name in data else getattr(defaults, name))
@@ -377,20 +534,18 @@ def _key_type(parts: Sequence[str], root: type) -> Any:
     return typ
 
 
-def parse_override(item: str, root: type | None = None) -> dict:
-    """``"a.b=3"`` -> ``{"a": {"b": 3}}``; the value is parsed as YAML (``true``, ``1e-5``, ``[1,2]``).
+def _override_parts(key: str) -> list[str]:
+    """``"credit[0].lam"`` / ``"credit.0.lam"`` -> ``["credit", "0", "lam"]``."""
+    return [p for p in re.sub(r"\[(\d+)\]", r".\1", key.strip()).split(".") if p != ""]
 
-    For a key whose declared type under ``root`` (default :class:`RunConfig`) is ``str``, the text after
-    ``=`` is the value as typed (``task.prompt_template={puzzle}=`` is the string ``{puzzle}=``, not
-    YAML); only a YAML-quoted string (``'"a b"'``) is unquoted.
 
-    Raises:
-        ConfigError: when the item has no ``=``, or a non-string value is not valid YAML (naming the key).
-    """
+def _parse_override(item: str, root: type | None = None) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like key.sub=value")
     key, raw = item.split("=", 1)
-    parts = key.strip().split(".")
+    parts = _override_parts(key)
+    if not parts:
+        raise ConfigError(f"override {item!r} has no key before '='")
     is_str = _key_type(parts, root or RunConfig) is str
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
@@ -402,11 +557,63 @@ def parse_override(item: str, root: type | None = None) -> dict:
         value = raw
     if is_str and not isinstance(value, str):
         value = raw  # "{puzzle}" would be a YAML mapping, "true" a bool: keep the text
+    return parts, value
+
+
+def parse_override(item: str, root: type | None = None) -> dict:
+    """``"a.b=3"`` -> ``{"a": {"b": 3}}``; the value is parsed as YAML (``true``, ``1e-5``, ``[1,2]``,
+    a flow mapping ``{name: wd1}``).
+
+    For a key whose declared type under ``root`` (default :class:`RunConfig`) is ``str``, the text after
+    ``=`` is the value as typed (``task.prompt_template={puzzle}=`` is the string ``{puzzle}=``, not
+    YAML); only a YAML-quoted string (``'"a b"'``) is unquoted. ``credit[0].lam`` is ``credit.0.lam``.
+
+    Raises:
+        ConfigError: when the item has no ``=``, or a non-string value is not valid YAML (naming the key).
+    """
+    parts, value = _parse_override(item, root)
     out: dict = {}
     cur = out
     for p in parts[:-1]:
         cur = cur.setdefault(p, {})
     cur[parts[-1]] = value
+    return out
+
+
+def apply_override(data: dict, item: str) -> dict:
+    """``data`` (a merged YAML mapping) with the override ``key.sub=value`` applied: the value
+    *replaces* what is at ``key.sub`` (a mapping value such as ``objective={name: wd1}`` replaces the
+    whole section, whose other keys then take their defaults), while the rest of ``data`` is kept.
+    A number in the key indexes a list (``credit.0.lam=0.3``, ``credit[0].lam=0.3``); a component
+    given by its bare name (``objective: wd1``) is read as ``{name: wd1}`` when a key below it is set.
+
+    Raises:
+        ConfigError: as :func:`parse_override`, or for an index into a list that has no such entry.
+    """
+    parts, value = _parse_override(item)
+    out = copy.deepcopy(data)
+    cur: Any = out
+    for i, p in enumerate(parts):
+        last = i == len(parts) - 1
+        where = ".".join(parts[:i + 1])
+        if isinstance(cur, list):
+            if not p.isdigit() or int(p) >= len(cur):
+                raise ConfigError(f"{where}: {'.'.join(parts[:i]) or 'the list'} has {len(cur)} entries "
+                                  f"(indices 0-{len(cur) - 1}); set the whole list, e.g. --set "
+                                  f"{'.'.join(parts[:i])}='[{{name: ...}}]'")
+            p = int(p)
+        elif not isinstance(cur, dict):
+            raise ConfigError(f"{where}: {'.'.join(parts[:i])} is {cur!r}, not a section")
+        if last:
+            cur[p] = value
+            break
+        nxt = cur[p] if isinstance(cur, list) else cur.get(p)
+        if nxt is None:
+            nxt = {}
+        elif isinstance(nxt, str):
+            nxt = {"name": nxt}
+        cur[p] = nxt
+        cur = nxt
     return out
 
 
@@ -416,6 +623,9 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = (),
 
     The ``plugins`` list of the result (modules imported before the config is built, see
     :func:`load_plugins`) is the YAML's followed by ``plugins`` (the command line's ``--plugin``).
+
+    Relative input paths in a YAML file are read from that file's folder, those of overrides from the
+    working directory (see :class:`RunConfig`).
 
     Raises:
         ConfigError: on an unknown key (naming it and the valid ones) or a mistyped value.
@@ -432,12 +642,12 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = (),
             raise ConfigError(f"{p}: not valid YAML ({e})") from None
         if not isinstance(loaded, Mapping):
             raise ConfigError(f"{p}: top level must be a mapping")
-        data = _merge(data, loaded)
+        data = _merge(data, _mark(loaded, Path(p).parent))
     for item in overrides:
-        data = _merge(data, parse_override(item))
-    if plugins:
-        data["plugins"] = _coerce(data.get("plugins", []), list, "plugins") + list(plugins)
-    load_plugins(_coerce(data.get("plugins", []), list, "plugins"))
+        data = apply_override(data, item)
+    data["plugins"] = [str(v) for v in _resolve_path(_coerce(data.get("plugins", []), list, "plugins"), "module")]
+    data["plugins"] += list(plugins)
+    load_plugins(data["plugins"])
     cfg = _build(RunConfig, data)
     _check_ranges(cfg)
     return cfg
@@ -493,7 +703,16 @@ _POSITIVE = ("model.tiny.hidden_size", "model.tiny.num_layers", "model.tiny.num_
              "train.inner_iterations", "train.lr")
 _NON_NEGATIVE = ("model.lora_rank", "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
                  "train.steps", "train.micro_batch_size", "train.weight_decay", "train.max_grad_norm",
-                 "train.warmup_steps", "train.eval_every", "train.save_every", "task.eval_limit", "train.max_forward_rows")
+                 "train.warmup_steps", "train.eval_every", "train.save_every", "task.eval_limit", "train.max_forward_rows",
+                 "train.eval_limit")
+
+
+#: settings that leave every gradient zero or undefined: dotted key -> (smallest valid value, why)
+_MEANINGLESS = {
+    "train.group_size": (2, "the advantages are relative to each prompt's group (SPEC §1.3): with one completion "
+                            "per prompt every advantage is 0 (leave_one_out: undefined) and so is every gradient"),
+    "train.steps": (1, "0 RL steps train nothing (for SFT alone use `maskrl sft`)"),
+}
 
 
 def _check_ranges(cfg: "RunConfig") -> None:
@@ -503,6 +722,14 @@ def _check_ranges(cfg: "RunConfig") -> None:
             obj = getattr(obj, part)
         return obj
 
+    for key, (least, why) in _MEANINGLESS.items():
+        if get(key) < least:
+            raise ConfigError(f"{key}: must be >= {least}, got {get(key)!r}: {why}")
+    r = cfg.rollout
+    if r.temperature == 0 and r.remasking == "low_confidence" and not cfg.credit:
+        raise ConfigError("rollout.temperature: 0 with rollout.remasking: low_confidence makes the G completions of "
+                          "a prompt identical, so every group-relative advantage (SPEC §1.3) and every gradient is 0; "
+                          "sample the rollouts (e.g. rollout.temperature: 0.9) or use rollout.remasking: random")
     for key in _POSITIVE:
         if get(key) <= 0:
             raise ConfigError(f"{key}: must be > 0, got {get(key)!r}")
@@ -516,6 +743,17 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if cfg.train.on_nonfinite not in ON_NONFINITE:
         raise ConfigError(f"train.on_nonfinite: unknown {cfg.train.on_nonfinite!r}; valid: {', '.join(ON_NONFINITE)}")
     _check_dtype(cfg)
+    _check_trackers(cfg)
+    tr = cfg.train
+    if not tr.eval_every and (tr.eval_data or tr.eval_limit):  # keys that could not take effect
+        key = "train.eval_data" if tr.eval_data else "train.eval_limit"
+        raise ConfigError(f"{key}: only read when train.eval_every > 0 (it is 0); set train.eval_every or remove {key}")
+    if cfg.eval.mismatch_every:
+        raise ConfigError("eval.mismatch_every: the evaluation sampler never measures the rollout mismatch; "
+                          "set rollout.mismatch_every instead")
+    if cfg.task.name != "file" and cfg.task.file != FileTaskConfig():
+        raise ConfigError(f"task.file: only read by task.name: file (this run's task is {cfg.task.name!r}); remove it")
+    _check_observer_logits(cfg)
     t = cfg.model.tiny
     from pathlib import Path
 
@@ -525,6 +763,51 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if t.hidden_size % t.num_heads:
         raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
                           f"model.tiny.num_heads ({t.num_heads})")
+
+
+#: ``train.report_to`` names (accelerate's ``LoggerType`` values)
+def tracker_names() -> tuple[str, ...]:
+    from accelerate.utils import LoggerType
+
+    return tuple(t.value for t in LoggerType if t.value != "all")
+
+
+def _check_trackers(cfg: "RunConfig") -> None:
+    """``train.report_to`` is a list of tracker names accelerate knows (checked here, not at the first log)."""
+    names = cfg.train.report_to
+    if isinstance(names, str):
+        names = cfg.train.report_to = [names]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"train.report_to: expected a list of tracker names, got {names!r}")
+    valid = tracker_names()
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise ConfigError(f"train.report_to: unknown tracker(s) {', '.join(map(repr, bad))}; valid: {', '.join(valid)}")
+    if not str(cfg.train.tracker_project).strip():
+        raise ConfigError("train.tracker_project: must not be empty")
+
+
+def _check_observer_logits(cfg: "RunConfig") -> None:
+    """``rollout.observer_logits: refuse`` with a cache: no credit module may read per-step logits that
+    must be theta's exact ones (its observers declare ``exact_logits``; issue 19 item 3). Decided
+    here, before any model is loaded, naming the fields."""
+    r = cfg.rollout
+    if r.cache == "none" or r.observer_logits != "refuse":
+        return
+    import torch
+
+    from maskrl.credit import CREDITS
+    from maskrl.sampling import exact_observers
+
+    for i, module in enumerate(cfg.credit):
+        names = exact_observers(module.observers(r, torch.Generator()))
+        if names:
+            raise ConfigError(
+                f"credit[{i}] ({CREDITS.name_of(module)}) with rollout.cache: {r.cache} and rollout.observer_logits: "
+                f"refuse: its observers ({', '.join(names)}) read statistics defined on theta's exact logits at the "
+                "rollout states, which a cached step does not compute (no silent inexact credit). Use rollout.cache: "
+                "none, or rollout.observer_logits: exact (the sampler then runs one extra full forward per cached "
+                "step they read; rollouts cost more than with cache none).")
 
 
 def _check_dtype(cfg: "RunConfig") -> None:
@@ -568,7 +851,8 @@ def to_dict(cfg: Any) -> dict:
     return out
 
 
-_SECTIONS = {"model": ModelConfig, "model.tiny": TinyModelConfig, "task": TaskConfig, "rollout": SamplerConfig,
+_SECTIONS = {"model": ModelConfig, "model.tiny": TinyModelConfig, "task": TaskConfig,
+             "task.file": FileTaskConfig, "rollout": SamplerConfig,
              "eval": SamplerConfig, "sft": SFTConfig, "train": TrainConfig}
 
 
@@ -603,9 +887,9 @@ def _explain_class(cls: type, title: str) -> list[str]:
     default = cls()
     for f in dataclasses.fields(cls):
         value = getattr(default, f.name)
-        shown = to_dict(value) if dataclasses.is_dataclass(value) and f.name != "tiny" else value
-        if f.name == "tiny":
-            shown = "(section model.tiny)"
+        shown = to_dict(value) if dataclasses.is_dataclass(value) and f.name not in ("tiny", "file") else value
+        if f.name in ("tiny", "file"):
+            shown = f"(section {'model' if f.name == 'tiny' else 'task'}.{f.name})"
         lines.append(f"  {f.name} = {shown!r}")
         lines.append(f"      {docs.get(f.name, '(undocumented)')}")
     return lines
@@ -615,26 +899,51 @@ def explain(section: str) -> str:
     """Text listing each field of a config section with its default and description (``maskrl config
     --explain SECTION``). Sections: ``model``, ``model.tiny``, ``task``, ``rollout``, ``eval``, ``sft``,
     ``train``, and the components ``objective``, ``likelihood``, ``credit`` (every registered entry;
-    ``objective.NAME`` for one).
+    ``objective.NAME`` for one, user plug-ins' included). One field: ``train.lr``,
+    ``credit.dispo.z``, ``objective.diffu_grpo.clip_eps``.
 
     Raises:
-        ConfigError: on an unknown section, listing the valid ones.
+        ConfigError: on an unknown section, component or field, listing the valid ones.
     """
     import inspect
 
     if section in _SECTIONS:
         return "\n".join(_explain_class(_SECTIONS[section], f"[{section}]"))
-    kind, _, name = section.partition(".")
+    head, _, field_name = section.rpartition(".")
+    if head in _SECTIONS:
+        return _explain_field(_SECTIONS[head], head, field_name)
+    kind, _, rest = section.partition(".")
     if kind in ("objective", "likelihood", "credit"):
         reg = _registry(kind)
+        name, _, field_name = rest.partition(".")
         names = [name] if name else reg.names()
         out = []
         for n in names:
             if n not in reg:
                 raise ConfigError(f"{kind}.{n}: unknown {kind}; valid: {', '.join(reg.names())}")
             cls = reg.get(n)
+            if field_name:
+                return _explain_field(cls, f"{kind}.{n}", field_name)
             summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
-            out += _explain_class(cls, f"[{kind}] name: {n}\n  {summary}") + [""]
+            out += _explain_class(cls, f"[{kind}] name: {n}\n  {summary}")
+            if kind == "objective":  # what an absent `likelihood:` section (or one naming it) starts from
+                lik = own_likelihood(cls())
+                fields = "".join(f", {k}: {v!r}" for k, v in dataclasses.asdict(lik).items())
+                out.append(f"  (default likelihood: {{name: {cls.default_likelihood}{fields}}})")
+            out.append("")
         return "\n".join(out).rstrip() or f"(no {kind} registered)"
     valid = sorted(_SECTIONS) + ["objective", "likelihood", "credit"]
-    raise ConfigError(f"unknown section {section!r}; valid: {', '.join(valid)}")
+    raise ConfigError(f"unknown section {section!r}; valid: {', '.join(valid)} (or SECTION.FIELD, "
+                      "e.g. train.lr, credit.dispo.z)")
+
+
+def _explain_field(cls: type, where: str, name: str) -> str:
+    """One field of ``cls`` (named ``where.name``): its default and description; a removed field says why."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if name not in fields:
+        if f"{where}.{name}" in REMOVED:
+            raise ConfigError(f"{where}.{name}: {REMOVED[where + '.' + name]}")
+        raise ConfigError(f"{where}.{name}: unknown field; valid: {', '.join(sorted(fields))}")
+    lines = _explain_class(cls, f"[{where}]")
+    i = lines.index(next(line for line in lines if line.startswith(f"  {name} = ")))
+    return "\n".join([f"[{where}]"] + lines[i:i + 2])

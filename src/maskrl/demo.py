@@ -25,7 +25,9 @@ from maskrl.evaluate import EvalResult, evaluate_examples
 from maskrl.likelihood import LIKELIHOODS
 from maskrl.objectives import OBJECTIVES
 from maskrl.models import load_tiny, save_model
-from maskrl.pipeline import load_policy, prompt_formatter, save_prompt_card, sft_from_config, task_and_data, write_json
+from maskrl.pipeline import (check_run_lengths, export_model, load_policy, prompt_formatter,
+                             sft_from_config, task_and_data, write_json)
+from maskrl.rundir import prepare_run_dir, run_lock
 from maskrl.stats import paired_comparison
 from maskrl.trainer import RLTrainer
 
@@ -86,8 +88,23 @@ def write_per_item(path: Path, task, examples, result: EvalResult) -> None:
                                 ensure_ascii=False) + "\n")
 
 
-def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
-    """Run the main job; returns the summary dict (also written to ``summary.json``)."""
+def run_demo(cfg: RunConfig, force_sft: bool = False, overwrite: bool = False) -> dict:
+    """Run the main job; returns the summary dict (also written to ``summary.json``).
+
+    ``output_dir`` is locked while the demo runs (:func:`maskrl.rundir.run_lock`). A folder holding an
+    earlier run is refused unless ``overwrite`` (which removes that run's files and keeps the SFT
+    cache; :func:`maskrl.rundir.prepare_run_dir`): a re-run never mixes its logs with an old run's.
+
+    Raises:
+        maskrl.rundir.RunDirError: the folder is in use or holds a run and ``overwrite`` is False.
+    """
+    with run_lock(cfg.output_dir, "maskrl demo"):
+        prepare_run_dir(cfg.output_dir, overwrite=overwrite, other="--set output_dir=DIR", resume_flag=None,
+                        command="maskrl demo")
+        return _run_demo(cfg, force_sft)
+
+
+def _run_demo(cfg: RunConfig, force_sft: bool) -> dict:
     t_start = time.time()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -105,6 +122,7 @@ def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
         print(f"[demo] SFT model from cache {cache}")
     else:
         policy = load_policy(cfg)
+        check_run_lengths(cfg, policy, train, test, source)
         print(f"[demo] SFT on {len(train)} generated {task.name} rows ({cfg.sft.steps} steps)")
         hist = sft_from_config(cfg, policy, task, train)
         save_model(policy, cache)
@@ -127,15 +145,17 @@ def run_demo(cfg: RunConfig, force_sft: bool = False) -> dict:
     t1 = time.time()
     trainer = RLTrainer(cfg, policy, task, train, prompt_fn=fmt,
                         eval_fn=lambda step: _pick(evaluate(trainer.policy_eval).metrics))
-    history = trainer.train()
+    history = trainer.train(catch_signals=False)  # the demo does not resume: Ctrl-C stops at once
     trainer.close()
     rl_seconds = time.time() - t1
 
     # 4. final evaluation (the last step's model; no selection on the evaluation rows)
     final_res = evaluate(trainer.policy_eval)
     final = final_res.metrics
-    save_model(trainer.policy_eval, out / "model")
-    save_prompt_card(out / "model", task, cfg.model.chat_template, ev_sampler)  # maskrl eval / generate read it
+    # the family's layout + prompt card (maskrl eval / generate read it) + model card with the test table
+    export_model(out / "model", trainer.policy_eval, cfg, task, steps=f"SFT {cfg.sft.steps} steps, then RL "
+                 f"{trainer.step_count} steps", data=f"{len(train)} generated training rows; evaluation {source} "
+                 f"({len(test)} rows)", evaluation=[("SFT base", _pick(base)), ("after RL", _pick(final))])
     write_per_item(out / "eval_base.jsonl", task, test, base_res)
     write_per_item(out / "eval_final.jsonl", task, test, final_res)
     paired = paired_comparison([task.is_correct(r) for r in base_res.rewards],

@@ -68,8 +68,12 @@ DEFAULT_GEN_LENGTHS = (128, 256, 512)
 DEFAULT_BLOCK_LENGTH = 32
 SETTINGS_FILE = "settings.json"
 _SAMPLE_KEYS = ("id", "gen_length", "prompt", "completion", "reward", "correct")
-#: settings that must match for ``resume`` to reuse stored samples
-_RESUME_KEYS = ("model", "task", "data_sha256", "block_length", "steps", "chat_template", "dtype")
+#: settings that must match for ``resume`` to reuse stored samples, and for a folder to be rewritten
+#: without ``overwrite``: the weights' fingerprint (:func:`maskrl.rundir.weights_fingerprint`), not
+#: the model's path, so replaced weights in the same folder never pass for the old ones
+_RESUME_KEYS = ("weights_sha256", "task", "data_sha256", "block_length", "steps", "chat_template", "dtype")
+#: the files :func:`run_harness` writes (removed by ``overwrite``)
+_EVAL_FILES = (SETTINGS_FILE, "summary.json", "summary.md")
 
 
 def samples_path(out_dir: str | os.PathLike, gen_length: int) -> Path:
@@ -199,19 +203,54 @@ def _write_lines(path: Path, rows: Sequence[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _check_settings(out: Path, settings: dict) -> None:
-    """Raise if ``out`` holds samples produced under other resume-relevant settings."""
+def _check_settings(out: Path, settings: dict, resume: bool, overwrite: bool) -> None:
+    """Check ``out`` before an evaluation writes into it (issue 20).
+
+    A folder holding a training run (:data:`maskrl.rundir.RUN_FILES`) and no ``settings.json`` is
+    refused, ``overwrite`` or not. ``out`` holding samples of other settings (:data:`_RESUME_KEYS`: another model's weights, task,
+    data, sampler, template or dtype) is refused, with ``resume`` (its rows would pass for this
+    evaluation's) and without (they would be replaced), unless ``overwrite``: then the old files are
+    removed. Same settings without ``resume``: the files are started afresh.
+
+    Raises:
+        ValueError: ``resume`` with ``overwrite``; a run's folder; an unreadable ``settings.json``;
+            other settings without ``overwrite`` (naming each key ``old -> new``).
+    """
+    if resume and overwrite:
+        raise ValueError("--resume and --overwrite exclude each other")
     path = out / SETTINGS_FILE
+    from maskrl.rundir import run_files
+
+    if not path.exists() and run_files(out):  # e.g. --out runs/demo: its summary.json is not an evaluation's
+        raise ValueError(f"{out} holds a run ({', '.join(run_files(out))}), not an evaluation; use another --out")
+    if overwrite:
+        for p in [*out.glob("samples_L*.jsonl"), *(out / n for n in _EVAL_FILES)]:
+            if p.is_file():
+                p.unlink()
+        return
     if not path.exists():
         return
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: unreadable ({e}); use another --out or drop --resume") from None
+        raise ValueError(f"{path}: unreadable ({e}); use another --out or --overwrite") from None
     diff = [f"{k}: {old.get(k)!r} -> {settings[k]!r}" for k in _RESUME_KEYS if old.get(k) != settings[k]]
-    if diff:
+    if diff and resume:
         raise ValueError(f"--resume: {out} was evaluated with other settings ({'; '.join(diff)}); "
-                         f"use another --out or drop --resume")
+                         f"use another --out, or --overwrite to start afresh")
+    if diff:
+        raise ValueError(f"{out} holds an evaluation with other settings ({'; '.join(diff)}); pass --overwrite "
+                         f"to replace it, or use another --out")
+
+
+def default_eval_dir(task_name: str, settings: dict) -> Path:
+    """``runs/eval/<task>/<key>``: ``key`` is the first 12 hex digits of the sha256 of the settings in
+    :data:`_RESUME_KEYS` (weights fingerprint included), so another model or other settings get their
+    own folder and an evaluation is never replaced by another model's."""
+    import hashlib
+
+    key = hashlib.sha256(json.dumps({k: settings[k] for k in _RESUME_KEYS}, sort_keys=True).encode()).hexdigest()
+    return Path("runs") / "eval" / task_name / key[:12]
 
 
 def harness_markdown(summary: dict) -> str:
@@ -307,7 +346,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
                 data_path: str | os.PathLike | None = None, block_length: int | None = None,
                 steps: int | None = None, batch_size: int = 16, resume: bool = False, device: str = "auto",
                 dtype: str = "float32", chat_template: bool | None = None, progress: bool = True,
-                prompt_template: str | None = None) -> dict:
+                prompt_template: str | None = None, overwrite: bool = False) -> dict:
     """Benchmark a model on a task at several completion lengths: the body of ``maskrl eval`` (SPEC §5).
 
     For each length ``L``: greedy decoding (τ = 0) with the training sampler
@@ -315,13 +354,15 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     steps, blocks of ``block_length``, one sample per data row, ``batch_size`` rows per forward batch;
     prompts go through the model's chat template when its tokenizer has one (and ``chat_template``).
 
-    Writes into ``out_dir`` (default ``runs/eval/<task>``):
+    Writes into ``out_dir`` (default :func:`default_eval_dir`: ``runs/eval/<task>/<key of the weights'
+    sha256 and the settings>``), holding its lock (:func:`maskrl.rundir.run_lock`) meanwhile:
 
     - ``samples_L{L}.jsonl``: one ``{"id", "gen_length", "prompt", "completion", "reward", "correct"}``
       line per row (``prompt`` is the model input text, after the chat template; ``reward`` is the
       task reward of ``completion``; ``correct`` is ``task.is_correct(reward)``), appended and flushed
       after every batch, rewritten in data order once the length is done;
-    - ``settings.json``: what ``resume`` checks (model, task, data sha256, block, steps, template, dtype);
+    - ``settings.json``: what ``resume`` checks (the weights' sha256, task, data sha256, block, steps,
+      chat template, dtype; plus the model's path, for information);
     - ``summary.json``: model, task, data source (path, sha256), per-``L`` accuracy with its Wilson 95 %
       interval, mean reward with a normal 95 % interval, ``n``, the task's extra metrics, sampler
       settings and generation seconds;
@@ -344,7 +385,10 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
         steps: denoising steps per completion (``0``: ``L/2``); a multiple of ``L/b``.
         batch_size: rows per sampler batch.
         resume: keep the rows already in ``samples_L{L}.jsonl`` (matched by id) and generate only
-            the others; without it the files are started afresh.
+            the others; without it the files are started afresh. Either way, a folder holding an
+            evaluation of other weights or settings is refused (see ``overwrite``).
+        overwrite: remove an evaluation of other weights or settings from ``out_dir`` instead of
+            refusing it.
         device: ``"auto"`` (cuda if available), ``"cpu"``, ``"cuda:0"``, ...; ignored for an adapter.
         dtype: parameter dtype name (``"float32"``, ``"bfloat16"``); ignored for an adapter.
         chat_template: apply the tokenizer's chat template when it has one.
@@ -358,13 +402,16 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     Raises:
         ValueError: bad ``gen_lengths`` / ``block_length`` / ``steps`` (checked before the model is
             loaded), non-positive ``batch_size``, negative ``limit``, a model without a tokenizer, or
-            (with ``resume``) stored samples that do not belong to this evaluation.
+            stored samples of other weights or settings (without ``overwrite``), or (with ``resume``)
+            stored samples that do not belong to this evaluation.
+        maskrl.rundir.RunDirError: another process is writing ``out_dir``.
         KeyError: unknown task (listing the valid ones).
         FileNotFoundError: missing model or data file.
     """
     from maskrl.health import check_rewards
     from maskrl.models import load
-    from maskrl.pipeline import prompt_formatter, resolve_device, write_json
+    from maskrl.pipeline import check_lengths, prompt_formatter, resolve_device, write_json
+    from maskrl.rundir import run_lock, weights_fingerprint
     from maskrl.scoring import file_source
     from maskrl.tasks import get_task
 
@@ -402,62 +449,64 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     templated = bool(chat_template and getattr(adapter.tokenizer, "chat_template", None))
     fmt = prompt_formatter(adapter, chat_template)
     prompts = {ex.id: fmt(ex.prompt) for ex in examples}
+    check_lengths(adapter, list(prompts.values()), max(samplers), "--gen-length",
+                  [f"row {i} of {data_file}" for i in prompts])
 
-    out = Path(out_dir) if out_dir is not None else Path("runs") / "eval" / task.name
     data_src = file_source(data_file)
-    settings = {"model": model_name, "task": task.name, "data_sha256": data_src["sha256"],
+    weights = (None if isinstance(model, ModelAdapter) else weights_fingerprint(model)) or weights_fingerprint(adapter)
+    settings = {"weights_sha256": weights, "model": model_name, "task": task.name, "data_sha256": data_src["sha256"],
                 "block_length": block_length, "steps": steps, "chat_template": templated,
                 "dtype": str(adapter.dtype).removeprefix("torch.")}
-    out.mkdir(parents=True, exist_ok=True)
-    if resume:
-        _check_settings(out, settings)
-    write_json(out / SETTINGS_FILE, settings)
+    out = Path(out_dir) if out_dir is not None else default_eval_dir(task.name, settings)
+    with run_lock(out, "maskrl eval"):
+        _check_settings(out, settings, resume, overwrite)
+        write_json(out / SETTINGS_FILE, settings)
+        results = []
+        was_training = adapter.model.training
+        adapter.model.eval()
+        try:
+            for L, sampler in samplers.items():
+                path = samples_path(out, L)
+                done = read_samples(path, prompts, L) if resume else {}
+                _write_lines(path, [done[ex.id] for ex in examples if ex.id in done])  # drops a truncated tail
+                pending = [ex for ex in examples if ex.id not in done]
+                t0 = time.time()
+                with open(path, "a", encoding="utf-8") as fh, \
+                        tqdm(total=len(examples), initial=len(examples) - len(pending), unit="row",
+                             desc=f"eval {task.name} L={L}", disable=not progress, dynamic_ncols=True) as bar:
+                    for s in range(0, len(pending), batch_size):
+                        batch = pending[s:s + batch_size]
+                        completions = complete(adapter, [prompts[ex.id] for ex in batch], sampler,
+                                               batch_size=len(batch))
+                        rewards = check_rewards(task.score_examples(batch, completions), task.name,
+                                                [ex.id for ex in batch], completions)
+                        for ex, c, r in zip(batch, completions, rewards):
+                            row = {"id": ex.id, "gen_length": L, "prompt": prompts[ex.id], "completion": c,
+                                   "reward": r, "correct": bool(task.is_correct(r))}
+                            done[ex.id] = row
+                            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                        fh.flush()
+                        bar.update(len(batch))
+                seconds = time.time() - t0
+                rows = [done[ex.id] for ex in examples]
+                _write_lines(path, rows)  # data order, independent of interruptions
+                res: dict[str, Any] = {"gen_length": L}
+                res.update(task.metrics(examples, [r["completion"] for r in rows], [r["reward"] for r in rows]))
+                res.update({"sampler": asdict(sampler), "seconds": seconds, "generated": len(pending),
+                            "resumed": len(examples) - len(pending), "samples": path.name})
+                results.append(res)
+        finally:
+            adapter.model.train(was_training)
 
-    results = []
-    was_training = adapter.model.training
-    adapter.model.eval()
-    try:
-        for L, sampler in samplers.items():
-            path = samples_path(out, L)
-            done = read_samples(path, prompts, L) if resume else {}
-            _write_lines(path, [done[ex.id] for ex in examples if ex.id in done])  # drops a truncated tail
-            pending = [ex for ex in examples if ex.id not in done]
-            t0 = time.time()
-            with open(path, "a", encoding="utf-8") as fh, \
-                    tqdm(total=len(examples), initial=len(examples) - len(pending), unit="row",
-                         desc=f"eval {task.name} L={L}", disable=not progress, dynamic_ncols=True) as bar:
-                for s in range(0, len(pending), batch_size):
-                    batch = pending[s:s + batch_size]
-                    completions = complete(adapter, [prompts[ex.id] for ex in batch], sampler,
-                                           batch_size=len(batch))
-                    rewards = check_rewards(task.score_examples(batch, completions), task.name,
-                                            [ex.id for ex in batch], completions)
-                    for ex, c, r in zip(batch, completions, rewards):
-                        row = {"id": ex.id, "gen_length": L, "prompt": prompts[ex.id], "completion": c,
-                               "reward": r, "correct": bool(task.is_correct(r))}
-                        done[ex.id] = row
-                        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    fh.flush()
-                    bar.update(len(batch))
-            seconds = time.time() - t0
-            rows = [done[ex.id] for ex in examples]
-            _write_lines(path, rows)  # data order, independent of interruptions
-            res: dict[str, Any] = {"gen_length": L}
-            res.update(task.metrics(examples, [r["completion"] for r in rows], [r["reward"] for r in rows]))
-            res.update({"sampler": asdict(sampler), "seconds": seconds, "generated": len(pending),
-                        "resumed": len(examples) - len(pending), "samples": path.name})
-            results.append(res)
-    finally:
-        adapter.model.train(was_training)
-
-    summary: dict[str, Any] = {
-        "model": model_name, "task": task.name, "data": data_src, "n": len(examples),
-        "n_data_rows": len(all_examples), "limit": limit or None, "chat_template": templated,
-        "device": str(adapter.device), "dtype": settings["dtype"], "batch_size": batch_size,
-        "results": results, "seconds": time.time() - t_start,
-        "prompt_template": task.prompt_template, "settings_used": used,
-    }
-    write_json(out / "summary.json", summary)
-    markdown = harness_markdown(summary)
-    (out / "summary.md").write_text(markdown, encoding="utf-8")
+        summary: dict[str, Any] = {
+            "model": model_name, "weights_sha256": weights, "out": str(out), "task": task.name, "data": data_src,
+            "n": len(examples),
+            "n_data_rows": len(all_examples), "limit": limit or None, "chat_template": templated,
+            "device": str(adapter.device), "dtype": settings["dtype"], "batch_size": batch_size,
+            "results": results, "seconds": time.time() - t_start,
+            "prompt_template": task.prompt_template, "settings_used": used,
+        }
+        write_json(out / "summary.json", summary)
+        markdown = harness_markdown(summary)
+        (out / "summary.md").write_text(markdown, encoding="utf-8")
     return {**summary, "markdown": markdown}

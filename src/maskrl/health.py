@@ -129,6 +129,8 @@ class NonFiniteLogits:
         rows: batch rows (indices into the sampler's ``N``) with a non-finite logit at that step.
     """
 
+    exact_logits = False  # it checks the logits the view holds; no need for theta's exact ones
+
     def __init__(self, mask_id: int) -> None:
         self.mask_id = mask_id
         self.step: int | None = None

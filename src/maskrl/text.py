@@ -6,6 +6,16 @@ from typing import Sequence
 import torch
 
 
+def prompt_token_ids(tokenizer, text: str, add_bos: bool = True) -> list[int]:
+    """The ids one prompt is encoded to (:func:`encode_prompts`' rule: no special tokens but the bos
+    token, prepended when the tokenizer has one and the text does not start with it)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if add_bos and bos is not None and (not ids or ids[0] != bos):
+        ids = [bos] + ids
+    return ids
+
+
 def encode_prompts(tokenizer, texts: Sequence[str], add_bos: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokenise prompts into a left-padded batch.
 
@@ -24,10 +34,7 @@ def encode_prompts(tokenizer, texts: Sequence[str], add_bos: bool = True) -> tup
         raise ValueError("encode_prompts: no prompts")
     seqs = []
     for i, t in enumerate(texts):
-        ids = tokenizer(t, add_special_tokens=False)["input_ids"]
-        bos = getattr(tokenizer, "bos_token_id", None)
-        if add_bos and bos is not None and (not ids or ids[0] != bos):
-            ids = [bos] + ids
+        ids = prompt_token_ids(tokenizer, t, add_bos)
         if not ids:
             raise ValueError(f"prompt {i} tokenises to no tokens")
         seqs.append(ids)

@@ -18,6 +18,9 @@ import copy
 import dataclasses
 import json
 import logging
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +36,7 @@ from maskrl.config import RunConfig, to_dict
 from maskrl.credit import CREDITS, CreditBatch, CreditContext, apply_credit
 from maskrl.health import NonFiniteError, NonFiniteLogits, check_rewards, collapse_message, nonfinite_rows, \
     rollout_diagnostics
+from maskrl.likelihood.base import PerToken, per_token_output, tensors_of
 from maskrl.models.adapter import ModelAdapter
 from maskrl.models.scale import rl_train_mode
 from maskrl.sampling import generate
@@ -43,6 +47,20 @@ from maskrl.types import LossTerm, Rollout
 
 TRAINER_STATE = "trainer_state.pt"
 log = logging.getLogger(__name__)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """:meth:`RLTrainer.train` stopped on SIGINT / SIGTERM at a step boundary, after saving a checkpoint.
+
+    Attributes:
+        step: the last completed RL step (the checkpoint's).
+        checkpoint: the checkpoint folder written (``<output_dir>/checkpoints/step_<step>``).
+        signum: the signal received (``signal.SIGINT`` or ``signal.SIGTERM``).
+    """
+
+    def __init__(self, step: int, checkpoint: Path, signum: int) -> None:
+        self.step, self.checkpoint, self.signum = step, checkpoint, signum
+        super().__init__(f"{signal.Signals(signum).name} after step {step}: checkpoint saved to {checkpoint}")
 
 
 def mask_seed(base: int, step: int, iteration: int, micro_batch: int, term: int = 0) -> int:
@@ -104,10 +122,9 @@ def padding_row(term: LossTerm, base: Rollout, max_rows: int) -> tuple[Rollout, 
 
     The row is the term's first row, or ``base``'s first row when the term has none on this process
     (a credit term that kept nothing here). Every completion position is asked for (``need`` all
-    True: an estimator that draws which positions it scores, e.g. ``spg_bounds``' block, then still
-    finds one), unless that costs more than ``max_rows`` forward rows (the term's likelihood's
-    ``rows()``; e.g. ``state`` at T commit steps); then only position 0 is, the cheapest call the
-    likelihood has.
+    True; every built-in estimator runs its forward whatever its masks draw), unless that costs more
+    than ``max_rows`` forward rows (the term's likelihood's ``rows()``; e.g. ``state`` at T commit
+    steps); then only position 0 is, the cheapest call the likelihood has.
 
     Args:
         term: the loss term (its ``rollout`` has ``M >= 0`` rows; its ``likelihood`` is asked for
@@ -207,7 +224,8 @@ class RLTrainer:
         self.credits = [(n if names.count(n) == 1 else f"{n}.{i}", c) for i, (n, c) in enumerate(zip(names, cfg.credit))]
         needs_reference = self.objective.needs_reference or any(c.needs_reference for _, c in self.credits)
         self.sampler = cfg.rollout
-        self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available(), **tracker_kwargs(cfg))
+        check_trackers(cfg, self.acc)
         self.device = self.acc.device
         policy.model.to(self.device)
         self.uses_peft = hasattr(policy.model, "disable_adapter")
@@ -231,11 +249,13 @@ class RLTrainer:
         self.rollout_gen = torch.Generator(device=self.device).manual_seed(self.tc.seed * 104729 + 17 + rank)
         self.all_done = all_ranks_done(self.acc)  # keeps ranks' sampler forwards in step (FSDP / ZeRO-3)
         self.out_dir = Path(cfg.output_dir)
-        self._writer = None
+        self._trackers_started = False
         self._metrics_fh = None
         self.nonfinite_skips = 0  # steps skipped under train.on_nonfinite: skip (maskrl.health)
         self._skip_reason: str | None = None
         self._collapse_warned = False
+        self._resumed_step: int | None = None  # load_checkpoint: metrics.jsonl / TensorBoard continue from here
+        self._stop_signal: int | None = None  # SIGINT / SIGTERM received during train()
 
     # ------------------------------------------------------------------ stages
     def sample_prompts(self) -> list[Example]:
@@ -286,8 +306,11 @@ class RLTrainer:
         if self._skip_reason is None:
             self._skip_reason = str(err)
 
-    def _check(self, stage: str, x: torch.Tensor, detail: str = "") -> bool:
-        """True when ``x`` is all finite; else :meth:`_nonfinite` and False."""
+    def _check(self, stage: str, x: torch.Tensor | PerToken, detail: str = "") -> bool:
+        """True when ``x`` (a tensor, or each tensor of a :class:`PerToken`) is all finite; else
+        :meth:`_nonfinite` and False."""
+        if isinstance(x, PerToken):
+            return all([self._check(f"{stage} {name}", t, detail) for name, t in x.items()])
         rows = nonfinite_rows(x)
         if rows:
             self._nonfinite(stage, rows if x.dim() else [], detail)
@@ -365,8 +388,9 @@ class RLTrainer:
         (dummy forwards report no metrics; ``pad_forwards`` counts them, averaged over processes).
         The DDP gradient sync, on the last θ micro-batch, therefore falls on the same position on
         every process. The guarantee is on likelihood calls: each built-in estimator runs one model
-        forward per call that scores a position (``elbo`` / ``spg_bounds`` can draw masks that score
-        none of a call's positions, and then run none). On one process nothing changes.
+        forward per call with a needed position, whatever its masks draw (a draw of ``elbo`` /
+        ``spg_bounds`` that scores none of them still runs one, contributing 0;
+        :mod:`maskrl.likelihood.base`, "Forwards"). On one process nothing changes.
         """
         mu = self.tc.inner_iterations
         terms = self.loss_terms(batch)
@@ -433,7 +457,7 @@ class RLTrainer:
                 with ctx:
                     if sl is None:  # dummy forward: every parameter takes part, zero gradient, no metrics
                         logp = self._loglik(t, self.policy, pads[ti][1], pad_seed(ti, k, mb), pads[ti][2])
-                        self.acc.backward(0.0 * (torch.view_as_real(logp) if logp.is_complex() else logp).sum())
+                        self.acc.backward(0.0 * sum(v.sum() for v in tensors_of(logp).values()))
                         n_pad += 1
                         continue
                     where = f" (term {t.name}, micro-batch {mb}, inner iteration {k})"
@@ -499,14 +523,13 @@ class RLTrainer:
         return dict(zip(keys, self.acc.reduce(vals, reduction="mean").tolist()))
 
     def _loglik(self, term: LossTerm, adapter: ModelAdapter, rollout: Rollout, seed: int,
-                need: torch.Tensor) -> torch.Tensor:
+                need: torch.Tensor) -> torch.Tensor | PerToken:
+        """The term's likelihood on ``rollout`` under mask seed ``seed``, checked at the seam and cut to
+        what the term's objective reads (:func:`maskrl.likelihood.base.per_token_output`)."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         out = term.likelihood(adapter, rollout, gen, need)
-        if not isinstance(out, torch.Tensor) or out.shape != need.shape or out.device != need.device:
-            got = (tuple(out.shape), str(out.device)) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"loss term {term.name!r}: likelihood {type(term.likelihood).__name__} returned {got}; "
-                             f"expected [N, L] = {tuple(need.shape)} on {need.device}")
-        return out
+        who = f"loss term {term.name!r}: likelihood {type(term.likelihood).__name__}"
+        return per_token_output(out, need, term.objective, who)
 
     def _ref_loglik(self, term: LossTerm, rollout: Rollout, seed: int, need: torch.Tensor) -> torch.Tensor:
         if self.reference is not None:
@@ -560,49 +583,124 @@ class RLTrainer:
         return metrics
 
     # ------------------------------------------------------------------ loop
-    def train(self, steps: int | None = None, progress: bool = True) -> list[dict]:
-        """Run ``steps`` RL steps (default ``train.steps`` minus steps already done); log, eval, save."""
+    def train(self, steps: int | None = None, progress: bool = True, catch_signals: bool = True) -> list[dict]:
+        """Run ``steps`` RL steps (default ``train.steps`` minus steps already done); log, eval, save.
+
+        With ``catch_signals`` (and in the main thread), a SIGINT (Ctrl-C) or SIGTERM lets the current
+        step finish, saves a checkpoint at that step boundary (``<output_dir>/checkpoints/step_K``) and
+        raises :class:`TrainingInterrupted`; resuming from it continues exactly like an uninterrupted
+        run. A second signal during that step stops at once (the default behaviour, no checkpoint).
+
+        Raises:
+            TrainingInterrupted: after a signal, once the checkpoint is written.
+            ConfigError: ``train.eval_every > 0`` but no ``eval_fn`` was given (the key could not take effect).
+        """
+        if self.tc.eval_every and self.eval_fn is None:
+            from maskrl.config import ConfigError
+
+            raise ConfigError(f"train.eval_every={self.tc.eval_every} but this trainer has no evaluation function "
+                              "(eval_fn); pass one (maskrl train builds it from the validation split) or set "
+                              "train.eval_every: 0")
         total = self.tc.steps if steps is None else self.step_count + steps
         history = []
         bar = tqdm(total=total, initial=self.step_count, desc="rl", dynamic_ncols=True,
                    disable=not (progress and self.acc.is_main_process))
-        while self.step_count < total:
-            m = self.step()
-            if self.eval_fn is not None and self.tc.eval_every and self.step_count % self.tc.eval_every == 0:
-                m.update({f"eval/{k}": v for k, v in self.eval_fn(self.step_count).items()})
-            history.append(m)
-            if self.step_count % max(1, self.tc.log_every) == 0:
-                self.log(m)
-            bar.update(1)
-            bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m.get('base/kl', 0.0):.4f}", nll=f"{m['commit_nll']:.3f}",
-                            distinct=f"{m['distinct_frac']:.2f}", s_per_step=f"{m['seconds']:.2f}")
-            if self.tc.save_every and self.step_count % self.tc.save_every == 0:
-                self.save_checkpoint(self.out_dir / "checkpoints" / f"step_{self.step_count}")
+        self._stop_signal = None
+        with self._signals_stop_at_step_end(catch_signals):
+            while self.step_count < total:
+                m = self.step()
+                if self.eval_fn is not None and self.tc.eval_every and self.step_count % self.tc.eval_every == 0:
+                    m.update({f"eval/{k}": v for k, v in self.eval_fn(self.step_count).items()})
+                history.append(m)
+                if self.step_count % max(1, self.tc.log_every) == 0:
+                    self.log(m)
+                bar.update(1)
+                bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m.get('base/kl', 0.0):.4f}", nll=f"{m['commit_nll']:.3f}",
+                                distinct=f"{m['distinct_frac']:.2f}", s_per_step=f"{m['seconds']:.2f}")
+                ckpt = self.out_dir / "checkpoints" / f"step_{self.step_count}"
+                saved = bool(self.tc.save_every and self.step_count % self.tc.save_every == 0)
+                if saved:
+                    self.save_checkpoint(ckpt)
+                signum = self._signal_on_any_rank()
+                if signum:
+                    if not saved:
+                        self.save_checkpoint(ckpt)
+                    bar.close()
+                    raise TrainingInterrupted(self.step_count, ckpt, signum)
         bar.close()
         return history
 
+    @contextlib.contextmanager
+    def _signals_stop_at_step_end(self, enabled: bool):
+        """While training: the first SIGINT / SIGTERM only sets ``_stop_signal`` (the loop then stops
+        at the end of the step); the previous handlers are back for a second signal and afterwards."""
+        if not enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        sigs = [signal.SIGINT] + ([signal.SIGTERM] if hasattr(signal, "SIGTERM") else [])
+        previous = {s: signal.getsignal(s) for s in sigs}
+
+        def handler(signum, _frame):
+            self._stop_signal = signum
+            for s, h in previous.items():  # a second signal: the usual behaviour
+                signal.signal(s, h)
+            print(f"\nmaskrl: {signal.Signals(signum).name}: finishing step {self.step_count + 1}, then saving a "
+                  f"checkpoint (send it again to stop at once, without one)", file=sys.stderr, flush=True)
+
+        for s in sigs:
+            signal.signal(s, handler)
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def _signal_on_any_rank(self) -> int:
+        """The signal number received on any process since :meth:`train` began (0: none); a collective
+        on several processes, so that every rank stops after the same step."""
+        signum = self._stop_signal or 0
+        if self.acc.num_processes > 1:
+            t = torch.tensor([float(signum)], device=self.device)
+            signum = int(self.acc.reduce(t, reduction="max").item())
+        return signum
+
     def log(self, metrics: dict) -> None:
-        """Append to ``metrics.jsonl`` and TensorBoard (main process only)."""
+        """Append to ``metrics.jsonl`` and send the numeric metrics to the ``train.report_to`` trackers
+        through accelerate (``init_trackers`` with the resolved config as hyper-parameters at the first
+        call, then ``Accelerator.log``); main process only. After :meth:`load_checkpoint` at step K, the
+        first call drops the rows of ``metrics.jsonl`` after step K and opens TensorBoard with
+        ``purge_step=K + 1``, so a resumed run's logs hold each step once."""
         if not self.acc.is_main_process:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        purge = None
         if self._metrics_fh is None:
-            self._metrics_fh = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
-            from torch.utils.tensorboard import SummaryWriter
+            if self._resumed_step is not None:  # a resumed run: no row or event of a later step is kept
+                from maskrl.rundir import truncate_metrics
 
-            self._writer = SummaryWriter(str(self.out_dir / "tb"))
+                truncate_metrics(self.out_dir / "metrics.jsonl", self._resumed_step)
+                purge, self._resumed_step = self._resumed_step + 1, None  # once: later rows are this run's
+            self._metrics_fh = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
+        if not self._trackers_started and self.acc.log_with:
+            kwargs = {"tensorboard": {"purge_step": purge}} if purge is not None else {}  # SummaryWriter's
+            self.acc.init_trackers(self.tc.tracker_project, config=hyperparameters(self.cfg), init_kwargs=kwargs)
+            self._trackers_started = True
         self._metrics_fh.write(json.dumps(metrics) + "\n")
         self._metrics_fh.flush()
-        for k, v in metrics.items():
-            if k != "step" and isinstance(v, (int, float)):
-                self._writer.add_scalar(k, v, metrics["step"])
-        self._writer.flush()
+        if self._trackers_started:
+            scalars = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}
+            self.acc.log(scalars, step=int(metrics["step"]))
 
     def close(self) -> None:
+        """Close ``metrics.jsonl`` and finish the trackers (each tracker's ``finish()``, what
+        ``Accelerator.end_training`` does first; the process group is the launcher's and is left alone)."""
         if self._metrics_fh is not None:
             self._metrics_fh.close()
-            self._writer.close()
-            self._metrics_fh = self._writer = None
+            self._metrics_fh = None
+        if self._trackers_started:
+            for tracker in self.acc.trackers:
+                tracker.finish()
+            self._trackers_started = False
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | Path) -> Path:
@@ -624,11 +722,10 @@ class RLTrainer:
             FileNotFoundError: when ``path`` holds no trainer state.
         """
         path = Path(path)
-        if not (path / TRAINER_STATE).is_file():
-            raise FileNotFoundError(f"{path} is not a maskrl checkpoint (no {TRAINER_STATE})")
+        state = read_checkpoint_state(path)
         self.acc.load_state(str(path))
-        state = torch.load(path / TRAINER_STATE, weights_only=False)
         self.step_count = int(state["step"])
+        self._resumed_step = self.step_count
         self.data_gen.set_state(state["data_gen"])
         self.rollout_gen.set_state(state["rollout_gen"])
         self._follow_schedule(state.get("config", {}).get("train", {}))
@@ -657,7 +754,68 @@ class RLTrainer:
                         self.step_count + 1, self.optimizer.param_groups[0]["lr"])
 
 
+def tracker_kwargs(cfg: RunConfig) -> dict:
+    """``Accelerator`` keyword arguments for the ``train.report_to`` trackers: ``log_with`` and a
+    :class:`~accelerate.utils.ProjectConfiguration` whose logging dir is ``<output_dir>/tb``
+    (TensorBoard writes ``<output_dir>/tb/<train.tracker_project>``; W&B, MLflow, ... their own places)."""
+    from accelerate.utils import ProjectConfiguration
+
+    out = Path(cfg.output_dir)
+    return {"log_with": list(cfg.train.report_to) or None,
+            "project_config": ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "tb"))}
+
+
+def check_trackers(cfg: RunConfig, acc: Accelerator) -> None:
+    """Every ``train.report_to`` tracker is active on ``acc`` (accelerate drops trackers whose package
+    is missing with only a warning; here that is an error naming the tracker).
+
+    Raises:
+        ConfigError: a requested tracker is not installed, or an accelerator passed in lacks it.
+    """
+    from maskrl.config import ConfigError
+
+    active = {str(getattr(t, "value", t)) for t in (acc.log_with or [])}
+    missing = [n for n in cfg.train.report_to if n not in active]
+    if missing:
+        raise ConfigError(f"train.report_to: tracker(s) {', '.join(missing)} not available (package not installed, "
+                          f"e.g. `pip install 'maskrl[track]'`, or an Accelerator passed without them in log_with); "
+                          f"set train.report_to to the ones you have, or []")
+
+
+def hyperparameters(cfg: RunConfig) -> dict:
+    """The resolved config flattened to ``{"train.lr": 1e-05, ...}`` with ``bool``/``int``/``float``/``str``
+    values (lists and ``None`` as text), the form every accelerate tracker accepts as hyper-parameters."""
+    flat: dict = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, (bool, int, float, str)):
+            flat[prefix] = value
+        else:
+            flat[prefix] = json.dumps(value)
+
+    walk("", to_dict(cfg))
+    return flat
+
+
+def read_checkpoint_state(path: str | Path) -> dict:
+    """The trainer state of a checkpoint folder: ``{"step", "data_gen", "rollout_gen", "config"}``
+    (``config`` in :func:`~maskrl.config.to_dict` form: the run's config at that step).
+
+    Raises:
+        FileNotFoundError: when ``path`` holds no trainer state.
+    """
+    path = Path(path)
+    if not (path / TRAINER_STATE).is_file():
+        raise FileNotFoundError(f"{path} is not a maskrl checkpoint (no {TRAINER_STATE})")
+    return torch.load(path / TRAINER_STATE, weights_only=False)
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The ``checkpoints/step_K`` folder with the largest K under ``run_dir``, or ``None``."""
-    ckpts = sorted((Path(run_dir) / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    """The complete ``checkpoints/step_K`` folder (one with its trainer state, written last) with the
+    largest K under ``run_dir``, or ``None``."""
+    ckpts = sorted((p for p in (Path(run_dir) / "checkpoints").glob("step_*")
+                    if p.name[5:].isdigit() and (p / TRAINER_STATE).is_file()), key=lambda p: int(p.name[5:]))
     return ckpts[-1] if ckpts else None

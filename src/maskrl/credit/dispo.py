@@ -24,9 +24,10 @@ first stop token). ``A_z = R_z − mean_Z R``; states whose Z rewards are all eq
 gradient). Each kept branch becomes one row of the term's rollout whose ``commit_step`` is t at the
 filled positions and the original (< t) elsewhere, so the ``state`` likelihood scores the filled
 tokens at x_t in one forward row per branch (prompt masked as mean-field). The term trains only on
-the filled positions up to the branch's first stop token (token-local), with diffu-GRPO's per-token
-clipped ratio and β = 0, averaged over each branch's tokens and then over all branches of all kept
-states (``seq_mean``; every kept state has Z branches, so this is the mean over states of the mean
+the filled positions (token-local) -- by default those up to the branch's first stop token
+(``train_after_stop``), with diffu-GRPO's per-token clipped ratio and a β·KL3 term to the reference
+(``beta``; the paper adds one, SPEC §4), averaged over each branch's tokens and then over all
+branches of all kept states (``seq_mean``; every kept state has Z branches, so this is the mean over states of the mean
 over its branches -- the paper sums over states; we average). With α_step > 0 the term is always
 present, with 0 rows where no state was kept, so every process has the same list of terms (and the
 trainer pads the term's forwards so that every process runs as many: ``RLTrainer.optimize``).
@@ -117,15 +118,26 @@ class BranchObserver:
         timing, power: the branching distribution.
         steps: T of the fixed schedule, or ``None`` for the threshold schedule.
         generator: the observer's own CPU generator (never the sampler's).
+        block_length: the sampler's b (threshold schedule: which rows are in their last block;
+            ``None``: every row not yet branched counts as possibly finishing).
 
     ``result()``: ``dispo_step [N]`` long (−1: no branch), ``dispo_masked [N, L]`` bool (masked in
     x_t), ``dispo_fill [N, Z, L]`` long (the fillings at those positions, −1 elsewhere),
     ``dispo_logp_old [N, Z, L]`` float32 (``log softmax(logits)`` of each filled token, 0 elsewhere).
+
+    ``exact_logits = True``: the fillings are drawn from θ's distribution at x_t, the one the step
+    term's ratio scores them under (SPEC §4), so under a key/value cache the sampler gives the rows
+    this observer asks for exact logits (one full forward per branching row; under the threshold
+    schedule also the steps of a row's last block, where its fallback branch may fall) or refuses
+    (:attr:`maskrl.sampling.SamplerConfig.observer_logits`).
     """
 
+    exact_logits = True
+
     def __init__(self, z: int, temperature: float, timing: str, power: float, steps: int | None,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, block_length: int | None = None) -> None:
         self.z, self.temperature, self.timing, self.power, self.steps = z, temperature, timing, power, steps
+        self.block_length = block_length
         self.gen = generator
         self.target: torch.Tensor | None = None  # [N] step (fixed) or fraction (threshold)
         self.done: torch.Tensor | None = None  # [N] bool, branched
@@ -153,12 +165,21 @@ class BranchObserver:
         return (due & ~self.done[r]).to(masked.device)
 
     def logit_positions(self, step: int, rows: torch.Tensor, masked: torch.Tensor, block_start: torch.Tensor):
-        """Every masked position of the rows that branch at this step; nothing extra elsewhere."""
+        """Every masked position of the rows that branch at this step; nothing extra elsewhere. Under
+        the threshold schedule also the rows not yet branched whose masks all lie in their current
+        block (they may finish at this step and then branch there, :meth:`on_step`): in-block
+        positions, which cost nothing extra, but with a cache they get exact logits."""
         if self.target is None:
             self._init(rows)
         due = self._due(step, rows, masked)
         self._pending = (step, due)
-        return masked & due[:, None]
+        ask = due
+        if self.steps is None:
+            pos = torch.arange(masked.shape[1], device=masked.device)
+            b = self.block_length if self.block_length is not None else masked.shape[1]
+            beyond = masked & (pos[None, :] >= block_start[:, None] + b)
+            ask = due | (~beyond.any(-1) & ~self.done[rows.cpu()].to(masked.device))
+        return masked & ask[:, None]
 
     def on_step(self, view: Any) -> None:
         step, due = self._pending if self._pending is not None and self._pending[0] == view.step else \
@@ -172,6 +193,9 @@ class BranchObserver:
         sel = view.masked & due[:, None]  # [n, L]
         if (sel & ~view.covered).any():
             raise ValueError("DiSPO: the sampler did not compute logits at every masked position of a branching row")
+        if not view.exact[due].all():
+            raise ValueError("DiSPO: a branching row's logits came from the key/value cache, not theta's full forward; "
+                             "the sampler must honour exact_logits (SamplerConfig.observer_logits='exact')")
         vidx = view.covered.flatten().long().cumsum(0).view(view.covered.shape) - 1
         tokens, logp = draw_fillings(view.logits[vidx[sel]], self.z, self.temperature, self.gen)  # [Z, M]
         local = due.nonzero().squeeze(-1)
@@ -221,6 +245,15 @@ class DiSPO(CreditModule):
         alpha_step: α_step, weight of the step term (default 0.5; SPEC: 0.1 after SFT); 0 adds no
             term and scores nothing.
         clip_eps: ε of the step term's per-token clipped ratio (default 0.5, diffu-GRPO's).
+        beta: **[choice]** β of the step term's KL3 to the reference (SPEC §4 leaves it open; the
+            paper adds a KL term to the step loss, whose value we do not have: default 0.04, the
+            diffu-GRPO base's β (d1, SPEC §1.5), which the step term's ratio copies). 0 drops the term
+            and, when nothing else needs one, the reference policy. With β > 0 the trainer keeps a
+            reference (a frozen copy, or the LoRA base) and scores each branch row under it.
+        train_after_stop: **[choice]** also train the filled positions after the branch's first stop
+            token (default False: as the base term's ``completion_mask`` and the reward, which reads a
+            completion up to its first stop token, so those tokens cannot change A_z; True trains every
+            filled position, "only the newly filled tokens" read literally).
         p_mask_prompt: prompt masking of the step term's state likelihood (default 0.15).
         skip_equal: skip states whose Z rewards are all equal (default True, SPEC §4). False keeps
             them (advantages 0, no gradient, full cost): the cost's worst case, for benchmarks.
@@ -241,6 +274,8 @@ class DiSPO(CreditModule):
     alpha_base: float = 1.0
     alpha_step: float = 0.5
     clip_eps: float = 0.5
+    beta: float = 0.04
+    train_after_stop: bool = False
     p_mask_prompt: float = 0.15
     skip_equal: bool = True
 
@@ -255,8 +290,15 @@ class DiSPO(CreditModule):
             raise ValueError(f"alpha_base (={self.alpha_base}) and alpha_step (={self.alpha_step}) must be >= 0")
         if self.clip_eps < 0:
             raise ValueError(f"clip_eps (={self.clip_eps}) must be >= 0")
+        if not self.beta >= 0:
+            raise ValueError(f"beta (={self.beta}) must be >= 0")
         if not 0.0 <= self.p_mask_prompt <= 1.0:
             raise ValueError(f"p_mask_prompt (={self.p_mask_prompt}) must lie in [0, 1]")
+
+    @property
+    def needs_reference(self) -> bool:
+        """True when the step term has a KL to the reference (``alpha_step > 0`` and ``beta > 0``)."""
+        return self.alpha_step > 0 and self.beta > 0
 
     def observers(self, sampler: Any, generator: torch.Generator) -> list[BranchObserver]:
         """One fresh :class:`BranchObserver` per rollout; it draws the branching steps and the
@@ -265,12 +307,13 @@ class DiSPO(CreditModule):
         gen = generator
         tau = self.temperature if self.temperature >= 0 else float(getattr(sampler, "temperature", 1.0))
         steps = None if getattr(sampler, "schedule", "fixed") == "threshold" else int(sampler.steps)
-        return [BranchObserver(self.z, tau, self.timing, self.power, steps, gen)]
+        return [BranchObserver(self.z, tau, self.timing, self.power, steps, gen,
+                               block_length=getattr(sampler, "block_length", None))]
 
     def _term(self, rollout, adv: torch.Tensor, mask: torch.Tensor) -> LossTerm:
         return LossTerm(name="step", weight=float(self.alpha_step), rollout=rollout,
                         advantages=(adv[:, None] * mask.float()).float(), mask=mask,
-                        objective=DiffuGRPO(clip_eps=self.clip_eps, beta=0.0, aggregation="seq_mean"),
+                        objective=DiffuGRPO(clip_eps=self.clip_eps, beta=self.beta, aggregation="seq_mean"),
                         likelihood=State(p_mask_prompt=self.p_mask_prompt))
 
     def _empty_term(self, ro) -> LossTerm:
@@ -326,7 +369,7 @@ class DiSPO(CreditModule):
             sub, completion_ids=comp_b, completion_mask=valid,
             commit_step=torch.where(filled, t_b[:, None], sub.commit_step),
             group_ids=torch.arange(int(keep.sum()), device=comp.device).repeat_interleave(z), step_stats={})
-        return self._term(rollout, adv, filled & valid), metrics
+        return self._term(rollout, adv, filled if self.train_after_stop else filled & valid), metrics
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:
         weight = batch.base_weight * float(self.alpha_base)

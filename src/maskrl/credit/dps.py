@@ -8,6 +8,10 @@ is still masked. With ``dps_target: confidence`` ``y_j`` is the model's argmax a
 ``log p(y_j | x) = max_v logit − logsumexp(logit)``; with ``dps_target: final`` ``y_j`` is the token
 finally committed at j, looked up in a per-step top-k cache (the k-th value as a floor outside it).
 
+Under ``rollout.cache: prefix | dual`` the observer declares ``exact_logits``: every step's view is
+θ's full forward at the pre-step state (or the sampler refuses, ``rollout.observer_logits:
+refuse``), so δ is the same as without a cache on the same trajectory.
+
 Online, O(T) memory: at step k the observer records, per decoded row, two numbers:
 ``S(k, k+1)`` (step k's logits averaged over M_{k+1}; key ``dps_s_next``) and ``S(k, k)`` (step k's
 logits over M_k; key ``dps_s_self``). Then ``δ_k = dps_s_self[k+1] − dps_s_next[k]``. The last step
@@ -102,7 +106,15 @@ class DPSObserver:
 
     ``result()``: ``{"dps_s_next": [N, T], "dps_s_self": [N, T]}`` float32, NaN where a row did not
     take a step (threshold schedule) or the set was empty.
+
+    ``exact_logits = True``: δ is defined on θ's distribution at the rollout's states (SPEC §2.1), so
+    under a key/value cache the sampler gives every step's view exact logits (one extra full forward
+    per cached step, :attr:`maskrl.sampling.SamplerConfig.observer_logits`) or refuses; DPS never
+    mixes cached and exact logits (issue 19: cached logits moved δ by up to 0.2 nats on the
+    sharpened tiny model, ``benchmarks/fidelity_sml_dps.py``).
     """
+
+    exact_logits = True
 
     def __init__(self, scope: str = "all", target: str = "confidence", top_k: int = 16) -> None:
         self.scope, self.target, self.top_k = scope, target, top_k

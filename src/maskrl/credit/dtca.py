@@ -25,15 +25,15 @@ from __future__ import annotations
 import importlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import torch
 
 from maskrl.credit.base import CreditBatch, CreditContext, CreditModule
-from maskrl.credit.rldf import (check_state_likelihood, check_step_sampling, chosen_pairs, filter_metrics,
-                                replace_base, sample_steps, step_surprise, steps_term)
+from maskrl.credit.rldf import (check_state_likelihood, check_step_sampling, chosen_pairs, commit_observers,
+                                commit_probs, filter_metrics, replace_base, sample_steps, step_surprise, steps_term)
 
 SELECTIONS = ("coverage", "sample")
 LAMBDA_CLIP = 0.95
@@ -237,7 +237,8 @@ class DTCA(CreditModule):
         temperature: T of RLDF's softmax(w_s/T) when ``selection: sample`` (1).
         pos_credit: in-step POS credit (§3.3; default True).
         calibration: entropy-flow calibration (§3.4; default True).
-        pos_weights: path of the JSON table class -> w_c (§3.1); ``None``: every w_c = 1.
+        pos_weights: path of the JSON table class -> w_c (§3.1); ``None``: every w_c = 1. In a YAML
+            file a relative path is read from the file's folder (``metadata={"path": "file"}``).
         tagger: ``"package.module:function"`` giving each completion position's POS class from the
             final completion (required with ``pos_weights``).
         keep_threshold: RLDF's filter threshold (0.6).
@@ -256,7 +257,7 @@ class DTCA(CreditModule):
     temperature: float = 1.0
     pos_credit: bool = True
     calibration: bool = True
-    pos_weights: str | None = None
+    pos_weights: str | None = field(default=None, metadata={"path": "file"})
     tagger: str | None = None
     keep_threshold: float = 0.6
     eta: float = 1.0
@@ -277,7 +278,7 @@ class DTCA(CreditModule):
         if self.pos_weights is not None:
             if not Path(self.pos_weights).is_file():
                 raise ValueError(f"pos_weights file {self.pos_weights!r} does not exist (a relative path is read from the working "
-                                 f"directory, {Path.cwd()}); write one with `maskrl estimate-pos-weights`")
+                                 f"directory, {Path.cwd()}, or in a YAML file from the file's folder); write one with `maskrl estimate-pos-weights`")
             load_pos_weights(self.pos_weights)  # fail at config time on a bad table
         if self.tagger is not None:
             resolve_tagger(self.tagger)  # and on a tagger that cannot be imported
@@ -292,13 +293,19 @@ class DTCA(CreditModule):
         classes = tag(getattr(ctx.policy, "tokenizer", None), ro.completion_ids, ro.completion_mask)
         return token_weights(classes, table, ro.completion_mask)
 
+    def observers(self, sampler, generator: torch.Generator) -> list:
+        """With a cache: θ's exact ``p_i`` for the step scores (:func:`maskrl.credit.rldf.commit_observers`)."""
+        return commit_observers(sampler)
+
     def choose(self, batch: CreditBatch, ctx: CreditContext, w: torch.Tensor) -> torch.Tensor:
-        """``[N, S]`` long chosen steps, ``-1`` padded."""
+        """``[N, S]`` long chosen steps, ``-1`` padded; ``p_i`` is θ's exact commit probability
+        (:func:`maskrl.credit.rldf.commit_probs`)."""
         ro = batch.rollout
+        p = commit_probs(ro, "dtca")
         if self.selection == "sample":
-            s, present = step_surprise(ro.commit_step, ro.commit_prob, ro.completion_mask)
+            s, present = step_surprise(ro.commit_step, p, ro.completion_mask)
             return sample_steps(s, present, self.k, self.temperature, ctx.generator)
-        imp, present = step_importance(ro.commit_step, ro.commit_prob, w, ro.completion_mask)
+        imp, present = step_importance(ro.commit_step, p, w, ro.completion_mask)
         return coverage_steps(imp, present, self.coverage, self.min_steps, self.max_steps)
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:

@@ -29,6 +29,60 @@ from maskrl.likelihood.state import State
 from maskrl.types import LossTerm, Rollout
 
 
+class CommitProbObserver:
+    """Sampler observer: θ's exact probability of every committed token at its commit step (SPEC
+    §1.2 ``commit_prob``), for rollouts made with a key/value cache, whose own ``commit_prob`` comes
+    from the cached logits the commits used. RLDF's step scores and DTCA's step importance read
+    ``p_i`` (SPEC §1.5, §3.2); :func:`commit_probs` hands them this one when it is there.
+
+    ``exact_logits = True`` (the current block only): under a cache the sampler runs one full forward
+    per cached step for the view (:attr:`maskrl.sampling.SamplerConfig.observer_logits`), or refuses.
+    ``result()``: ``{"theta_commit_prob": [N, L] float32}``.
+    """
+
+    exact_logits = True
+    logit_scope = "block"
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def on_step(self, view: Any) -> None:
+        lp = view.token_log_prob(view.tokens)  # [n, L]; committed positions lie in the block
+        r, i = view.committed.nonzero(as_tuple=True)
+        self.parts.append((view.rows[r], i, lp[r, i].exp()))
+
+    def result(self) -> dict[str, torch.Tensor]:
+        if not self.parts:
+            return {}
+        rows = torch.cat([p[0] for p in self.parts])
+        cols = torch.cat([p[1] for p in self.parts])
+        n, L = int(rows.max()) + 1, int(cols.max()) + 1
+        out = torch.zeros((n, L), dtype=torch.float32, device=rows.device)
+        out[rows, cols] = torch.cat([p[2] for p in self.parts]).float()
+        return {"theta_commit_prob": out}
+
+
+def commit_observers(sampler: Any) -> list[CommitProbObserver]:
+    """The observers a reader of ``p_i`` needs for ``sampler``: none without a cache (``commit_prob``
+    is θ's exact value then), else one :class:`CommitProbObserver`."""
+    return [] if getattr(sampler, "cache", "none") == "none" else [CommitProbObserver()]
+
+
+def commit_probs(rollout: Rollout, who: str) -> torch.Tensor:
+    """``[N, L]`` θ's probability of each committed token at its commit step: ``rollout.commit_prob``,
+    or with a cache the :class:`CommitProbObserver`'s.
+
+    Raises:
+        ValueError: a cached rollout without the observer's statistics (naming ``who``).
+    """
+    if "theta_commit_prob" in rollout.step_stats:
+        return rollout.step_stats["theta_commit_prob"].to(rollout.commit_prob.device)
+    if getattr(rollout.sampler, "cache", "none") != "none":
+        raise ValueError(f"{who}: the rollout used cache={rollout.sampler.cache!r}, so its commit_prob comes from cached "
+                         "logits; pass the module's observers to generate() (they record theta's exact p_i)")
+    return rollout.commit_prob
+
+
 def _steps_width(commit_step: torch.Tensor) -> int:
     return int(commit_step.max().item()) + 1 if commit_step.numel() else 0
 
@@ -280,10 +334,14 @@ class RLDFSteps(CreditModule):
     def __post_init__(self) -> None:
         check_step_sampling(self.k, self.temperature, self.keep_threshold)
 
+    def observers(self, sampler: Any, generator: torch.Generator) -> list[CommitProbObserver]:
+        """With a cache: θ's exact ``p_i`` (:func:`commit_observers`); none otherwise."""
+        return commit_observers(sampler)
+
     def choose(self, batch: CreditBatch, ctx: CreditContext) -> torch.Tensor:
         """``[N, k]`` long chosen steps (``-1`` padding), see :func:`sample_steps`."""
         ro = batch.rollout
-        w, present = step_surprise(ro.commit_step, ro.commit_prob, ro.completion_mask)
+        w, present = step_surprise(ro.commit_step, commit_probs(ro, "rldf_steps"), ro.completion_mask)
         return sample_steps(w, present, self.k, self.temperature, ctx.generator)
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:

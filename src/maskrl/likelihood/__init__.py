@@ -1,7 +1,9 @@
 """Likelihood estimators (SPEC §1.4), registered by name; see :mod:`maskrl.likelihood.base` for the
-protocol ``estimator(adapter, rollout, generator, need) -> ℓ [N, L]`` and ``estimator.rows(...)``."""
-from maskrl.likelihood.elbo import ELBO, SPGBounds, elbo, gauss_legendre_unit
-from maskrl.likelihood.base import Likelihood, needed, scatter_scores, score_positions
+protocol ``estimator(adapter, rollout, generator, need) -> ℓ [N, L]`` (or a :class:`PerToken` of
+named ``[N, L]`` tensors) and ``estimator.rows(...)``."""
+from maskrl.likelihood.elbo import ELBO, SPGBounds, bounds, elbo, gauss_legendre_unit, spg_bounds
+from maskrl.likelihood.base import (Likelihood, PerToken, check_pairing, needed, per_token_output, provides, reads,
+                                   scatter_scores, score_positions)
 from maskrl.likelihood.mean_field import MeanField, mask_prompt, mean_field, token_log_probs
 from maskrl.likelihood.state import State, commit_states, state
 from maskrl.likelihood.stratified import Stratified, strata, stratified
@@ -14,5 +16,7 @@ LIKELIHOODS.register("stratified")(Stratified)
 LIKELIHOODS.register("elbo")(ELBO)
 LIKELIHOODS.register("spg_bounds")(SPGBounds)
 
-__all__ = ["ELBO", "SPGBounds", "LIKELIHOODS", "Likelihood", "MeanField", "State", "Stratified", "elbo", "gauss_legendre_unit", "strata", "stratified", "commit_states", "mask_prompt", "mean_field", "needed",
-           "scatter_scores", "score_positions", "state", "token_log_probs"]
+__all__ = ["ELBO", "SPGBounds", "LIKELIHOODS", "Likelihood", "MeanField", "PerToken", "State", "Stratified", "bounds",
+           "check_pairing", "commit_states", "elbo", "gauss_legendre_unit", "mask_prompt", "mean_field", "needed",
+           "per_token_output", "provides", "reads", "scatter_scores", "score_positions", "spg_bounds", "state",
+           "strata", "stratified", "token_log_probs"]

@@ -7,9 +7,22 @@ are its hyper-parameters (the YAML section ``likelihood: {name: ..., **fields}``
 work to ``train.max_forward_rows`` without running it. ``need`` (``[N, L]`` bool, default: every
 position) names the positions whose log-prob is wanted; the others come back as 0 and cost nothing
 in the output layer.
+
+**Named outputs.** An estimator that computes more than one per-token quantity from the same masks
+returns a :class:`PerToken` record of named ``[N, L]`` tensors and declares their names in a class
+attribute ``provides`` (``spg_bounds``: ``("elbo", "eubo")``); one that returns a plain tensor
+provides ``("logp",)`` and need not say so. An objective names what it reads (``reads``, default
+``("logp",)``); :func:`per_token_output` is the one check of the seam (shapes, devices, dtypes and
+names), and :func:`check_pairing` refuses a mismatched pair at config time.
+
+**Forwards.** A call whose ``need`` has a position runs the model at least once whatever its masks
+draw (a draw that scores none of the needed positions still runs one forward, with a zero
+contribution), so that every process of a sharded run (FSDP, ZeRO-3) runs the same forwards; a call
+with ``rows() == 0`` runs none.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Protocol
 
 import torch
@@ -26,8 +39,9 @@ class Likelihood(Protocol):
         ...
 
     def __call__(self, adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | None,
-                 need: torch.Tensor | None = None) -> torch.Tensor:
-        """``[N, L]`` float32 per-token log-probs (0 where ``need`` is False)."""
+                 need: torch.Tensor | None = None) -> "torch.Tensor | PerToken":
+        """``[N, L]`` float32 per-token log-probs (0 where ``need`` is False), or a :class:`PerToken`
+        of such tensors named as the class attribute ``provides`` says."""
         ...
 
 
@@ -73,3 +87,134 @@ def scatter_scores(values: torch.Tensor, n_idx: torch.Tensor, i_idx: torch.Tenso
     """``[N, L]`` float32 zeros with ``values [M]`` written at ``(n_idx, i_idx)`` (differentiable)."""
     out = torch.zeros(shape, dtype=torch.float32, device=values.device)
     return out.index_put((n_idx, i_idx), values)
+
+
+#: the name of a likelihood's one tensor when it returns a plain ``[N, L]`` tensor
+LOGP = "logp"
+
+
+class PerToken:
+    """Named per-token tensors: what a likelihood returns when one ``[N, L]`` tensor is not enough
+    (``spg_bounds``: ``PerToken(elbo=..., eubo=...)``, the two bounds of SPEC §1.5 from the same masks).
+
+    A small frozen record: ``record["elbo"]`` or ``record.elbo`` reads a tensor, ``names`` lists them,
+    ``detach()`` detaches each. A likelihood that returns one declares ``provides = (names...)``; an
+    objective that reads one declares ``reads = (names...)`` and receives the record (see
+    :func:`per_token_output`, the seam's one check).
+
+    Args:
+        **tensors: name -> ``[N, L]`` float tensor (at least one).
+
+    Raises:
+        ValueError: no tensor given.
+    """
+
+    __slots__ = ("_tensors",)
+
+    def __init__(self, **tensors: torch.Tensor) -> None:
+        if not tensors:
+            raise ValueError("PerToken needs at least one named tensor")
+        object.__setattr__(self, "_tensors", MappingProxyType(dict(tensors)))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("PerToken is frozen")
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"no per-token tensor {name!r}; this record has {', '.join(self._tensors)}") from None
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise AttributeError(f"no per-token tensor {name!r}; this record has {', '.join(self._tensors)}") from None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The tensors' names, in the order given."""
+        return tuple(self._tensors)
+
+    def items(self):
+        """``(name, tensor)`` pairs."""
+        return self._tensors.items()
+
+    def detach(self) -> "PerToken":
+        """The same record with every tensor detached."""
+        return PerToken(**{k: v.detach() for k, v in self._tensors.items()})
+
+    def __repr__(self) -> str:
+        return "PerToken(" + ", ".join(f"{k}=[{', '.join(map(str, v.shape))}]" for k, v in self._tensors.items()) + ")"
+
+
+def provides(likelihood: object) -> tuple[str, ...]:
+    """The per-token tensors ``likelihood`` returns: its ``provides`` class attribute, ``("logp",)``
+    for a likelihood that returns one tensor (the default, so plug-ins need not say)."""
+    return tuple(getattr(likelihood, "provides", (LOGP,)))
+
+
+def reads(objective: object) -> tuple[str, ...]:
+    """The per-token tensors ``objective`` reads: its ``reads`` class attribute (default ``("logp",)``)."""
+    return tuple(getattr(objective, "reads", (LOGP,)))
+
+
+def check_pairing(objective: object, likelihood: object) -> None:
+    """Raise when ``likelihood`` does not provide every tensor ``objective`` reads.
+
+    Raises:
+        ValueError: naming the missing tensors, what the likelihood provides, and both classes.
+    """
+    missing = [n for n in reads(objective) if n not in provides(likelihood)]
+    if missing:
+        raise ValueError(f"likelihood {type(likelihood).__name__} provides {', '.join(provides(likelihood))} per "
+                         f"token, but objective {type(objective).__name__} reads {', '.join(reads(objective))} "
+                         f"(missing: {', '.join(missing)}); pick a likelihood that provides them")
+
+
+def tensors_of(values: torch.Tensor | PerToken) -> dict[str, torch.Tensor]:
+    """``{name: [N, L] tensor}`` of a likelihood output (a plain tensor is ``{"logp": it}``)."""
+    return dict(values.items()) if isinstance(values, PerToken) else {LOGP: values}
+
+
+def per_token_output(out: object, need: torch.Tensor, objective: object, who: str) -> torch.Tensor | PerToken:
+    """The seam between a likelihood and an objective: check a likelihood's output and hand on what
+    the objective reads (the trainer's one place that looks at it; it knows no estimator by name).
+
+    Every named tensor must be a real floating-point ``[N, L]`` tensor on ``need``'s device.
+
+    Args:
+        out: what the likelihood returned (an ``[N, L]`` tensor or a :class:`PerToken`).
+        need: ``[N, L]`` bool, the positions asked for (its shape and device are the contract).
+        objective: the consumer; its ``reads`` names the tensors it gets.
+        who: where, for error messages (e.g. ``"loss term 'base': likelihood ELBO"``).
+
+    Returns:
+        The plain tensor when the objective reads ``("logp",)`` only and the likelihood returned one
+        tensor (or a record with a ``logp``); else a :class:`PerToken` of the tensors it reads.
+
+    Raises:
+        ValueError: a wrong type, shape, device or dtype (naming the tensor), or a tensor the
+            objective reads that the output lacks.
+    """
+    if not isinstance(out, (torch.Tensor, PerToken)):
+        raise ValueError(f"{who} returned {type(out).__name__}; expected an [N, L] tensor or a PerToken record")
+    got = tensors_of(out)
+    for name, t in got.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{who}: per-token {name!r} is {type(t).__name__}, not a tensor")
+        if t.shape != need.shape or t.device != need.device:
+            raise ValueError(f"{who}: per-token {name!r} has shape {tuple(t.shape)} on {t.device}; "
+                             f"expected [N, L] = {tuple(need.shape)} on {need.device}")
+        if not t.is_floating_point():
+            raise ValueError(f"{who}: per-token {name!r} has dtype {t.dtype}; expected a real floating-point dtype")
+    want = reads(objective)
+    missing = [n for n in want if n not in got]
+    if missing:
+        raise ValueError(f"{who} provides {', '.join(got)} per token; objective {type(objective).__name__} reads "
+                         f"{', '.join(want)} (missing: {', '.join(missing)})")
+    if want == (LOGP,):
+        return got[LOGP]
+    return PerToken(**{n: got[n] for n in want})

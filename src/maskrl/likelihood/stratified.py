@@ -2,11 +2,16 @@
 
 The valid completion positions of each sequence are split into K disjoint strata Π_1..Π_K
 (``layout: random`` -- an equal-size partition from the caller's generator, sizes differing by at
-most one -- or ``stride``: position i in stratum i mod K). For stratum s the input hides Π_s (and
-the positions after the completion's end, which every row hides, as mean-field does) and shows the
-other completion tokens; the prompt is masked as in mean-field (one draw per sequence, shared by its
-rows). ``ℓ^SML_i = log p_θ(o_i | q^m, o_{¬Π_s})`` for i ∈ Π_s: every valid position is scored exactly
-once. Positions past the end (when asked for) are scored in the row of their own stratum.
+most one -- or ``stride``: position i in stratum i mod K). For stratum s the input hides Π_s alone
+and shows every other completion token, *the tokens after the completion's first stop token
+included* (SPEC §2.2: on LLaDA that end-of-text tail is most of a 256-token completion; hiding it,
+as this estimator did before issue 19, moved per-token log-probs by up to 0.21 nats on the tiny
+model and 10 nats on its 40×-sharpened copy, ``benchmarks/fidelity_sml_dps.py``); the prompt is masked as in mean-field (one draw
+per sequence, shared by its rows). ``ℓ^SML_i = log p_θ(o_i | q^m, o_{¬Π_s})`` for i ∈ Π_s: every
+valid position is scored exactly once. Positions past the end belong to no stratum and are never
+hidden; when asked for (the trainer asks only in its padding forwards, whose values it drops) they
+are read, visible, in the row of the stratum the layout deals them, a value of no use. Only the
+all-hidden mean-field row hides them.
 
 The estimator returns ``ℓ = full·ℓ^full + sml·ℓ^SML`` with ``ℓ^full`` the mean-field log-prob (the
 all-hidden row, same prompt mask), computed in the same batched forward as one more row:
@@ -15,7 +20,8 @@ all-hidden row, same prompt mask), computed in the same batched forward as one m
   enters the ratio for θ, θ_old and θ_ref alike (the defaults);
 - ratio-free wd1: ``full = 1, sml = γ`` gives ``L_wd1(ℓ^full) + γ·L_wd1(ℓ^SML)`` exactly, because
   wd1's loss is linear in ℓ;
-- ``full = 0, sml = 1`` is pure SML (K = 1: mean-field; K = L: the leave-one-out pseudo-likelihood).
+- ``full = 0, sml = 1`` is pure SML (K = 1: mean-field, when the completion has no tail after its
+  stop token; K = L: the leave-one-out pseudo-likelihood).
 
 All K (+1) rows of all sequences go through one forward (the trainer's ``max_forward_rows`` splits
 sequences, never a sequence's rows); the output layer runs only at each row's scored positions.
@@ -95,7 +101,8 @@ def stratified(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generat
     kinds = (list(range(k)) if sml > 0 else []) + ([k] if full > 0 else [])
     r = len(kinds)
     kind = torch.tensor(kinds, dtype=torch.long, device=device)  # [r]
-    hide = (s_of[:, None, :] == kind[None, :, None]) | ~valid[:, None, :] | (kind[None, :, None] == k)  # [N, r, L]
+    # SPEC §2.2: a stratum row hides its valid positions only (the tail after the stop token stays visible)
+    hide = ((s_of[:, None, :] == kind[None, :, None]) & valid[:, None, :]) | (kind[None, :, None] == k)  # [N, r, L]
     scored = need[:, None, :] & ((s_of[:, None, :] == kind[None, :, None]) | (kind[None, :, None] == k))
     hide, scored = hide.reshape(n * r, L), scored.reshape(n * r, L)
     seq_of = torch.arange(n, device=device).repeat_interleave(r)

@@ -244,6 +244,15 @@ class ModelAdapter:
         rows = torch.arange(n, device=columns.device)[:, None].expand(n, k).reshape(-1)
         return self._outputs_at(input_ids, attention_mask, rows, columns.reshape(-1)).view(n, k, -1)
 
+    @property
+    def max_positions(self) -> int | None:
+        """Longest prompt + completion (tokens) the model is built for: its config's
+        ``max_position_embeddings`` (LLaDA: ``max_sequence_length``, the tiny model: ``max_positions``);
+        ``None`` when the config has none."""
+        cfg = getattr(self.model, "config", None)
+        value = getattr(cfg, "max_position_embeddings", None)
+        return int(value) if isinstance(value, int) and value > 0 else None
+
     def is_stop(self, ids: torch.Tensor) -> torch.Tensor:
         """Bool tensor of ``ids``' shape: True where the id ends a completion (eos or a stop id)."""
         stop = ids == self.eos_id

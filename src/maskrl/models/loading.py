@@ -58,8 +58,10 @@ which ties them itself.
     or of type ``"default"`` (a form transformers 5 no longer accepts from remote code) becomes
     ``rope_parameters = {"rope_type": "default", "rope_theta": θ}``; other scalings are refused.
 
-``tiny`` (a folder written by :func:`maskrl.models.save_model`; ``maskrl_family`` key)
-    Loaded with :func:`maskrl.models.load_tiny`.
+``tiny`` (a folder written by :func:`maskrl.models.save_model`; ``maskrl_family`` key, and
+    ``model_type: "maskrl_tiny"`` so that no plain transformers load passes silently)
+    Loaded with :func:`maskrl.models.load_tiny`. LLaDA / Dream exports of :func:`~maskrl.models.save_model`
+    are in their family's own layout and load as ``llada`` / ``dream`` (their ``maskrl_stop_ids`` kept).
 
 ``masked_lm`` (``architectures`` ending in ``ForMaskedLM``, a ``model_type`` transformers knows)
     Loaded with ``AutoModelForMaskedLM.from_pretrained`` (no remote code) and run with a 2-D mask.
@@ -125,7 +127,9 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
         revision: Hub revision for ``path_or_id`` ids.
         mask_id, eos_id, pad_id, stop_ids: override the ids otherwise taken from ``config.json``,
             then from the family defaults (LLaDA: mask 126336, eos/pad 126081, stop 126348;
-            Dream: mask 151666, eos/pad 151643).
+            Dream: mask 151666, eos/pad 151643). Every id of a list-valued ``eos_token_id`` (in
+            ``config.json`` or ``generation_config.json``, :func:`end_ids`) ends a completion: the
+            first is ``eos_id``, the others join ``stop_ids``.
 
     Returns:
         A :class:`ModelAdapter` with ``family`` in ``{"llada", "dream", "tiny", "masked_lm"}``.
@@ -161,20 +165,26 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
             config, to_native, to_checkpoint = dream_config(cfg), _identity, _identity
             mask, eos, stops = DREAM_MASK_ID, DREAM_EOS_ID, ()
         model = _build_and_load(config, folder, to_native, to_checkpoint, dtype, device)
-        cfg_eos = _one_id(cfg.get("eos_token_id"))
+        ends = end_ids(cfg, folder)
+        cfg_eos = ends[0] if ends else None
+        end = _first(cfg_eos, eos)
         adapter = ModelAdapter(model=model, mask_id=_first(cfg.get("mask_token_id"), mask),
-                               eos_id=_first(cfg_eos, eos), pad_id=_first(cfg.get("pad_token_id"), cfg_eos, eos),
+                               eos_id=end, pad_id=_first(cfg.get("pad_token_id"), cfg_eos, eos),
                                shift=(family == "dream"), family=family, attention="4d",
-                               tokenizer=tok, stop_ids=stops)
+                               tokenizer=tok, stop_ids=_stops(stops + ends, end))
+        if cfg.get("maskrl_stop_ids") is not None:  # a maskrl export (maskrl.models.export) keeps its stop ids
+            adapter.stop_ids = _stops(tuple(cfg["maskrl_stop_ids"]) + ends, end)
     else:  # masked_lm
         model = _load_masked_lm(folder, dtype, device)
         c = model.config
+        ends = end_ids(cfg, folder)
+        end = _first(ends[0] if ends else None, getattr(c, "sep_token_id", None),
+                     getattr(tok, "eos_token_id", None), getattr(tok, "sep_token_id", None))
         adapter = ModelAdapter(
             model=model, shift=False, family="masked_lm", attention="2d", tokenizer=tok,
             mask_id=_first(getattr(c, "mask_token_id", None), getattr(tok, "mask_token_id", None)),
-            eos_id=_first(_one_id(getattr(c, "eos_token_id", None)), getattr(c, "sep_token_id", None),
-                          getattr(tok, "eos_token_id", None), getattr(tok, "sep_token_id", None)),
-            pad_id=_first(getattr(c, "pad_token_id", None), getattr(tok, "pad_token_id", None)))
+            eos_id=end, pad_id=_first(getattr(c, "pad_token_id", None), getattr(tok, "pad_token_id", None)),
+            stop_ids=_stops(ends, end))
 
     overrides = dict(mask_id=mask_id, eos_id=eos_id, pad_id=pad_id,
                      stop_ids=None if stop_ids is None else tuple(int(s) for s in stop_ids))
@@ -213,27 +223,44 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
 # ----------------------------------------------------------------------------------------------
 # folders, configs, families
 # ----------------------------------------------------------------------------------------------
+def looks_like_path(text: str) -> bool:
+    """Whether a model argument is meant as a local path rather than a Hub id (``owner/name``): it
+    starts with ``.``, ``/`` or ``~``, holds a backslash or more than one ``/``, or its first part is
+    an existing local folder (``runs/does-not-exist`` while ``runs/`` exists)."""
+    if text.startswith((".", "/", "~")) or "\\" in text or text.count("/") != 1:
+        return True
+    return Path(text.split("/", 1)[0]).is_dir()
+
+
 def resolve(path_or_id: str | os.PathLike, revision: str | None = None) -> Path:
     """Local folder for ``path_or_id``: the folder itself, or a Hub snapshot download.
 
     Raises:
-        FileNotFoundError: not a folder and not shaped like a Hub id (``owner/name``).
-        OSError: the download failed (offline, unknown repo, gated model, ...).
+        FileNotFoundError: not a folder, and path-like (:func:`looks_like_path`) or not shaped like a
+            Hub id (``owner/name``); the message names the nearest existing parent folder.
+        OSError: the download failed (offline, unknown repo, gated model, ...); a one-line message.
     """
     path = Path(path_or_id).expanduser()
     if path.is_dir():
         return path
     text = str(path_or_id)
-    if not re.fullmatch(r"[\w.\-]+/[\w.\-]+", text) or text.startswith((".", "/")):
-        raise FileNotFoundError(f"no model folder at {text!r} (and it is not a Hub id of the form 'owner/name')")
+    if path.exists():
+        raise FileNotFoundError(f"model {text!r} is a file, not a model folder (config.json + safetensors weights)")
+    if looks_like_path(text) or not re.fullmatch(r"[\w.\-]+/[\w.\-]+", text):
+        parent = path.absolute().parent
+        while not parent.is_dir():
+            parent = parent.parent
+        raise FileNotFoundError(f"no model folder at {text!r} (nearest existing folder: {parent}); a Hub id "
+                                "looks like 'owner/name', with no local folder named 'owner'")
     try:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(repo_id=text, revision=revision, allow_patterns=_HUB_PATTERNS))
     except Exception as err:  # network errors, missing repo, gated repo, offline mode, ...
+        first = (str(err).strip().splitlines() or [""])[0][:200]
         raise OSError(f"{text!r} is not a local folder and downloading it from the Hugging Face Hub failed "
-                      f"({type(err).__name__}: {err}). Download it where the Hub is reachable, e.g. "
-                      f"`hf download {text} --local-dir DIR`, and pass DIR.") from err
+                      f"({type(err).__name__}: {first}). Download it where the Hub is reachable, e.g. "
+                      f"`hf download {text} --local-dir DIR`, and pass DIR.") from None
 
 
 def read_config(folder: str | os.PathLike) -> dict:
@@ -527,11 +554,33 @@ def _load_tokenizer(folder: Path, family: str):
                      "pass tokenizer=<tokenizer> or tokenizer=False") from first
 
 
-def _one_id(value):
-    """First id of a config field that may be an int or a list of ints."""
+def _ids(value) -> tuple[int, ...]:
+    """The ids of a config field that may be ``None``, an int or a list of ints."""
+    if value is None:
+        return ()
     if isinstance(value, (list, tuple)):
-        return value[0] if value else None
-    return value
+        return tuple(int(v) for v in value if v is not None)
+    return (int(value),)
+
+
+def end_ids(cfg: dict, folder: str | os.PathLike | None = None) -> tuple[int, ...]:
+    """Every end-of-completion id a checkpoint declares, in order, without repeats: ``config.json``'s
+    ``eos_token_id`` (an int or a list, as instruct checkpoints write ``[eos, end_of_turn]``), then
+    those of ``generation_config.json`` when the folder has one. The first is the adapter's
+    ``eos_id``; all of them end a completion (``ModelAdapter.stop_ids``, SPEC §1.1)."""
+    ids = list(_ids(cfg.get("eos_token_id")))
+    gen = Path(folder) / "generation_config.json" if folder is not None else None
+    if gen is not None and gen.is_file():
+        try:
+            ids += _ids(json.loads(gen.read_text()).get("eos_token_id"))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ValueError(f"{gen}: eos_token_id is not an id or a list of ids ({e})") from None
+    return tuple(dict.fromkeys(ids))
+
+
+def _stops(ids: Iterable[int], eos_id: int | None) -> tuple[int, ...]:
+    """``ids`` without repeats and without ``eos_id`` (which ends a completion anyway)."""
+    return tuple(i for i in dict.fromkeys(int(i) for i in ids) if i != eos_id)
 
 
 def _first(*values):

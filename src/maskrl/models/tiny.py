@@ -13,6 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from maskrl.models.adapter import ModelAdapter
+from maskrl.models.export import save_model  # noqa: F401  (maskrl.models.tiny.save_model, as before)
 from maskrl.models.tokenizer import build_char_tokenizer
 
 
@@ -42,46 +43,29 @@ def build_tiny(hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, 
                         shift=False, family="tiny", tokenizer=tok)
 
 
-def save_model(adapter: ModelAdapter, path: str | os.PathLike) -> Path:
-    """Save weights (safetensors), config and tokenizer into ``path``; returns the folder.
-
-    The adapter's family facts (mask / eos / pad / stop ids, logit shift, attention style) are
-    written into ``config.json`` as ``maskrl_*`` keys, so :func:`load_tiny` (and
-    :func:`maskrl.models.load`) reload any saved policy -- the tiny model, a trained LLaDA (saved as
-    its native Llama class) or Dream (Qwen2) -- with the same behaviour. A peft-wrapped model is
-    saved through peft's own ``save_pretrained``: the LoRA adapter files only; the live model is
-    not modified.
-    """
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    model = adapter.model
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cfg = base.config
-    cfg.maskrl_family = adapter.family
-    cfg.mask_token_id = adapter.mask_id
-    cfg.maskrl_eos_id = adapter.eos_id
-    cfg.maskrl_pad_id = adapter.pad_id
-    cfg.maskrl_stop_ids = list(adapter.stop_ids)
-    cfg.maskrl_shift = bool(adapter.shift)
-    cfg.maskrl_attention = adapter.attention
-    model.save_pretrained(path)
-    if adapter.tokenizer is not None:
-        adapter.tokenizer.save_pretrained(path)
-    return path
-
-
 def load_tiny(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> ModelAdapter:
     """Load a folder written by :func:`save_model` (any family; ``maskrl_*`` keys in config.json).
 
-    The native class comes from the config's ``model_type`` (``AutoModelForCausalLM``, or
-    ``AutoModelForMaskedLM`` for 2-D-attention models); no remote code.
+    The native class comes from the config's ``maskrl_native_model_type`` (maskrl's own layout,
+    ``model_type: "maskrl_tiny"``, :mod:`maskrl.models.export`) or else its ``model_type`` (folders of
+    earlier versions): ``AutoModelForCausalLM``, or ``AutoModelForMaskedLM`` for 2-D-attention
+    models; no remote code.
     """
+    import json
+
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
-    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    raw = json.loads((Path(path) / "config.json").read_text())
+    if "maskrl_native_model_type" in raw:
+        native = raw.pop("maskrl_native_model_type")
+        raw["architectures"] = raw.pop("maskrl_native_architectures", None)
+        raw.pop("model_type", None)
+        config = AutoConfig.for_model(native, **raw)
+    else:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     attention = getattr(config, "maskrl_attention", "4d")
     auto = AutoModelForMaskedLM if attention == "2d" else AutoModelForCausalLM
-    model = auto.from_pretrained(path, dtype=dtype, trust_remote_code=False)
+    model = auto.from_pretrained(path, config=config, dtype=dtype, trust_remote_code=False)
     tok = PreTrainedTokenizerFast.from_pretrained(path) if (Path(path) / "tokenizer.json").exists() else None
     cfg = model.config
     eos = getattr(cfg, "maskrl_eos_id", None)

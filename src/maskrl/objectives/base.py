@@ -6,6 +6,10 @@ It is called on tensors only::
 
     objective(logp, logp_old, logp_ref, advantages [N, L], mask [N, L], normalizer) -> LossOutput
 
+where ``logp`` (and ``logp_old``, ``logp_ref``) is an ``[N, L]`` tensor, or, for an objective that
+declares ``reads = ("elbo", "eubo")`` (say), a :class:`maskrl.likelihood.base.PerToken` of those
+named ``[N, L]`` tensors (the likelihood must provide them; checked at config time and at the seam).
+
 and, through :class:`Objective`, declares what the trainer must provide: its default likelihood
 estimator, whether it reads θ_old (a ratio) or a reference (a KL term), and how sequence rewards
 become advantages (SPEC §1.3).
@@ -17,7 +21,7 @@ one metric rule of the trainer (issue "plug-in seams", item 4).
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar, Mapping
 
 import torch
 
@@ -64,15 +68,22 @@ class Objective:
     Class attributes (override in a subclass):
         default_likelihood: registry name of the SPEC §1.4 estimator used when the YAML has no
             ``likelihood`` section.
+        default_likelihood_fields: that estimator's fields where the objective's own defaults differ
+            from the estimator's (e.g. ``rldf``: ``{"p_mask_prompt": 0.0}``); also the defaults of a
+            ``likelihood`` section that names the same estimator.
         uses_ratio: True when the loss reads ``logp_old`` (θ_old's log-probs are then computed for
             μ > 1; with μ = 1 ``logp_old`` is ``logp.detach()``).
+        reads: the per-token tensors the loss reads from its likelihood (default ``("logp",)``: one
+            ``[N, L]`` tensor; other names: a :class:`~maskrl.likelihood.base.PerToken` record).
 
     A subclass with a ``normalize`` field gets group-relative advantages with it; one with a
     ``beta`` field needs a reference when ``beta > 0``.
     """
 
     default_likelihood: ClassVar[str] = "mean_field"
+    default_likelihood_fields: ClassVar[Mapping[str, Any]] = {}
     uses_ratio: ClassVar[bool] = True
+    reads: ClassVar[tuple[str, ...]] = ("logp",)
 
     @property
     def needs_reference(self) -> bool:

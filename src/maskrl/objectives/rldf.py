@@ -28,11 +28,17 @@ class RLDF(DiffuGRPO):
             steps) or ``"token_mean"``.
         normalize: group advantage normalisation (default ``"mean_std"``, SPEC §1.3).
 
-    Its default likelihood is ``state`` (SPEC §1.4). ``__call__`` is diffu-GRPO's (same tensors,
-    same metrics ``policy_loss``, ``kl``, ``clip_frac``, ``ratio_mean``).
+    Its default likelihood is ``state`` (SPEC §1.4) with a **clean prompt** (``p_mask_prompt: 0``,
+    issue 19): the states ``rldf_steps`` / ``dtca`` train on are scored under the same input that
+    their p ≥ 0.6 filter and DTCA's entropy-flow calibration read (θ at x_s, prompt unmasked), so
+    the kept tokens, ΔH and the trained ℓ are about one distribution. A ``likelihood: {name: state}``
+    section starts from the same default; ``p_mask_prompt > 0`` is still accepted (the filter then
+    reads another input than the loss). ``__call__`` is diffu-GRPO's (same tensors, same metrics
+    ``policy_loss``, ``kl``, ``clip_frac``, ``ratio_mean``).
     """
 
     default_likelihood = "state"
+    default_likelihood_fields = {"p_mask_prompt": 0.0}
 
     clip_eps: float = 0.2
     beta: float = 0.01

@@ -11,9 +11,11 @@ holds on both sides:
 
 with per-token ``b_{n,i}`` the ELBO contribution (A > 0) or ``ω·EUBO_i + (1 − ω)·ELBO_i`` (A ≤ 0),
 ``EUBO_i = (1/β) log Σ_r c_r 1[i masked in x_r] p_θ(o_i | x_r)^β``, both from the same block-wise
-masks (the ``spg_bounds`` likelihood, which returns them as one complex ``[N, L]`` tensor: real part
-ELBO, imaginary part EUBO). With a credit module's per-token advantages the branch is chosen per token
-by the sign of ``A_{n,i}``. Defaults β = 1.5 (a likelihood field, ``eubo_beta``), ω = 0.5.
+masks (the ``spg_bounds`` likelihood returns them as ``PerToken(elbo=..., eubo=...)``; this objective
+declares ``reads = ("elbo", "eubo")``). With a credit module's per-token advantages the branch is
+chosen per token by the sign of ``A_{n,i}``. Defaults β = 1.5 (a likelihood field, ``eubo_beta``),
+ω = 0.5. ``aggregation: token_mean`` weights sequences by length as SPG's released code does
+(``Σ_n −A_n·bound_n / Σ_n |o_n|``; with ``likelihood: {name: spg_bounds, masking: spg_public}``).
 
 Numerics (users report collapse to one repeated character and NaN log-probs with the EUBO): the EUBO
 is computed in log-sum-exp form with log-probs floored (:func:`maskrl.likelihood.elbo.eubo_tokens`),
@@ -26,7 +28,8 @@ from typing import ClassVar
 
 import torch
 
-from maskrl.objectives.base import Objective
+from maskrl.likelihood.base import PerToken
+from maskrl.objectives.base import AGGREGATIONS, Objective, aggregate
 from maskrl.types import LossOutput
 
 
@@ -43,60 +46,59 @@ class SPG(Objective):
     Attributes:
         omega: ω, the EUBO share of the bound for A ≤ 0 **[choice]** (default 0.5).
         normalize: group advantage normalisation **[choice]** (SPEC §1.3; default ``"mean"``).
+        aggregation: **[choice]** ``"seq_mean"`` (default: each sequence's token sum divided by its
+            length, then summed and divided by the trainer's global sequence count) or
+            ``"token_mean"`` (sum over all tokens / the global token count: SPG's released code).
 
-    Aggregation is over sequences (each sequence's token sum divided by its length, then summed and
-    divided by the trainer's global sequence count). Ratio-free (θ_old never computed) and without a
-    reference.
+    Ratio-free (θ_old never computed) and without a reference.
     """
 
     default_likelihood: ClassVar[str] = "spg_bounds"
-    aggregation: ClassVar[str] = "seq_mean"
+    reads: ClassVar[tuple[str, ...]] = ("elbo", "eubo")
     uses_ratio: ClassVar[bool] = False
     omega: float = 0.5
     normalize: str = "mean"
+    aggregation: str = "seq_mean"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.omega <= 1.0:
             raise ValueError(f"omega (={self.omega}) must lie in [0, 1]")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation {self.aggregation!r} is not one of {AGGREGATIONS}")
         self.check_fields()
 
-    def __call__(self, logp: torch.Tensor, logp_old: torch.Tensor | None, logp_ref: torch.Tensor | None,
+    def __call__(self, logp: PerToken, logp_old: PerToken | None, logp_ref: PerToken | None,
                  advantages: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> LossOutput:
         """Loss of one (micro-)batch.
 
         Args:
-            logp: ``[N, L]`` complex (``spg_bounds``: real ELBO, imaginary EUBO contributions), with grad.
+            logp: ``PerToken(elbo=[N, L], eubo=[N, L])`` float bound contributions (``spg_bounds``), with grad.
             logp_old, logp_ref: unused.
             advantages: ``[N, L]`` float per-token advantages.
             mask: ``[N, L]`` bool, tokens that count.
-            normalizer: global number of sequences (default this micro-batch's N).
+            normalizer: global number of sequences (``seq_mean``) or tokens (``token_mean``); default
+                this micro-batch's.
 
         Returns:
-            :class:`LossOutput`; metrics (sequence shares): ``policy_loss``, ``elbo``, ``eubo``
-            (length-normalised bounds), ``neg_frac`` (share of sequences with mean A ≤ 0).
+            :class:`LossOutput`; metrics (shares, aggregated like the loss): ``policy_loss``, ``elbo``,
+            ``eubo`` (length-normalised bounds under ``seq_mean``), ``neg_frac`` (share of tokens with
+            A ≤ 0; of sequences when A is constant per sequence and under ``seq_mean``).
 
         Raises:
-            ValueError: ``logp`` is not complex (the likelihood is not ``spg_bounds``), or a
-                non-finite bound / advantage (names the rows).
+            ValueError: ``logp`` has no ``elbo`` / ``eubo`` (the likelihood is not ``spg_bounds``), or
+                a non-finite bound / advantage (names the rows).
         """
-        if not logp.is_complex():
-            raise ValueError("spg needs the spg_bounds likelihood (ELBO and EUBO per token); got a real tensor "
-                             "from another likelihood: set `likelihood: {name: spg_bounds}`")
-        elbo_tok, eubo_tok = logp.real, logp.imag
+        if not isinstance(logp, PerToken) or not {"elbo", "eubo"} <= set(logp.names):
+            raise ValueError("spg needs the spg_bounds likelihood (ELBO and EUBO per token, a PerToken record); got "
+                             f"{type(logp).__name__}: set `likelihood: {{name: spg_bounds}}`")
+        elbo_tok, eubo_tok = logp["elbo"], logp["eubo"]
         for name, t in (("ELBO", elbo_tok), ("EUBO", eubo_tok), ("advantages", advantages)):
             bad = ~torch.isfinite(t.detach())
             if bad.any():
                 raise ValueError(f"spg: non-finite {name} in rows {bad.any(-1).nonzero().flatten().tolist()[:8]}")
-        m = mask.float()
-        length = m.sum(-1).clamp(min=1.0)  # [N]
-        denom = normalizer if normalizer is not None else max(logp.shape[0], 1)
         b = sandwich_tokens(elbo_tok, eubo_tok, advantages, self.omega)  # [N, L]
-        per_seq = -(advantages * b * m).sum(-1) / length  # [N]
-        policy_loss = per_seq.sum() / denom
-        real = (m.sum(-1) > 0).float()
-        mean_a = (advantages.detach() * m).sum(-1) / length
-        metrics = {"policy_loss": policy_loss.item(),
-                   "elbo": ((elbo_tok.detach() * m).sum(-1) / length).sum().item() / denom,
-                   "eubo": ((eubo_tok.detach() * m).sum(-1) / length).sum().item() / denom,
-                   "neg_frac": ((mean_a <= 0).float() * real).sum().item() / denom}
+        policy_loss = aggregate(-advantages * b, mask, self.aggregation, normalizer)
+        metrics = {"policy_loss": policy_loss.item(), "elbo": self.share(elbo_tok, mask, normalizer),
+                   "eubo": self.share(eubo_tok, mask, normalizer),
+                   "neg_frac": self.share((advantages <= 0).float(), mask, normalizer)}
         return LossOutput(loss=policy_loss, metrics=metrics)

@@ -24,7 +24,10 @@ Code extraction (:func:`extract_code`; rules shared by all tasks in :mod:`maskrl
 in the completion's final part (cut at the end-of-text token; the text after ``</reasoning>`` or
 the ``<answer>`` span when there is one; nothing when the reasoning never ended), the whole part
 when it is a Python program; else the last fenced block tagged ``python``/``py``/``python3``; else
-the last untagged fenced block; else, with no fences at all, the part as bare code. A fence closes
+the last untagged fenced block; else, with no fences at all, the part as bare code. When the task
+names the functions it calls (MBPP: the names the reference solution defines; HumanEval: the entry
+point), the block chosen among several is the last one that defines one of them at top level, so a
+solution followed by an "example usage" block is graded on the solution. A fence closes
 only at a line holding nothing but three backticks; a final fence left open by a truncated
 completion is read to the end. Empty code scores 0 without starting a sandbox; code that does not
 run scores 0 through the sandbox; nothing a completion contains raises.
@@ -68,8 +71,21 @@ def completion_text(completion: Any) -> str:
     return ""
 
 
-def extract_code(completion: str) -> str:
-    """The Python code in a completion (rules in the module docstring); ``""`` when there is none."""
+def defines_any(code: str, names: Sequence[str]) -> bool:
+    """Whether ``code`` defines one of ``names`` at top level (``def``/``async def``/``class`` or an
+    assignment at column 0)."""
+    return any(re.search(rf"^(?:(?:async\s+)?def\s+{re.escape(n)}\s*\(|class\s+{re.escape(n)}\b|{re.escape(n)}\s*(?::[^=\n]*)?=(?!=))",
+                         code, re.M) for n in names)
+
+
+def extract_code(completion: str, required: Sequence[str] = ()) -> str:
+    """The Python code in a completion (rules in the module docstring); ``""`` when there is none.
+
+    Args:
+        completion: the completion text.
+        required: names the tests call (function / class names); among several fenced blocks of the
+            chosen kind the last one defining one of them wins, else the last block.
+    """
     if not isinstance(completion, str):
         return ""
     part = final_part(completion, minus=False)
@@ -82,7 +98,8 @@ def extract_code(completion: str) -> str:
     for wanted in (lambda tag: tag in _PY_TAGS, lambda tag: tag == ""):
         chosen = [f.body for f in blocks if wanted(f.lang)]
         if chosen:
-            return chosen[-1].strip("\n")
+            defining = [b for b in chosen if defines_any(b, required)]
+            return (defining or chosen)[-1].strip("\n")
     if blocks:
         return ""  # only blocks in other languages
     return text.strip("\n")
@@ -218,7 +235,7 @@ class MBPP(_SandboxCheck, Task):
         neither the builtins, ``test_imports`` nor the standard library provide."""
         imports = test_imports if test_imports is not None else [[] for _ in completions]
         refs = code if code is not None else ["" for _ in completions]
-        codes = [extract_code(completion_text(c)) for c in completions]
+        codes = [extract_code(completion_text(c), mbpp_candidates(ref)) for c, ref in zip(completions, refs)]
         jobs = [(mbpp_program(c, imp), list(tests), "\n".join(imp), mbpp_candidates(ref))
                 for c, tests, imp, ref in zip(codes, test_list, imports, refs)]
         return _score(jobs, codes, self.limits, self.workers)
@@ -334,7 +351,7 @@ class HumanEval(_SandboxCheck, Task):
     def reward(self, prompts: Sequence[str], completions: Sequence[Any], *, code_prompt: Sequence[str],
                entry_point: Sequence[str], test: Sequence[str], **_: Any) -> list[float]:
         """Fraction of the row's tests (see :func:`humaneval_tests`) passed by each completion."""
-        codes = [extract_code(completion_text(c)) for c in completions]
+        codes = [extract_code(completion_text(c), (e,)) for c, e in zip(completions, entry_point)]
         jobs = [(humaneval_program(cp, code, e), list(humaneval_tests(t, e)), humaneval_setup(cp, t), (e,))
                 for code, cp, e, t in zip(codes, code_prompt, entry_point, test)]
         return _score(jobs, codes, self.limits, self.workers)

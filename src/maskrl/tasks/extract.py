@@ -23,7 +23,10 @@ grids, JSON values, code) goes through these helpers, so the rules are the same 
    block left open runs to the end of the text. So backticks inside a JSON string or a Python
    string do not end the block (:func:`fenced_blocks`). Tasks try the whole final part as the
    answer before looking for a fence.
-5. **Boxes.** ``\\boxed{...}`` content is read with matched braces (:func:`last_boxed`).
+5. **Boxes.** ``\\boxed{...}`` content is read with matched braces (:func:`last_boxed`); an answer
+   of several values may come one box per value (:func:`final_boxes`).
+6. **Spacing inside numbers.** LaTeX spacing commands that group digits (``12\\,345``, ``12\\!345``,
+   ``12\\;345``, ``12\\:345``, ``12~345``, ``12\\ 345``) are dropped (:func:`join_digit_groups`).
 """
 from __future__ import annotations
 
@@ -200,6 +203,44 @@ def _balanced(text: str, open_idx: int) -> int | None:
                 return i
         i += 1
     return None
+
+
+def final_boxes(text: str, n: int, max_gap: int = 40) -> list[str] | None:
+    """The contents of the last ``n`` closed top-level ``\\boxed{}`` of ``text`` when they read as one
+    answer given one box per value (``the roots are \\boxed{2} and \\boxed{5}``): each two
+    consecutive boxes are separated by at most ``max_gap`` characters holding at most one line break.
+    ``None`` when ``n < 2``, when ``text`` has fewer than ``n`` boxes, or when a gap is longer.
+    """
+    if n < 2:
+        return None
+    boxes: list[tuple[int, int, str]] = []  # (start, end after "}", content), top level only
+    pos = 0
+    for m in _BOX_RE.finditer(text):
+        if m.start() < pos:
+            continue  # inside an earlier box
+        end = _balanced(text, m.end() - 1)
+        if end is None:
+            continue
+        boxes.append((m.start(), end + 1, text[m.end():end].strip()))
+        pos = end + 1
+    if len(boxes) < n:
+        return None
+    last = boxes[-n:]
+    for (_, end, _), (start, _, _) in zip(last, last[1:]):
+        gap = text[end:start]
+        if len(gap) > max_gap or gap.count("\n") > 1:
+            return None
+    return [c for _, _, c in last]
+
+
+_DIGIT_SPACE_RE = re.compile(r"(?<=\d)\s*(?:\\[,!;: ]|~)\s*(?=\d{3}(?!\d))")
+
+
+def join_digit_groups(text: str) -> str:
+    """``text`` without LaTeX spacing commands between digit groups (rule 6): ``\\,`` ``\\!`` ``\\;``
+    ``\\:`` ``~`` and ``\\`` + space followed by exactly three digits (``12\\,345`` -> ``12345``,
+    ``1\\,234\\,567`` -> ``1234567``); ``3\\,x`` or ``1\\,23`` are left as written."""
+    return _DIGIT_SPACE_RE.sub("", text)
 
 
 def last_boxed(text: str, allow_unclosed: bool = False) -> str | None:

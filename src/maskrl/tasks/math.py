@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from maskrl.mathverify import DEFAULT_TIMEOUT_S, VerifyPool, math_equal, verify_many
 from maskrl.tasks.base import TASKS, DataError, Example, Task, iter_jsonl, require
-from maskrl.tasks.extract import final_part, last_boxed, normalize_minus
+from maskrl.tasks.extract import final_boxes, final_part, join_digit_groups, last_boxed, normalize_minus
 
 #: answers longer than this (characters) are not sent to math-verify; they score 0.0
 MAX_ANSWER_CHARS = 1000
@@ -82,9 +82,10 @@ def clean_answer(answer: str) -> str:
       (``"240 sheets per month"`` -> ``"240"``, ``"2:00 pm"`` -> ``"2"``, ``"$18 dollars"`` -> ``"18"``),
       else its only number (``"She needs 6"`` -> ``"6"``); otherwise unchanged (``"x = 5 or x = -3"``).
     * LaTeX is left to math-verify, which reads units in ``\\text{}`` itself.
-    Minus-like characters become ``-`` first.
+    Minus-like characters become ``-`` first, and LaTeX spacing between digit groups is dropped
+    (``12\\,345`` -> ``12345``; :func:`maskrl.tasks.extract.join_digit_groups`).
     """
-    ans = normalize_minus(answer).strip()
+    ans = join_digit_groups(normalize_minus(answer).strip())
     if "\\" not in ans:
         if not _WORD_RE.search(ans):
             return ans
@@ -131,16 +132,38 @@ def form_matches(gold: str, answer: str, question: str = "") -> bool:
     return True
 
 
+_THOUSANDS_COMMA_RE = re.compile(r"(?<=\d),(?:\\!)?(?=\d{3}(?!\d))")
+
+
+def value_count(gold: str) -> int:
+    """How many values a gold answer lists: its top-level comma-separated parts (commas inside
+    ``()``, ``[]``, ``{}`` and thousands separators such as ``12,\\!345`` or ``1,000`` do not count).
+    ``"2, 5"`` -> 2, ``"(1, 2)"`` -> 1, ``"\\frac{1}{2}, -3, 4"`` -> 3, ``"10,\\!080"`` -> 1."""
+    text = _THOUSANDS_COMMA_RE.sub("", gold if isinstance(gold, str) else "")
+    depth, parts = 0, 1
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            parts += 1
+    return parts
+
+
 def extract_answer(completion: str | None, prompt: str | None = None,
-                   require_final_answer: bool = False) -> str | None:
+                   require_final_answer: bool = False, n_values: int = 1) -> str | None:
     """The final answer of a completion.
 
     Reads the completion's final part (:func:`maskrl.tasks.extract.final_part`: the ``<answer>``
     span and what follows it, else the text after ``</reasoning>``, else the whole text; cut at the
     end-of-text token; minus-like characters read as ``-``), and in it: the last ``\\boxed{}``,
     else the text after ``####``, else the last number (of the answer span when it holds one). A
-    ``\\boxed{}`` in the reasoning before a stated answer is a draft and is not read. The result
-    goes through :func:`clean_answer`.
+    ``\\boxed{}`` in the reasoning before a stated answer is a draft and is not read. When the gold
+    answer lists ``n_values`` > 1 values (:func:`value_count`) and the last box holds fewer, the
+    last ``n_values`` boxes written one per value (``\\boxed{2} and \\boxed{5}``,
+    :func:`maskrl.tasks.extract.final_boxes`) are read as ``2, 5``. The result goes through
+    :func:`clean_answer`.
 
     With ``require_final_answer``, a completion cut off before any final answer gives ``None``, and
     one without tags must state its answer in a box or after ``####`` (no last-number fallback).
@@ -155,6 +178,10 @@ def extract_answer(completion: str | None, prompt: str | None = None,
         return None
     region = part.text
     ans = last_boxed(region)
+    if ans is not None and n_values > 1 and value_count(ans) < n_values:
+        boxes = final_boxes(region, n_values)
+        if boxes and all(b and value_count(b) == 1 for b in boxes):
+            ans = ", ".join(boxes)
     if ans is None or not ans.strip():
         ans = after_hashes(region)
     unstated = part.kind in ("untagged", "no_final_text", "cut_off")
@@ -202,11 +229,14 @@ class MathTask(Task):
         return Example(id=idx, prompt=self.prompt_template.format(problem=problem),
                        fields={"answer": answer, **fields})
 
-    def extract(self, prompts: Sequence[str] | None, completions: Sequence[str]) -> list[str | None]:
-        """The answer each completion is graded on (:func:`extract_answer` with this task's options)."""
+    def extract(self, prompts: Sequence[str] | None, completions: Sequence[str],
+                answer: Sequence[str] | None = None) -> list[str | None]:
+        """The answer each completion is graded on (:func:`extract_answer` with this task's options;
+        ``answer``, the gold answers, tells how many values each answer lists)."""
         n = len(completions)
         prompts = list(prompts) if prompts is not None and len(prompts) == n else [None] * n
-        return [extract_answer(c, p, self.require_final_answer) for p, c in zip(prompts, completions)]
+        counts = [value_count(a) for a in answer] if answer is not None and len(answer) == n else [1] * n
+        return [extract_answer(c, p, self.require_final_answer, k) for p, c, k in zip(prompts, completions, counts)]
 
     def reward(self, prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[str],
                **_: Any) -> list[float]:
@@ -218,8 +248,8 @@ class MathTask(Task):
         """
         if len(completions) != len(answer):
             raise ValueError(f"{len(completions)} completions but {len(answer)} gold answers")
-        extracted = self.extract(prompts, completions)
-        rewards = verify_many(list(answer), extracted, timeout_s=self.timeout_s, equal_fn=self.equal_fn,
+        extracted = self.extract(prompts, completions, answer)
+        rewards = verify_many([join_digit_groups(a) for a in answer], extracted, timeout_s=self.timeout_s, equal_fn=self.equal_fn,
                               pool=self.pool)
         if self.answer_form == "strict":
             qs = list(prompts) if prompts is not None and len(prompts) == len(completions) else [""] * len(completions)

@@ -1,0 +1,296 @@
+"""lm-evaluation-harness model ``maskrl``: any maskrl-loadable masked diffusion LM on lm-eval's tasks.
+
+Importing this module registers the model with lm-eval's public API (``lm_eval.api.registry
+.register_model``); then::
+
+    import lm_eval, maskrl.lm_eval_model
+    lm_eval.simple_evaluate(model="maskrl", model_args="pretrained=runs/demo/model,gen_length=64", tasks=[...])
+
+or from the shell ``python -m maskrl.lm_eval_model run --model maskrl --model_args pretrained=DIR --tasks ...``
+(lm-eval's own command line, ``run`` sub-command, with this model registered). Install with ``pip install 'maskrl[eval]'``.
+
+``generate_until``
+    The one sampler (:func:`maskrl.sampling.generate` through :func:`maskrl.evaluate.complete`, the
+    code ``maskrl eval`` runs): every sampler setting is a ``model_args`` key -- ``gen_length``,
+    ``steps``, ``block_length``, ``schedule``, ``threshold``, ``cache``, ``temperature``,
+    ``remasking`` -- whose default is the model folder's prompt card (``maskrl_prompt.json``: the
+    evaluation sampler of its training run), else :class:`~maskrl.sampling.SamplerConfig`'s defaults
+    with ``gen_length`` 256 / ``block_length`` 32 / ``steps`` ``gen_length // 2``. A task's
+    ``generation_kwargs`` other than ``until`` do not change the sampler (a warning names them once; they describe an
+    autoregressive decoder); ``until`` stop strings are honoured by cutting the completion at the
+    first one. Requests run in their order in batches of ``batch_size`` (as ``maskrl eval`` does, so
+    greedy completions are the same).
+``chat_template``
+    An explicit argument (``true`` / ``false``); default: the prompt card's ``chat_template``, else
+    whether the tokenizer has a chat template -- never inferred from the model path. When true, each
+    context goes through :func:`maskrl.models.chat_prompt` (the tokenizer's template, one user turn).
+    Do not combine it with lm-eval's own ``--apply_chat_template`` (that templates contexts already);
+    :meth:`apply_chat_template` is implemented for that route.
+``loglikelihood``
+    ``log p(continuation | context)`` as a Monte Carlo ELBO (SPEC §1.4 ``elbo``; the convention of
+    LLaDA's own lm-eval adapter) through :func:`maskrl.likelihood.elbo.elbo`: ``elbo_nodes``
+    Gauss-Legendre nodes × ``elbo_draws`` masks per node (model args; defaults 4 × 8), masks drawn
+    from a generator seeded with ``seed`` and the request's index, so a rerun gives the same number.
+    ``is_greedy``: every continuation token is the argmax at its position when the whole
+    continuation is masked (one forward).
+``loglikelihood_rolling``
+    Not defined for a masked diffusion LM (no left-to-right factorisation of a whole text);
+    raises ``NotImplementedError`` saying so.
+Multi-process
+    ``accelerate launch -m maskrl.lm_eval_model run --model maskrl ...`` (lm-eval's own ``-m lm_eval``
+    does not import maskrl, so the model would not be registered): each process loads the model on its device and lm-eval splits the requests by ``rank`` /
+    ``world_size``; gathering uses accelerate (as lm-eval's ``hf`` model does).
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import torch
+
+try:
+    import lm_eval.models  # noqa: F401  (lm-eval's own models first: its registry fills itself only when empty)
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+except ImportError as e:  # pragma: no cover - the optional extra is missing
+    raise ImportError("maskrl.lm_eval_model needs lm-evaluation-harness: pip install 'maskrl[eval]'") from e
+
+#: sampler settings that are ``model_args`` keys (SPEC §1.2)
+SAMPLER_ARGS = ("gen_length", "steps", "block_length", "schedule", "threshold", "cache", "temperature", "remasking")
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"model_args {name}={value!r}: expected true or false")
+
+
+def cut_at_stops(text: str, stops: list[str]) -> str:
+    """``text`` up to the first occurrence of any stop string (empty strings ignored)."""
+    cut = len(text)
+    for s in stops:
+        if s:
+            i = text.find(s)
+            if i != -1:
+                cut = min(cut, i)
+    return text[:cut]
+
+
+@register_model("maskrl")
+class MaskrlLM(LM):
+    """A masked diffusion LM behind lm-eval's ``LM`` interface (module docstring).
+
+    Args:
+        pretrained: a model folder or Hub id for :func:`maskrl.models.load` (required).
+        gen_length, steps, block_length, schedule, threshold, cache, temperature, remasking: the
+            sampler (:class:`~maskrl.sampling.SamplerConfig`); default: the prompt card's evaluation
+            sampler. ``steps`` 0 or absent without a card: ``gen_length // 2``.
+        chat_template: apply the tokenizer's chat template to each context (default: prompt card,
+            else whether the tokenizer has one).
+        batch_size: requests per sampler / likelihood batch (``"auto"`` is taken as 16). On lm-eval's
+            command line give it as ``--batch_size N`` (lm-eval passes that to every model; also
+            in ``model_args`` it would be given twice).
+        max_batch_size: passed by lm-eval's command line to every model; not used (no ``auto`` search).
+        elbo_nodes, elbo_draws: Gauss-Legendre nodes and masks per node of the ELBO.
+        seed: seeds sampled generation (``temperature > 0``) and the ELBO masks.
+        dtype, device: where and how the weights are loaded (``device`` default: accelerate's device;
+            a CUDA device on a machine without one -- lm-eval's command-line default -- falls back to
+            it with a warning).
+
+    Raises:
+        ValueError: a bad argument (named), or a model without a tokenizer.
+    """
+
+    def __init__(self, pretrained: str, gen_length: int | None = None, steps: int | None = None,
+                 block_length: int | None = None, schedule: str | None = None, threshold: float | None = None,
+                 cache: str | None = None, temperature: float | None = None, remasking: str | None = None,
+                 chat_template: Any = None, batch_size: Any = 16, elbo_nodes: int = 4, elbo_draws: int = 8,
+                 seed: int = 0, dtype: str = "float32", device: str | None = None, max_batch_size: Any = None,
+                 **unknown: Any) -> None:
+        super().__init__()
+        if unknown:
+            raise ValueError(f"model_args: unknown key(s) {', '.join(sorted(unknown))}; valid: pretrained, "
+                             f"{', '.join(SAMPLER_ARGS)}, chat_template, batch_size, elbo_nodes, elbo_draws, seed, "
+                             "dtype, device")
+        from accelerate import Accelerator
+
+        from maskrl.models import load
+        from maskrl.models.loading import parse_dtype
+        from maskrl.pipeline import read_prompt_card
+        from maskrl.sampling import SamplerConfig
+
+        card = read_prompt_card(pretrained)
+        given = dict(gen_length=gen_length, steps=steps, block_length=block_length, schedule=schedule,
+                     threshold=threshold, cache=cache, temperature=temperature, remasking=remasking)
+        base = dict(card["eval_sampler"]) if card else {"gen_length": 256, "block_length": 32}
+        other_length = gen_length is not None and int(gen_length) != base.get("gen_length")
+        if other_length and steps is None:
+            base.pop("steps", None)  # a card's steps belong to its gen_length: gen_length // 2 instead
+        casts = {"gen_length": int, "steps": int, "block_length": int, "threshold": float, "temperature": float,
+                 "schedule": str, "cache": str, "remasking": str}
+        settings = {k: v for k, v in base.items() if k in {f.name for f in dataclasses.fields(SamplerConfig)}}
+        for k, v in given.items():
+            if v is not None:
+                try:
+                    settings[k] = casts[k](v)
+                except (TypeError, ValueError):
+                    raise ValueError(f"model_args {k}={v!r}: expected {casts[k].__name__}") from None
+        if not settings.get("steps"):
+            settings["steps"] = max(1, settings["gen_length"] // 2)
+        try:
+            self.sampler = SamplerConfig(**settings)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"model_args ({', '.join(SAMPLER_ARGS)}): {e}") from None
+        self.batch_size = 16 if str(batch_size).startswith("auto") else int(batch_size)
+        if self.batch_size < 1:
+            raise ValueError(f"model_args batch_size={batch_size!r}: must be >= 1")
+        self.elbo_nodes, self.elbo_draws, self.seed = int(elbo_nodes), int(elbo_draws), int(seed)
+        if self.elbo_nodes < 1 or self.elbo_draws < 1:
+            raise ValueError(f"model_args elbo_nodes={elbo_nodes}, elbo_draws={elbo_draws}: must be >= 1")
+
+        acc = Accelerator()
+        if acc.num_processes > 1:  # lm-eval splits requests by rank; gathering goes through accelerate
+            self.accelerator = acc
+            self._rank, self._world_size = acc.process_index, acc.num_processes
+        if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+            # lm-eval's command line passes --device cuda by default, also on machines without one
+            warnings.warn(f"maskrl lm-eval model: device {device!r} unavailable; using {acc.device}")
+            device = None
+        self._device = torch.device(device) if device else acc.device
+        self.adapter = load(pretrained, dtype=parse_dtype(dtype), device=self._device)
+        if self.adapter.tokenizer is None:
+            raise ValueError(f"model {pretrained!r} has no tokenizer files")
+        self.adapter.model.eval()
+        has_template = bool(getattr(self.adapter.tokenizer, "chat_template", None))
+        if chat_template is None:
+            self.use_chat_template = bool(card["chat_template"]) if card else has_template
+        else:
+            self.use_chat_template = _bool("chat_template", chat_template)
+        self.pretrained = str(pretrained)
+        self._warned: set[str] = set()  # generation_kwargs keys already reported as unused
+
+    # ------------------------------------------------------------------ lm-eval plumbing
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.adapter.tokenizer, "name_or_path", "") or self.pretrained).replace("/", "__")
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """lm-eval's ``--apply_chat_template`` route: the tokenizer's template over the messages."""
+        return self.adapter.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                          add_generation_prompt=add_generation_prompt)
+
+    def all_gather(self, tensor):
+        return tensor if self.world_size <= 1 else self.accelerator.gather(tensor)
+
+    def gather_object(self, obj, dst=0):
+        if self.world_size <= 1:
+            return [obj]
+        from accelerate.utils import gather_object
+
+        everything = gather_object([obj])
+        return everything if self.rank == dst else None
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            self.accelerator.wait_for_everyone()
+
+    def _format(self, context: str) -> str:
+        from maskrl.models import chat_prompt
+
+        return chat_prompt(self.adapter.tokenizer, context) if self.use_chat_template else context
+
+    # ------------------------------------------------------------------ requests
+    def generate_until(self, requests) -> list[str]:
+        """One completion per ``(context, gen_kwargs)`` request through the one sampler, cut at ``until``."""
+        from maskrl.evaluate import complete
+
+        out: list[str] = []
+        gen = None
+        if self.sampler.temperature > 0:
+            gen = torch.Generator(device=self.adapter.device).manual_seed(self.seed)
+        for s in range(0, len(requests), self.batch_size):
+            batch = requests[s:s + self.batch_size]
+            contexts = [self._format(r.args[0]) for r in batch]
+            texts = complete(self.adapter, contexts, self.sampler, batch_size=len(batch), generator=gen)
+            for r, text in zip(batch, texts):
+                kwargs = r.args[1] if len(r.args) > 1 and isinstance(r.args[1], dict) else {}
+                ignored = sorted(set(kwargs) - {"until"} - self._warned)
+                if ignored:  # an autoregressive decoder's settings: said once, never silently
+                    warnings.warn(f"maskrl lm-eval model: generation_kwargs {', '.join(ignored)} are not used; the "
+                                  f"sampler is set by model_args ({', '.join(SAMPLER_ARGS)}): {self.sampler}")
+                    self._warned.update(ignored)
+                until = kwargs.get("until") or []
+                until = [until] if isinstance(until, str) else list(until)
+                text = cut_at_stops(text, until)
+                out.append(text)
+                self.cache_hook.add_partial("generate_until", r.args, text)
+        return out
+
+    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
+        """``(ELBO of continuation | context, is_greedy)`` per ``(context, continuation)`` request."""
+        from maskrl.likelihood.elbo import elbo
+        from maskrl.text import encode_prompts
+        from maskrl.types import Rollout
+
+        tok, a = self.adapter.tokenizer, self.adapter
+        results: list[tuple[float, bool] | None] = [None] * len(requests)
+        encoded = []
+        for i, r in enumerate(requests):
+            context, continuation = r.args[0], r.args[1]
+            cont = tok(continuation, add_special_tokens=False)["input_ids"]
+            if not cont:
+                raise ValueError(f"loglikelihood request {i}: the continuation {continuation!r} has no tokens")
+            encoded.append((i, self._format(context), cont))
+        by_len: dict[int, list] = {}
+        for item in encoded:  # one batch shape per continuation length: no padding inside the completion
+            by_len.setdefault(len(item[2]), []).append(item)
+        for L, items in by_len.items():
+            for s in range(0, len(items), self.batch_size):
+                chunk = items[s:s + self.batch_size]
+                ids, mask = encode_prompts(tok, [c for _, c, _ in chunk])
+                ids, mask = ids.to(a.device), mask.to(a.device)
+                comp = torch.tensor([c for _, _, c in chunk], dtype=torch.long, device=a.device)  # [N, L]
+                n = comp.shape[0]
+                ro = Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=comp,
+                             completion_mask=torch.ones_like(comp, dtype=torch.bool),
+                             commit_step=torch.zeros_like(comp), commit_prob=torch.ones(comp.shape, device=a.device),
+                             num_steps=torch.ones(n, dtype=torch.long, device=a.device),
+                             group_ids=torch.arange(n, device=a.device))
+                with torch.no_grad():
+                    lls = []
+                    for row in range(n):  # one generator per request: the estimate does not depend on batching
+                        gen = torch.Generator(device=a.device).manual_seed(self.seed * 1_000_003 + chunk[row][0])
+                        one = dataclasses.replace(ro, **{f: getattr(ro, f)[row:row + 1] for f in
+                                                         ("prompt_ids", "prompt_mask", "completion_ids",
+                                                          "completion_mask", "commit_step", "commit_prob",
+                                                          "num_steps", "group_ids")})
+                        lls.append(float(elbo(a, one, gen, nodes=self.elbo_nodes, draws=self.elbo_draws).sum()))
+                    x = torch.cat([ids, torch.full_like(comp, a.mask_id)], dim=1)
+                    full = torch.cat([mask, torch.ones_like(comp, dtype=torch.bool)], dim=1)
+                    greedy = a.logits(x, full)[:, ids.shape[1]:].argmax(-1).eq(comp).all(-1).tolist()
+                for (i, _, _), ll, g in zip(chunk, lls, greedy):
+                    results[i] = (ll, bool(g))
+                    self.cache_hook.add_partial("loglikelihood", requests[i].args, (ll, bool(g)))
+        return results  # type: ignore[return-value]
+
+    def loglikelihood_rolling(self, requests) -> list[float]:
+        raise NotImplementedError(
+            "maskrl: loglikelihood_rolling (perplexity tasks such as wikitext) needs a left-to-right "
+            "factorisation of a whole text, which a masked diffusion LM does not define; use generate_until "
+            "or loglikelihood tasks (the latter are scored with a Monte Carlo ELBO)")
+
+
+def main() -> None:  # pragma: no cover - lm-eval's own command line with this model registered
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

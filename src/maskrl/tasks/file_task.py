@@ -1,0 +1,184 @@
+"""Bring your own data and reward (issue 23): the ``file`` task over any JSONL / CSV file or local
+``datasets`` folder, from YAML alone.
+
+Rows are read through Hugging Face ``datasets`` (``Dataset.from_json``, ``Dataset.from_csv``,
+``load_from_disk``); the prompt is ``task.prompt_template`` formatted over the row's columns; every
+column is passed to the reward; the reward is a function named ``module:function`` (a dotted module
+or a ``.py`` file) in TRL's call shape::
+
+    def reward(prompts: list[str], completions: list[str], **columns) -> list[float]: ...
+
+``columns`` holds one list per column of the rows (``answer=[...]``, ...), as TRL's ``GRPOTrainer``
+passes dataset columns to its reward functions. Without a reward function the reward is exact match:
+1.0 when the completion, stripped, equals the answer column's text, else 0.0. Accuracy counts rewards
+>= 1 (:attr:`Task.correct_threshold`).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import string
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from maskrl.tasks.base import TASKS, DataError, Example, Task
+
+#: suffixes read as JSON lines / CSV; anything else must be a ``save_to_disk`` folder
+JSON_SUFFIXES, CSV_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz"), (".csv", ".csv.gz")
+
+
+def load_reward(spec: str, key: str = "task.file.reward") -> Callable[..., Sequence[float]]:
+    """The function ``spec`` names: ``"package.module:function"`` or ``"path/to/file.py:function"``.
+
+    Raises:
+        ValueError: naming ``key`` when ``spec`` has no ``:``, the module cannot be imported, it has no
+            such attribute, or the attribute is not callable.
+    """
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{key}: {spec!r} is not of the form 'module:function' or 'file.py:function'")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name).expanduser().resolve()
+            name = f"maskrl_user_reward_{abs(hash(str(path)))}"
+            if name not in sys.modules:
+                mod_spec = importlib.util.spec_from_file_location(name, path)
+                if mod_spec is None or not path.is_file():
+                    raise FileNotFoundError(f"no file {path}")
+                module = importlib.util.module_from_spec(mod_spec)
+                mod_spec.loader.exec_module(module)
+                sys.modules[name] = module
+            module = sys.modules[name]
+        else:
+            module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's module's, named here
+        raise ValueError(f"{key}: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"{key}: {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Every row of a JSONL / JSON / CSV file or a ``datasets`` ``save_to_disk`` folder (one split), as dicts.
+
+    Raises:
+        FileNotFoundError: no such file or folder.
+        DataError: an unreadable file, or a folder holding a ``DatasetDict`` (the message lists its splits).
+    """
+    import datasets
+
+    p = Path(path)
+    name = p.name.lower()
+    try:
+        if p.is_dir():
+            ds = datasets.load_from_disk(str(p))
+            if isinstance(ds, datasets.DatasetDict):
+                raise DataError(f"{p}: a DatasetDict with splits {', '.join(ds)}; give one split's folder, "
+                                f"e.g. {p / next(iter(ds))}")
+        elif not p.is_file():
+            raise FileNotFoundError(f"no data file or folder {p}")
+        elif name.endswith(JSON_SUFFIXES):
+            ds = datasets.Dataset.from_json(str(p))
+        elif name.endswith(CSV_SUFFIXES):
+            ds = datasets.Dataset.from_csv(str(p))
+        else:
+            raise DataError(f"{p}: unknown format (expected {', '.join(JSON_SUFFIXES + CSV_SUFFIXES)} or a "
+                            "datasets save_to_disk folder)")
+    except (DataError, FileNotFoundError):
+        raise
+    except Exception as e:  # noqa: BLE001 - datasets' own parse errors, named with the file
+        raise DataError(f"{p}: cannot read with datasets ({type(e).__name__}: {e})") from None
+    return ds.to_list()
+
+
+def template_fields(template: str) -> list[str]:
+    """The top-level field names of a ``str.format`` template (``"{question} [{id}]"`` -> question, id)."""
+    return [f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(template) if f]
+
+
+@TASKS.register("file")
+class FileTask(Task):
+    """Any JSONL / CSV file or ``datasets`` folder with a prompt template, an answer column and a reward.
+
+    Args:
+        prompt_template: ``str.format`` template over the row's columns (required), e.g.
+            ``"Question: {question}\\nAnswer:"``.
+        require_final_answer: kept for the :class:`Task` interface; the reward function decides.
+        train: the training rows (file or folder); ``maskrl train`` / ``sft`` read them.
+        answer: the answer column (required in every row; the SFT target and a reward column).
+        reward: ``module:function`` or ``file.py:function`` in TRL's shape; empty = exact match with
+            the answer column.
+        target: ``str.format`` template of the SFT target over the columns; empty = the answer column.
+
+    Raises:
+        ValueError: a reward that cannot be imported (named); reading rows without a prompt template.
+    """
+
+    name = "file"
+
+    def __init__(self, prompt_template: str | None = None, require_final_answer: bool = False, *, train: str = "",
+                 answer: str = "answer", reward: str = "", target: str = "") -> None:
+        super().__init__(prompt_template, require_final_answer)
+        self.train_path, self.answer, self.target_template = train, answer, target or "{" + answer + "}"
+        self.reward_spec = reward
+        self.reward_fn = load_reward(reward) if reward else None
+
+    def resolve_path(self, path=None) -> Path:
+        """``path`` itself (a file or a ``datasets`` folder); there is no default data file.
+
+        Raises:
+            FileNotFoundError: ``path`` is empty or does not exist.
+        """
+        if path is None or str(path) == "":
+            raise FileNotFoundError("task file: no evaluation file; set task.data_path to a JSONL / CSV file or "
+                                    "datasets folder (and task.file.train to the training rows)")
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"task file: {p} does not exist")
+        return p
+
+    def parse(self, path: Path) -> list[Example]:
+        """Rows -> examples: prompt from the template, every column in ``fields``.
+
+        Raises:
+            DataError: a row lacking the answer column or a template column (file and 1-based row named).
+        """
+        if not self.prompt_template:
+            raise ValueError("task.prompt_template: the file task needs a template over the data's columns, "
+                             "e.g. 'Question: {question}\\nAnswer:'")
+        rows = read_rows(path)
+        need = list(dict.fromkeys(template_fields(self.prompt_template) + template_fields(self.target_template)
+                                  + [self.answer]))
+        out = []
+        for i, row in enumerate(rows):
+            missing = [c for c in need if row.get(c) is None]
+            if missing:
+                raise DataError(f"{path}: row {i + 1}: no value in column(s) {', '.join(missing)} "
+                                f"(columns: {', '.join(row)})")
+            out.append(Example(id=i, prompt=self.prompt_template.format_map(row), fields=dict(row)))
+        return out
+
+    def train_split(self, path=None) -> list[Example]:
+        """The rows of ``task.file.train`` (``path``, the evaluation data path, is not used here).
+
+        Raises:
+            FileNotFoundError: ``task.file.train`` is empty or missing.
+        """
+        if not self.train_path:
+            raise FileNotFoundError("task file: set task.file.train to the training rows (JSONL / CSV / datasets folder)")
+        return self.load(self.train_path)
+
+    def target(self, ex: Example) -> str:
+        """The SFT target completion: ``task.file.target`` over the row (default: the answer column)."""
+        return self.target_template.format_map(ex.fields)
+
+    def reward(self, prompts: Sequence[str], completions: Sequence[str], **columns: Sequence[Any]) -> list[float]:
+        """The user's reward in TRL's call shape, or exact match with the answer column."""
+        if self.reward_fn is None:
+            return [float(c.strip() == str(a).strip()) for c, a in zip(completions, columns[self.answer])]
+        out = self.reward_fn(prompts=list(prompts), completions=list(completions), **columns)
+        if out is None or isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
+            raise ValueError(f"task.file.reward {self.reward_spec!r} returned {type(out).__name__}, not a list of floats")
+        return list(out)

@@ -1,0 +1,180 @@
+"""lm-evaluation-harness model `maskrl` (issue 23), offline: a local task YAML over a local JSONL made from
+../shared/data, run through `lm_eval.simple_evaluate` with a `TaskManager(include_path=...)` on the tiny
+model. Parity: the same model, rows and sampler settings give the same completions (greedy) and the same
+accuracy through lm-eval as through `maskrl eval`."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from maskrl.models import build_tiny, save_model  # noqa: E402
+from maskrl.pipeline import save_prompt_card  # noqa: E402
+from maskrl.sampling import SamplerConfig  # noqa: E402
+from maskrl.sft import run_sft  # noqa: E402
+from maskrl.tasks import default_data_dir, get_task  # noqa: E402
+
+TASKS = Path(__file__).parent / "lm_eval_tasks"
+N_ROWS = 12
+
+
+def _rows():
+    root = default_data_dir()
+    if root is None or not (root / "sudoku4x4" / "4x4_test_sudoku.csv").is_file():
+        pytest.skip("no ../shared/data/sudoku4x4")
+    with open(root / "sudoku4x4" / "4x4_test_sudoku.csv", newline="") as fh:
+        return list(csv.DictReader(fh))[:N_ROWS]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lm_eval")
+    rows = _rows()
+    with open(tmp / "rows.csv", "w", newline="") as fh:  # maskrl eval's Sudoku reader
+        w = csv.DictWriter(fh, fieldnames=["Puzzle", "Solution"])
+        w.writeheader()
+        w.writerows(rows)
+    (tmp / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # lm-eval's
+    tasks = tmp / "tasks"
+    tasks.mkdir()
+    shutil.copy(TASKS / "maskrl_sudoku_utils.py", tasks)
+    (tasks / "maskrl_sudoku_parity.yaml").write_text(
+        (TASKS / "maskrl_sudoku_parity.yaml").read_text().replace("PLACEHOLDER", str(tmp / "rows.jsonl")))
+    task = get_task("sudoku4x4", "{puzzle}=")
+    model = build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3)
+    # a short SFT (~3 s): digits, different for each puzzle, partly right -- a comparison that can fail
+    run_sft(model, task.generate(256, seed=2), task.target, gen_length=16, steps=80, batch_size=32, lr=3e-3,
+            warmup_steps=5, weight_decay=0.0, max_grad_norm=1.0, seed=0, log_every=1000, progress=False)
+    folder = save_model(model, tmp / "model")
+    save_prompt_card(folder, task, False,
+                     SamplerConfig(gen_length=16, block_length=8, steps=8))
+    return tmp, folder
+
+
+def _lm_eval(tmp, folder, **args):
+    import maskrl.lm_eval_model  # noqa: F401  (registers model "maskrl")
+    from lm_eval.tasks import TaskManager
+
+    model_args = ",".join([f"pretrained={folder}", "batch_size=5", *[f"{k}={v}" for k, v in args.items()]])
+    return lm_eval.simple_evaluate(model="maskrl", model_args=model_args, tasks=["maskrl_sudoku_parity"],
+                                   task_manager=TaskManager(include_path=str(tmp / "tasks"), include_defaults=False),
+                                   log_samples=True)
+
+
+def test_lm_eval_parity_with_maskrl_eval(setup):
+    from maskrl.evaluate import run_harness
+
+    tmp, folder = setup
+    out = _lm_eval(tmp, folder)
+    res = out["results"]["maskrl_sudoku_parity"]
+    samples = sorted(out["samples"]["maskrl_sudoku_parity"], key=lambda s: s["doc_id"])
+    got = [s["resps"][0][0] for s in samples]
+
+    summary = run_harness(model=str(folder), task_name="sudoku4x4", data_path=str(tmp / "rows.csv"),
+                          out_dir=str(tmp / "maskrl_eval"), batch_size=5, device="cpu", progress=False)
+    (r,) = summary["results"]
+    want = [json.loads(x)["completion"] for x in (tmp / "maskrl_eval" / r["samples"]).read_text().splitlines()]
+    assert len(got) == len(want) == N_ROWS
+    assert got == want  # the same greedy completions, row by row
+    assert len(set(got)) > N_ROWS // 2  # and they are not all alike (the comparison can fail)
+    assert res["acc,none"] == pytest.approx(r["accuracy"])
+    assert res["cell_acc,none"] == pytest.approx(r["cell_accuracy"]) and r["cell_accuracy"] > 0
+
+
+def test_sampler_settings_are_model_args_and_stop_strings_cut(setup):
+    from maskrl.lm_eval_model import MaskrlLM, cut_at_stops
+
+    _, folder = setup
+    lm = MaskrlLM(pretrained=str(folder))  # the prompt card's sampler by default
+    assert (lm.sampler.gen_length, lm.sampler.block_length, lm.sampler.steps) == (16, 8, 8)
+    assert lm.use_chat_template is False  # from the card, not from the path
+    lm = MaskrlLM(pretrained=str(folder), gen_length="32", block_length="16", schedule="threshold", threshold="0.7",
+                  cache="prefix", temperature="0.5", chat_template="true")
+    s = lm.sampler
+    assert (s.gen_length, s.block_length, s.steps, s.schedule, s.threshold, s.cache, s.temperature) == \
+        (32, 16, 16, "threshold", 0.7, "prefix", 0.5)
+    assert lm.use_chat_template is True
+    with pytest.raises(ValueError, match="unknown key"):
+        MaskrlLM(pretrained=str(folder), gen_lenght=8)
+    with pytest.raises(ValueError, match="block_length"):
+        MaskrlLM(pretrained=str(folder), gen_length=12, block_length=8)
+    assert cut_at_stops("12343\n\nmore", ["\n\n", "4"]) == "123"
+    assert cut_at_stops("1234", []) == "1234"
+
+    from lm_eval.api.instance import Instance
+
+    lm = MaskrlLM(pretrained=str(folder))
+    reqs = [Instance("generate_until", {}, ("0000111122223333=", {"until": [u]}), 0) for u in ("zz", "1")]
+    full, cut = lm.generate_until(reqs)
+    assert "1" in full and cut == full[:full.index("1")]
+    with pytest.warns(UserWarning, match="generation_kwargs max_gen_toks, temperature are not used"):
+        lm.generate_until([Instance("generate_until", {}, ("0=", {"until": [], "temperature": 0.7,
+                                                                  "max_gen_toks": 9}), 0)])
+
+
+def test_loglikelihood_is_the_elbo_and_rolling_is_a_clear_error(setup):
+    from lm_eval.api.instance import Instance
+
+    from maskrl.likelihood.elbo import elbo
+    from maskrl.lm_eval_model import MaskrlLM
+    from maskrl.models import load
+    from maskrl.text import encode_prompts
+    from maskrl.types import Rollout
+
+    _, folder = setup
+    lm = MaskrlLM(pretrained=str(folder), elbo_nodes=2, elbo_draws=3, seed=1)
+    reqs = [Instance("loglikelihood", {}, (c, x), i) for i, (c, x) in
+            enumerate([("0120=", "12"), ("3333=", "1234"), ("0=", "21")])]
+    out = lm.loglikelihood(reqs)
+    assert [type(v) for v in out[0]] == [float, bool]
+    # reference: the library's estimator on request 1 alone, with its generator
+    a = load(folder)
+    ids, mask = encode_prompts(a.tokenizer, ["3333="])
+    comp = torch.tensor([a.tokenizer("1234", add_special_tokens=False)["input_ids"]])
+    ro = Rollout(ids, mask, comp, torch.ones_like(comp, dtype=torch.bool), torch.zeros_like(comp),
+                 torch.ones(comp.shape), torch.ones(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+    with torch.no_grad():
+        ref = elbo(a, ro, torch.Generator().manual_seed(1 * 1_000_003 + 1), nodes=2, draws=3).sum().item()
+    assert out[1][0] == pytest.approx(ref, rel=1e-5)
+    assert out[1][0] < 0 and out == lm.loglikelihood(reqs)  # a log-probability bound; reproducible
+    with pytest.raises(NotImplementedError, match="loglikelihood_rolling"):
+        lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("1234",), 0)])
+
+
+@pytest.mark.slow
+def test_two_processes_through_accelerate_give_the_same_completions(setup):
+    """lm-eval splits the requests by rank / world_size and gathers them through the model (accelerate)."""
+    import subprocess
+    import sys
+
+    from test_distributed import _RENDEZVOUS_ERRORS, _env, _free_port, _run
+
+    from maskrl.evaluate import run_harness
+
+    tmp, folder = setup
+    out = tmp / "two"
+    out.mkdir()
+    worker = str(Path(__file__).parent / "lm_eval_dist_worker.py")
+    for attempt in range(2):
+        port = str(_free_port())
+        procs = [subprocess.Popen([sys.executable, worker, str(folder), str(tmp / "tasks"), str(out)],
+                                  env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+        failed = _run(procs)
+        if failed is None or attempt == 1 or not any(e in failed for e in _RENDEZVOUS_ERRORS):
+            break
+    assert failed is None, failed
+    got = json.loads((out / "rank0.json").read_text())
+    summary = run_harness(model=str(folder), task_name="sudoku4x4", data_path=str(tmp / "rows.csv"),
+                          out_dir=str(tmp / "maskrl_eval_two"), batch_size=5, device="cpu", progress=False)
+    (r,) = summary["results"]
+    want = [json.loads(x)["completion"] for x in (tmp / "maskrl_eval_two" / r["samples"]).read_text().splitlines()]
+    assert got["completions"] == want
+    assert got["cell_acc"] == pytest.approx(r["cell_accuracy"])
