@@ -75,3 +75,14 @@ def test_smoke_every_cell_builds_and_runs(tmp_path, monkeypatch):
     assert "rollout_mismatch" in data["runs"]["sudoku/diffu_grpo_state@4blocks+dual/seed0"]
     entries = {e["cell"]: e for e in data["summary"]}
     assert entries["dps@diffu_grpo_state"]["paired_val"]["seeds"] == [0]
+
+
+def test_write_doc_replaces_only_the_marked_block(tmp_path):
+    doc = tmp_path / "results.md"
+    doc.write_text(f"# R\n\nhand text\n\n{ct.BEGIN}\nold\n{ct.END}\n\nmore hand text\n")
+    ct.write_doc(doc, "new table\n")
+    assert doc.read_text() == f"# R\n\nhand text\n\n{ct.BEGIN}\nnew table\n{ct.END}\n\nmore hand text\n"
+    fresh = tmp_path / "fresh.md"
+    ct.write_doc(fresh, "t\n")
+    ct.write_doc(fresh, "u\n")
+    assert fresh.read_text().count(ct.BEGIN) == 1 and "u\n" in fresh.read_text() and "t\n" not in fresh.read_text()
