@@ -1,0 +1,448 @@
+"""The controlled table (issue 22): every base × credit module, their compositions and cached
+rollouts under one protocol, on one SFT checkpoint per task.
+
+Protocol
+- Per task one base recipe (``configs/table/<task>.yaml``: model, task, SFT, samplers, the RL
+  budget). A *cell* replaces whole component sections of it (``objective``, ``likelihood``,
+  ``credit``) and may set ``rollout`` / ``train`` fields (:data:`CELLS`; ``--list`` prints them).
+- Every cell of a task starts from the same SFT checkpoint (cached by its settings' hash) and runs
+  the same number of RL steps with the same prompts per step, group size and μ = 1: the same
+  completions and the same optimizer steps (``diffu_grpo_mf_mu4`` is the one exception, d1's
+  inner iterations, with 4× the optimizer steps; it is labelled).
+- Cells are paired by seed: ``train.seed = s`` fixes the prompt order and the rollout generator's
+  seed, so seed s of every cell sees the same prompts (rollouts then differ as the models do).
+- Validation (a generated split, disjoint from training rows and the test file) is scored greedily
+  every ``--eval-every`` RL steps and at the end (the curve starts at the SFT model, step 0); the
+  test file only with ``--test``, once per run at its end. Each row records how often it was read.
+- One JSON record per run, written as soon as it finishes (``--out``, default the committed
+  ``results/controlled_table.json``): an interrupted table resumes, and the table can be finished
+  over several sessions. ``--summary`` regenerates ``docs/results.md`` (markdown) and the curve
+  plot from the records alone.
+
+Statistics per cell: mean and 95 % t-interval over seeds of the solved rate and the task's reward
+metric (Sudoku: cell accuracy), the paired difference to the cell's base row (same seeds) with its
+interval and sign count, the area under the validation curve (trapezoid over steps, divided by the
+steps: the mean accuracy along the run) and the first evaluated step at which the seed-mean curve
+reaches the base's final accuracy, and the RL wall time.
+
+    python benchmarks/controlled_table.py --tasks sudoku --seeds 0,1,2,3,4            # the CPU table
+    python benchmarks/controlled_table.py --summary                                    # docs/results.md
+    python benchmarks/controlled_table.py --smoke --out /tmp/table_smoke.json          # every cell, 1 step
+    python benchmarks/controlled_table.py --base gsm8k=configs/llada8b_gsm8k_diffu_grpo.yaml --tasks gsm8k ...
+        # the same cells over another base recipe (e.g. an 8B one on GPUs): --base TASK=YAML
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from ablation_runs import ROOT, TaskSetup, load_results, save_results, t_interval
+from maskrl.evaluate import evaluate_examples
+from maskrl.models import load_tiny
+from maskrl.pipeline import load_policy, prompt_formatter
+from maskrl.trainer import RLTrainer
+
+OUT = ROOT / "results" / "controlled_table.json"
+DOC = ROOT / "docs" / "results.md"
+BASES = {"sudoku": ROOT / "configs" / "table" / "sudoku.yaml", "countdown": ROOT / "configs" / "table" / "countdown.yaml"}
+GEN_KW = {"sudoku": {"blanks": (8, 8)}}  # the test file's 500 puzzles all have 8 blanks
+SMOKE = ["sft.steps=2", "train.prompts_per_step=2", "train.group_size=2", "train.micro_batch_size=0",
+         "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.intermediate_size=64"]
+
+# -- component sections (whole-section replacements) -------------------------------------------
+MF = {"name": "mean_field", "p_mask_prompt": 0.15}
+STATE = {"name": "state", "p_mask_prompt": 0.15}
+DIFFU = {"name": "diffu_grpo", "clip_eps": 0.5, "beta": 0.04}
+SML_MIX = {"name": "stratified", "k": 4, "layout": "random", "full": 0.5, "sml": 0.5, "p_mask_prompt": 0.15}  # SPEC §2.2
+SML_WD1 = {"name": "stratified", "k": 4, "layout": "random", "full": 1.0, "sml": 1.0, "p_mask_prompt": 0.15}
+DPS = {"name": "dps", "lam": 0.5, "dps_target": "confidence", "dps_scope": "all", "dps_normalize": "auto", "clip": 2.0}
+DISPO = {"name": "dispo", "z": 2, "timing": "late", "power": 4.0, "alpha_base": 1.0, "alpha_step": 0.1, "clip_eps": 0.5,
+         "p_mask_prompt": 0.15}  # SPEC §4, alpha_step 0.1 after SFT
+RLDF_STEPS = {"name": "rldf_steps", "k": 4, "temperature": 1.0, "keep_threshold": 0.6}  # SPEC §1.5 rldf
+THRESHOLD = {"schedule": "threshold", "threshold": 0.9}
+ELBO = {"name": "elbo", "nodes": 2, "draws": 1}
+SPG_BOUNDS = {"name": "spg_bounds", "nodes": 2, "draws": 1, "masking": "block", "block_length": 0, "eubo_beta": 1.5,
+              "p_mask_prompt": 0.0}
+
+
+def dtca(pos: bool = True, calibration: bool = True) -> dict:
+    """DTCA's credit entry (SPEC §3); ``pos_weights`` is filled in per task (:func:`pos_table`)."""
+    return {"name": "dtca", "coverage": 0.7, "min_steps": 2, "max_steps": 32, "pos_credit": pos, "calibration": calibration,
+            "keep_threshold": 0.6, "pos_weights": "<table>", "tagger": "maskrl.pos:spacy_pos_classes"}
+
+
+def cell(kind: str, base: str | None, objective: dict, likelihood: dict, credit: list | None = None,
+         rollout: dict | None = None, train: dict | None = None, note: str = "") -> dict:
+    return {"kind": kind, "base": base, "objective": objective, "likelihood": likelihood, "credit": credit or [],
+            "rollout": rollout or {}, "train": train or {}, "note": note}
+
+
+#: every cell: its kind, the cell its paired difference is taken against, and its sections
+CELLS: dict[str, dict] = {
+    # bases (SPEC §1.5, §2.3)
+    "diffu_grpo_mf": cell("base", None, DIFFU, MF, note="d1: mean-field likelihood"),
+    "diffu_grpo_mf_mu4": cell("base", "diffu_grpo_mf", DIFFU, MF, train={"inner_iterations": 4},
+                              note="d1's inner iterations: 4x the optimizer steps of every other cell"),
+    "diffu_grpo_state": cell("base", None, DIFFU, STATE, note="each token at the state that committed it"),
+    "wd1": cell("base", None, {"name": "wd1"}, MF),
+    "gdpo": cell("base", None, {"name": "gdpo"}, ELBO),
+    "spg": cell("base", None, {"name": "spg", "omega": 0.5}, SPG_BOUNDS),
+    "rldf": cell("base", None, {"name": "rldf"}, {"name": "state", "p_mask_prompt": 0.0}, [RLDF_STEPS], rollout=THRESHOLD),
+    "justgrpo": cell("base", None, DIFFU, STATE, rollout={"block_length": 1}, note="left to right, one token per step"),
+    # seed methods on the bases their papers use
+    "dps@diffu_grpo_mf": cell("method", "diffu_grpo_mf", DIFFU, MF, [DPS]),
+    "dps@diffu_grpo_state": cell("method", "diffu_grpo_state", DIFFU, STATE, [DPS]),
+    "dps@wd1": cell("method", "wd1", {"name": "wd1"}, MF, [DPS]),
+    "dps@gdpo": cell("method", "gdpo", {"name": "gdpo"}, ELBO, [DPS]),
+    "sml@diffu_grpo": cell("method", "diffu_grpo_mf", DIFFU, SML_MIX),
+    "sml@wd1": cell("method", "wd1", {"name": "wd1"}, SML_WD1),
+    "dispo@diffu_grpo_state": cell("method", "diffu_grpo_state", DIFFU, STATE, [DISPO]),
+    "dispo@spg": cell("method", "spg", {"name": "spg", "omega": 0.5}, SPG_BOUNDS, [DISPO]),
+    "dtca@rldf": cell("method", "rldf", {"name": "rldf"}, {"name": "state", "p_mask_prompt": 0.0}, [dtca()],
+                      rollout=THRESHOLD),
+    "dtca-cal@rldf": cell("method", "rldf", {"name": "rldf"}, {"name": "state", "p_mask_prompt": 0.0},
+                          [dtca(calibration=False)], rollout=THRESHOLD, note="DTCA without entropy-flow calibration"),
+    "dtca-pos@rldf": cell("method", "rldf", {"name": "rldf"}, {"name": "state", "p_mask_prompt": 0.0},
+                          [dtca(pos=False)], rollout=THRESHOLD, note="DTCA without in-step POS credit"),
+    # compositions no paper reports
+    "dps+dispo@diffu_grpo_state": cell("composition", "diffu_grpo_state", DIFFU, STATE, [DPS, DISPO]),
+    "sml+dispo@diffu_grpo": cell("composition", "sml@diffu_grpo", DIFFU, SML_MIX, [DISPO]),
+    "dtca_steps+dps@rldf": cell("composition", "rldf", {"name": "rldf"}, {"name": "state", "p_mask_prompt": 0.0},
+                                [dtca(pos=False, calibration=False), DPS], rollout=THRESHOLD,
+                                note="DTCA's step selection alone, with DPS token credit"),
+    # rollouts: four blocks, with and without the dual KV cache
+    "diffu_grpo_state@4blocks": cell("rollout", "diffu_grpo_state", DIFFU, STATE, rollout={"block_length": 4}),
+    "diffu_grpo_state@4blocks+dual": cell("rollout", "diffu_grpo_state@4blocks", DIFFU, STATE,
+                                          rollout={"block_length": 4, "cache": "dual", "mismatch_every": 5}),
+}
+#: cells of the second task (the bases, each seed method on its paper's base, the compositions)
+SECOND_TASK = [c for c in CELLS if c not in ("diffu_grpo_state@4blocks", "diffu_grpo_state@4blocks+dual",
+                                              "dps@diffu_grpo_state", "diffu_grpo_mf_mu4")]
+
+
+def cell_recipe(base_yaml: Path, name: str, pos_weights: Path | None, out_dir: Path) -> Path:
+    """Write the resolved recipe of cell ``name`` over ``base_yaml`` to ``out_dir`` and return its path.
+
+    Raises:
+        SystemExit: an unknown cell (lists the known ones), or a DTCA cell without a POS table.
+    """
+    if name not in CELLS:
+        raise SystemExit(f"error: unknown cell {name!r}; known: {', '.join(CELLS)}")
+    spec = CELLS[name]
+    data = yaml.safe_load(base_yaml.read_text())
+    for section in ("objective", "likelihood"):
+        data[section] = copy.deepcopy(spec[section])
+    credit = copy.deepcopy(spec["credit"])
+    for entry in credit:
+        if entry.get("pos_weights") == "<table>":
+            if pos_weights is None:
+                raise SystemExit(f"error: cell {name} needs a POS table (DTCA, SPEC §3.1)")
+            entry["pos_weights"] = str(pos_weights.resolve())
+    data["credit"] = credit
+    for section in ("rollout", "train"):
+        data.setdefault(section, {}).update(spec[section])
+    if "block_length" in spec["rollout"] and spec["rollout"]["block_length"] == 1:  # JustGRPO: steps = L
+        data["rollout"]["steps"] = data["rollout"]["gen_length"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{base_yaml.stem}__{name.replace('@', '_at_').replace('+', '_and_')}.yaml"
+    path.write_text(f"# controlled table cell {name} over {base_yaml.name} (benchmarks/controlled_table.py)\n"
+                    + yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+class Setup(TaskSetup):
+    """:class:`TaskSetup` whose model is the recipe's ``model.path`` when it names one (e.g. an 8B
+    checkpoint; no SFT then), else the cached tiny SFT checkpoint."""
+
+    def policy(self):
+        if self.cfg.model.path:
+            return load_policy(self.cfg)
+        return load_tiny(self.ensure_sft())
+
+
+def pos_table(setup: Setup, task: str, out: Path, samples: int) -> Path:
+    """DTCA's offline POS table (SPEC §3.1) of the task's SFT checkpoint, written once to ``out``."""
+    if not out.is_file():
+        from maskrl.pos import run_estimate
+
+        model = setup.cfg.model.path or str(setup.ensure_sft())
+        print(f"[table] POS table of {model} ({samples} samples) -> {out}", flush=True)
+        run_estimate(model, setup.cfg.task.name, samples, str(out), progress=False)
+    return out
+
+
+def run(setup: Setup, data: dict, out: Path, task: str, name: str, recipe: Path, overrides: list[str], seed: int,
+        eval_every: int, test: bool, runs_dir: Path) -> dict | None:
+    """Train one (task, cell, seed) run unless recorded; write its record to ``out`` at once."""
+    key = f"{task}/{name}/seed{seed}"
+    settings = {"overrides": overrides, "val_size": len(setup.val), "eval_every": eval_every}
+    if key in data["runs"]:
+        old = data["runs"][key]
+        if any(old.get(k) != v for k, v in settings.items()):
+            raise SystemExit(f"error: run {key} is already in {out} with other settings "
+                             f"({ {k: old.get(k) for k in settings} }; now {settings}): use another --out or remove it")
+        print(f"[table] {key}: recorded, skipped", flush=True)
+        return None
+    from maskrl.config import load_config
+
+    cfg = load_config([recipe], overrides + [f"train.seed={seed}", f"output_dir={runs_dir / key.replace('/', '_')}",
+                                             "train.save_every=0", f"train.eval_every={eval_every}"])
+    policy = setup.policy()
+    fmt = prompt_formatter(policy, cfg.model.chat_template)
+    curve = [[0, setup.evaluate(policy, cfg, setup.val)]]  # the SFT model: step 0 of every curve
+    t0, c0 = time.time(), time.process_time()
+    state = {}
+
+    def eval_fn(step: int) -> dict:
+        t, c = time.time(), time.process_time()
+        m = setup.evaluate(state["trainer"].policy_eval, cfg, setup.val)
+        curve.append([step, m])
+        state["eval_seconds"] = state.get("eval_seconds", 0.0) + time.time() - t
+        state["eval_cpu"] = state.get("eval_cpu", 0.0) + time.process_time() - c
+        return m
+
+    tr = RLTrainer(cfg, policy, setup.task, setup.train, prompt_fn=fmt, eval_fn=eval_fn if eval_every else None)
+    state["trainer"] = tr
+    hist = tr.train(progress=False)
+    tr.close()
+    if not curve or curve[-1][0] != tr.step_count:
+        eval_fn(tr.step_count)
+    rl_seconds = time.time() - t0 - state.get("eval_seconds", 0.0)
+    # CPU seconds of this process (all threads): the budget on one core, robust to a loaded machine
+    rl_cpu_seconds = time.process_time() - c0 - state.get("eval_cpu", 0.0)
+    row = {"task": task, "cell": name, "kind": CELLS[name]["kind"], "base": CELLS[name]["base"], "seed": seed,
+           "steps": tr.step_count, "optimizer_steps": tr.step_count * cfg.train.inner_iterations,
+           "completions": tr.step_count * cfg.train.prompts_per_step * cfg.train.group_size,
+           "rl_seconds": rl_seconds, "rl_cpu_seconds": rl_cpu_seconds, "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "val": curve[-1][1], "val_curve": curve, "rewards": [h["reward"] for h in hist],
+           "recipe": str(recipe.relative_to(ROOT)) if recipe.is_relative_to(ROOT) else str(recipe), **settings}
+    mism = [h["rollout/mismatch"] for h in hist if "rollout/mismatch" in h]
+    if mism:
+        row["rollout_mismatch"] = mism
+    if test:
+        row["test"] = setup.evaluate(tr.policy_eval, cfg, setup.test)
+        row["test_source"], row["test_reads"] = setup.source, 1
+    data["runs"][key] = row
+    save_results(out, data)
+    print(f"[table] {key}: val accuracy {row['val']['accuracy']:.3f} ({rl_seconds:.0f} s RL)", flush=True)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# summary
+# ---------------------------------------------------------------------------------------------
+def curve_area(curve: list) -> float:
+    """Trapezoid area under accuracy-vs-step divided by the last step (the run's mean accuracy)."""
+    pts = [(s, m["accuracy"]) for s, m in curve]
+    if len(pts) < 2 or pts[-1][0] == 0:
+        return pts[-1][1] if pts else float("nan")
+    area = sum((s1 - s0) * (a0 + a1) / 2 for (s0, a0), (s1, a1) in zip(pts, pts[1:]))
+    return area / pts[-1][0]
+
+
+def mean_curve(rows: list[dict]) -> list[tuple[int, float]]:
+    """Seed-mean accuracy at the evaluation steps every run shares."""
+    steps = sorted(set.intersection(*[{s for s, _ in r["val_curve"]} for r in rows]))
+    return [(s, sum(dict((a, m["accuracy"]) for a, m in r["val_curve"])[s] for r in rows) / len(rows)) for s in steps]
+
+
+def paired(rows: dict[int, dict], base: dict[int, dict], split: str, metric: str) -> dict | None:
+    """Paired (same seed) difference cell − base: mean, 95 % t-interval, signs, seeds."""
+    seeds = sorted(s for s in rows if s in base and split in rows[s] and split in base[s] and metric in rows[s][split])
+    if not seeds:
+        return None
+    d = [rows[s][split][metric] - base[s][split][metric] for s in seeds]
+    m, lo, hi = t_interval(d)
+    return {"mean": m, "ci95": [lo, hi], "positive": sum(x > 0 for x in d), "negative": sum(x < 0 for x in d),
+            "seeds": seeds}
+
+
+def summarize(data: dict) -> list[dict]:
+    """One entry per (task, cell) with every statistic of the module docstring."""
+    by: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in data["runs"].values():
+        by.setdefault((r["task"], r["cell"]), {})[r["seed"]] = r
+    out = []
+    for (task, name), rows in sorted(by.items(), key=lambda kv: (kv[0][0], list(CELLS).index(kv[0][1]) if kv[0][1] in CELLS else 99)):
+        entry = {"task": task, "cell": name, "kind": CELLS.get(name, {}).get("kind"), "base": CELLS.get(name, {}).get("base"),
+                 "seeds": sorted(rows), "rl_seconds": t_interval([r["rl_seconds"] for r in rows.values()])[0],
+                 "rl_cpu_seconds": t_interval([r.get("rl_cpu_seconds", float("nan")) for r in rows.values()])[0],
+                 "optimizer_steps": sorted({r["optimizer_steps"] for r in rows.values()}),
+                 "completions": sorted({r["completions"] for r in rows.values()})}
+        metrics = [k for k in ("accuracy", "cell_accuracy", "mean_reward") if all(k in r["val"] for r in rows.values())]
+        for split in ("val", "test"):
+            if all(split in r for r in rows.values()):
+                entry[split] = {}
+                for k in metrics:
+                    m, lo, hi = t_interval([r[split][k] for r in rows.values()])
+                    entry[split][k] = {"mean": m, "ci95": [lo, hi]}
+        entry["sft_val_accuracy"] = t_interval([r["val_curve"][0][1]["accuracy"] for r in rows.values()])[0]
+        entry["val_auc"] = t_interval([curve_area(r["val_curve"]) for r in rows.values()])[0]
+        base = by.get((task, entry["base"])) if entry["base"] else None
+        if base:
+            for split in ("val", "test"):
+                p = paired(rows, base, split, "accuracy")
+                if p:
+                    entry[f"paired_{split}"] = p
+            target = mean_curve(list(base.values()))[-1][1]
+            entry["steps_to_base_final"] = next((s for s, a in mean_curve(list(rows.values())) if a >= target - 1e-12), None)
+        gain = paired(rows, {s: {"val": {"accuracy": r["val_curve"][0][1]["accuracy"]}} for s, r in rows.items()}, "val", "accuracy")
+        entry["gain_over_sft_val"] = gain
+        out.append(entry)
+    return out
+
+
+def _ci(x: dict | None, digits: int = 3) -> str:
+    if not x:
+        return "–"
+    lo, hi = x["ci95"]
+    return f"{x['mean']:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def _paired(x: dict | None) -> str:
+    if not x:
+        return "–"
+    lo, hi = x["ci95"]
+    return f"{x['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({x['positive']}+/{x['negative']}−)"
+
+
+BEGIN, END = "<!-- controlled-table:begin -->", "<!-- controlled-table:end -->"
+
+
+def write_doc(path: Path, table: str) -> None:
+    """Put ``table`` between the :data:`BEGIN` / :data:`END` markers of ``path`` (the rest of the
+    file is hand-written and kept); a file without the markers gets them appended."""
+    text = path.read_text() if path.is_file() else "# Results\n\n"
+    block = f"{BEGIN}\n{table}{END}"
+    if BEGIN in text and END in text:
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def markdown(summary: list[dict]) -> str:
+    """The table of :func:`summarize`, one section per task."""
+    lines = ["## The controlled table (issue 22)", "",
+             "Generated by `python benchmarks/controlled_table.py --summary` from the committed records in "
+             "`results/controlled_table.json`; do not edit between the markers. Protocol: the docstring of "
+             "`benchmarks/controlled_table.py`. Intervals are 95 % Student-t over seeds; *paired* is the same-seed "
+             "difference to the cell's base row (seeds above / below zero); *AUC* the mean validation accuracy along "
+             "the run (step 0 = the SFT model); *reach* the first evaluated step where the seed-mean validation curve "
+             "reaches the base's final accuracy.", ""]
+    for task in sorted({e["task"] for e in summary}):
+        rows = [e for e in summary if e["task"] == task]
+        extra = "cell_accuracy" if any("cell_accuracy" in e.get("val", {}) for e in rows) else "mean_reward"
+        lines += [f"### {task}", "",
+                  f"| cell | kind | seeds | val solved | val {extra} | Δ val vs SFT (paired) | paired Δ val vs base | "
+                  f"test solved | paired Δ test vs base | AUC | reach | RL CPU s |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for e in rows:
+            val, test = e.get("val", {}), e.get("test", {})
+            lines.append(f"| {e['cell']} | {e['kind']} | {len(e['seeds'])} | {_ci(val.get('accuracy'))} | "
+                         f"{_ci(val.get(extra))} | {_paired(e.get('gain_over_sft_val'))} | "
+                         f"{_paired(e.get('paired_val'))} | {_ci(test.get('accuracy'))} | {_paired(e.get('paired_test'))} | "
+                         f"{e['val_auc']:.3f} | {e.get('steps_to_base_final', '–')} | {e['rl_cpu_seconds']:.0f} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict, path: Path) -> None:
+    """Seed-mean validation curve of every cell, one panel per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by: dict[tuple[str, str], list[dict]] = {}
+    for r in data["runs"].values():
+        by.setdefault((r["task"], r["cell"]), []).append(r)
+    tasks = sorted({t for t, _ in by})
+    if not tasks:
+        return
+    fig, axes = plt.subplots(1, len(tasks), figsize=(7 * len(tasks), 4.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for (t, name), rows in by.items():
+            if t == task:
+                pts = mean_curve(rows)
+                ax.plot([s for s, _ in pts], [a for _, a in pts], marker=".", label=f"{name} ({len(rows)})",
+                        linestyle="-" if CELLS.get(name, {}).get("kind") == "base" else "--")
+        ax.set_title(f"{task}: validation solved rate (seed mean)")
+        ax.set_xlabel("RL step")
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default="sudoku")
+    ap.add_argument("--cells", default="", help="comma-separated cells (default: all on the first task, "
+                                                "SECOND_TASK on the others)")
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--val-size", type=int, default=300)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--test", action="store_true", help="score the test file once per run at its end")
+    ap.add_argument("--base", action="append", default=[], help="TASK=YAML: another base recipe for a task")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--pos-samples", type=int, default=128)
+    ap.add_argument("--smoke", action="store_true", help="every cell, 1 step, tiny shapes (proves each cell runs)")
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--summary", action="store_true", help="only regenerate docs/results.md and the plot")
+    ap.add_argument("--doc", default=str(DOC))
+    ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "table"), help="run folders and resolved cell recipes")
+    ap.add_argument("--list", action="store_true", help="print the cells and exit")
+    args = ap.parse_args()
+    if args.list:
+        for name, spec in CELLS.items():
+            print(f"{name:32s} {spec['kind']:12s} base={spec['base']}  {spec['note']}")
+        return
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    data = load_results(out)
+    bases = dict(BASES)
+    for item in args.base:
+        task, _, path = item.partition("=")
+        if not path:
+            raise SystemExit(f"error: --base {item!r}: expected TASK=YAML")
+        bases[task] = Path(path).resolve()
+    overrides = list(args.overrides)
+    if args.smoke:
+        overrides = SMOKE + overrides + ["train.steps=1"]
+        args.val_size, args.eval_every, args.pos_samples = min(args.val_size, 8), 0, 2
+    if not args.summary:
+        for i, task in enumerate(t for t in args.tasks.split(",") if t):
+            if task not in bases:
+                raise SystemExit(f"error: no base recipe for task {task!r}; known: {', '.join(bases)} (or --base TASK=YAML)")
+            names = [c for c in args.cells.split(",") if c] or (list(CELLS) if i == 0 else SECOND_TASK)
+            setup = Setup(task, bases[task], overrides, "table", args.val_size, gen_kw=GEN_KW.get(task))
+            table = None
+            if any(e.get("pos_weights") == "<table>" for n in names for e in CELLS.get(n, {}).get("credit", [])):
+                tag = "smoke" if args.smoke else setup.sft_dir.name
+                table = pos_table(setup, task, (out.parent / "pos_weights" / f"{task}_{tag}.json"), args.pos_samples)
+            recipes = Path(args.runs_dir) / "recipes"  # resolved cells (absolute paths inside)
+            for name in names:
+                recipe = cell_recipe(bases[task], name, table, recipes)
+                for seed in [int(s) for s in args.seeds.split(",") if s]:
+                    run(setup, data, out, task, name, recipe, overrides, seed, args.eval_every, args.test, Path(args.runs_dir))
+    if not data["runs"]:
+        raise SystemExit(f"error: no runs in {out}; nothing to summarise")
+    data["summary"] = summarize(data)
+    save_results(out, data)
+    if not args.smoke:
+        write_doc(Path(args.doc), markdown(data["summary"]))
+        plot(data, Path(args.doc).with_suffix(".png"))
+        print(f"[table] wrote {args.doc}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

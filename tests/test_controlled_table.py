@@ -1,0 +1,88 @@
+"""The controlled table (benchmarks/controlled_table.py, issue 22): every cell builds and runs one
+step (smoke; no accuracy asserted), cells replace exactly their sections, and the summary's
+statistics against hand values."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import controlled_table as ct  # noqa: E402
+
+
+def test_curve_area_and_mean_curve_by_hand():
+    curve = [[0, {"accuracy": 0.2}], [5, {"accuracy": 0.4}], [10, {"accuracy": 0.4}]]
+    # trapezoids: 5·0.3 + 5·0.4 = 3.5 over 10 steps
+    assert ct.curve_area(curve) == pytest.approx(0.35)
+    other = {"val_curve": [[0, {"accuracy": 0.4}], [5, {"accuracy": 0.6}], [10, {"accuracy": 0.8}]]}
+    assert ct.mean_curve([{"val_curve": curve}, other]) == [(0, pytest.approx(0.3)), (5, pytest.approx(0.5)),
+                                                           (10, pytest.approx(0.6))]
+
+
+def test_paired_difference_is_per_seed():
+    rows = {s: {"val": {"accuracy": a}} for s, a in enumerate([0.5, 0.6, 0.7])}
+    base = {s: {"val": {"accuracy": a}} for s, a in enumerate([0.4, 0.6, 0.5])}
+    p = ct.paired(rows, base, "val", "accuracy")
+    d = [0.1, 0.0, 0.2]
+    sd = math.sqrt(sum((x - 0.1) ** 2 for x in d) / 2)
+    assert p["mean"] == pytest.approx(0.1) and p["positive"] == 2 and p["negative"] == 0 and p["seeds"] == [0, 1, 2]
+    assert p["ci95"][1] == pytest.approx(0.1 + 4.303 * sd / math.sqrt(3))
+    assert ct.paired(rows, {7: base[0]}, "val", "accuracy") is None  # no shared seed: no pairing
+
+
+def test_cell_recipe_replaces_sections_only(tmp_path):
+    base = ct.BASES["sudoku"]
+    src = yaml.safe_load(base.read_text())
+    path = ct.cell_recipe(base, "dtca@rldf", tmp_path / "pos.json", tmp_path)
+    got = yaml.safe_load(path.read_text())
+    assert got["objective"] == {"name": "rldf"} and got["credit"][0]["name"] == "dtca"
+    assert got["credit"][0]["pos_weights"] == str((tmp_path / "pos.json").resolve())
+    assert got["rollout"]["schedule"] == "threshold" and got["rollout"]["gen_length"] == src["rollout"]["gen_length"]
+    for section in ("model", "task", "sft", "eval"):
+        assert got[section] == src[section]
+    just = yaml.safe_load(ct.cell_recipe(base, "justgrpo", None, tmp_path).read_text())
+    assert just["rollout"]["block_length"] == 1 and just["rollout"]["steps"] == just["rollout"]["gen_length"]
+    with pytest.raises(SystemExit, match="unknown cell"):
+        ct.cell_recipe(base, "nope", None, tmp_path)
+    with pytest.raises(SystemExit, match="POS table"):
+        ct.cell_recipe(base, "dtca@rldf", None, tmp_path)
+
+
+def test_every_cell_pairs_with_a_known_base():
+    for name, spec in ct.CELLS.items():
+        assert spec["base"] is None or spec["base"] in ct.CELLS, name
+        assert (spec["base"] is None) == (spec["kind"] == "base" and name != "diffu_grpo_mf_mu4"), name
+    assert set(ct.SECOND_TASK) <= set(ct.CELLS)
+
+
+@pytest.mark.slow
+def test_smoke_every_cell_builds_and_runs(tmp_path, monkeypatch):
+    out = tmp_path / "table.json"
+    monkeypatch.setattr(sys, "argv", ["controlled_table.py", "--smoke", "--tasks", "sudoku", "--seeds", "0",
+                                      "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
+    ct.main()
+    data = json.loads(out.read_text())
+    assert {r["cell"] for r in data["runs"].values()} == set(ct.CELLS)
+    for key, r in data["runs"].items():
+        assert r["steps"] == 1 and math.isfinite(r["val"]["accuracy"]) and r["val_curve"][0][0] == 0, key
+        assert all(math.isfinite(x) for x in r["rewards"]), key
+    assert "rollout_mismatch" in data["runs"]["sudoku/diffu_grpo_state@4blocks+dual/seed0"]
+    entries = {e["cell"]: e for e in data["summary"]}
+    assert entries["dps@diffu_grpo_state"]["paired_val"]["seeds"] == [0]
+
+
+def test_write_doc_replaces_only_the_marked_block(tmp_path):
+    doc = tmp_path / "results.md"
+    doc.write_text(f"# R\n\nhand text\n\n{ct.BEGIN}\nold\n{ct.END}\n\nmore hand text\n")
+    ct.write_doc(doc, "new table\n")
+    assert doc.read_text() == f"# R\n\nhand text\n\n{ct.BEGIN}\nnew table\n{ct.END}\n\nmore hand text\n"
+    fresh = tmp_path / "fresh.md"
+    ct.write_doc(fresh, "t\n")
+    ct.write_doc(fresh, "u\n")
+    assert fresh.read_text().count(ct.BEGIN) == 1 and "u\n" in fresh.read_text() and "t\n" not in fresh.read_text()
