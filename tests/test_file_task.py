@@ -49,7 +49,17 @@ def test_user_jsonl_and_reward_train_two_steps_from_yaml_alone(tmp_path, monkeyp
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for m, c in zip(metrics, calls):
         assert m["reward"] == pytest.approx(sum(0.25 if lv == "easy" else 0.75 for lv in c["level"]) / 4)
-    assert json.loads((tmp_path / "run" / "model" / "maskrl_prompt.json").read_text())["task"] == "file"
+    card = json.loads((tmp_path / "run" / "model" / "maskrl_prompt.json").read_text())
+    assert card["task"] == "file" and card["task_options"]["reward"] == f"{tmp_path / 'user_reward.py'}:my_reward"
+    # the saved model is evaluated by `maskrl eval` with the user's reward, read from its prompt card
+    before = len((tmp_path / "calls.jsonl").read_text().splitlines())
+    assert main(["eval", "--model", str(tmp_path / "run" / "model"), "--task", "file", "--data",
+                 str(tmp_path / "test.jsonl"), "--gen-length", "4", "--block-length", "4", "--out", str(tmp_path / "eval")]) == 0
+    evals = [json.loads(x) for x in (tmp_path / "calls.jsonl").read_text().splitlines()[before:]]
+    assert sum(c["n"] for c in evals) == 4 and {p for c in evals for p in c["prompts"]} == {f"Q {a}+{a} =" for a in
+                                                                                         range(8, 12)}
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["results"][0]["mean_reward"] == pytest.approx(0.5)  # test rows 8..11: hard, easy, hard, easy
 
 
 def test_csv_and_datasets_folder_read_like_jsonl(tmp_path):

@@ -414,7 +414,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     """
     from maskrl.health import check_rewards
     from maskrl.models import load
-    from maskrl.pipeline import check_lengths, prompt_formatter, resolve_device, write_json
+    from maskrl.pipeline import check_lengths, prompt_formatter, read_prompt_card, resolve_device, write_json
     from maskrl.rundir import run_lock, weights_fingerprint
     from maskrl.scoring import file_source
     from maskrl.tasks import get_task
@@ -435,7 +435,9 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
         raise ValueError(f"batch_size (--batch-size) must be a positive integer, got {batch_size!r}")
     if limit is not None and (not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit (--limit) must be a non-negative integer (0: all rows), got {limit!r}")
-    task = get_task(task_name, prompt_template)
+    card = read_prompt_card(model) if not isinstance(model, ModelAdapter) else None
+    options = card.get("task_options", {}) if card and card["task"] == task_name else {}  # e.g. the file task's
+    task = get_task(task_name, prompt_template, **options)
     data_file = task.resolve_path(data_path)
     all_examples = task.load(data_file)
     examples = all_examples[:limit] if limit else all_examples

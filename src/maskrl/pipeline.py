@@ -241,8 +241,12 @@ def save_prompt_card(folder: str | Path, task: Task, chat_template: bool, eval_s
     import dataclasses
 
     path = Path(folder) / PROMPT_CARD
-    write_json(path, {"task": task.name, "prompt_template": task.prompt_template, "chat_template": bool(chat_template),
-                      "eval_sampler": dataclasses.asdict(eval_sampler)})
+    card = {"task": task.name, "prompt_template": task.prompt_template, "chat_template": bool(chat_template),
+            "eval_sampler": dataclasses.asdict(eval_sampler)}
+    options = getattr(task, "card_options", None)  # a task built from user options (the file task)
+    if options is not None:
+        card["task_options"] = options()
+    write_json(path, card)
     return path
 
 

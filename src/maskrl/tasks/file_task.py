@@ -67,7 +67,11 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         FileNotFoundError: no such file or folder.
         DataError: an unreadable file, or a folder holding a ``DatasetDict`` (the message lists its splits).
     """
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("the file task reads JSONL / CSV / datasets folders through `datasets`: "
+                          "pip install 'maskrl[data]'") from None
 
     p = Path(path)
     name = p.name.lower()
@@ -124,6 +128,13 @@ class FileTask(Task):
         self.train_path, self.answer, self.target_template = train, answer, target or "{" + answer + "}"
         self.reward_spec = reward
         self.reward_fn = load_reward(reward) if reward else None
+        self._target_option = target
+
+    def card_options(self) -> dict[str, str]:
+        """The constructor options a saved model's prompt card keeps (``task.file``: train rows, answer
+        column, reward, target), so ``maskrl eval --task file`` scores it as it was trained."""
+        return {"train": str(self.train_path), "answer": self.answer, "reward": self.reward_spec,
+                "target": self._target_option}
 
     def resolve_path(self, path=None) -> Path:
         """``path`` itself (a file or a ``datasets`` folder); there is no default data file.
