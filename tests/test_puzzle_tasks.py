@@ -122,3 +122,14 @@ def test_jsonschema_reward_survives_deeply_nested_garbage():
     task = get_task("jsonschema")
     rows = task.load(limit=1)
     assert task.score_examples(rows * 3, ["[" * 5000, "{" * 5000 + "}", "[[[[" * 3000]) == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("template, match", [("{puzzle}{foo}=", r"unknown placeholder\(s\) \{foo\}; available: \{puzzle\}"),
+                                             ("{puzzle}{}=", r"unknown placeholder"),
+                                             ("{puzzle}={", r"not a valid str.format template")])
+def test_prompt_template_with_an_unknown_or_broken_placeholder_is_refused_at_once(template, match):
+    from maskrl.tasks import get_task
+
+    with pytest.raises(ValueError, match=match):
+        get_task("sudoku4x4", template)
+    assert get_task("sudoku4x4", "{puzzle}= {{literal}}").prompt_template == "{puzzle}= {{literal}}"

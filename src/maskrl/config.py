@@ -91,9 +91,9 @@ class FileTaskConfig:
         target: ``str.format`` template of the SFT target over the columns; empty = the answer column.
     """
 
-    train: str = ""
+    train: str = field(default="", metadata={"path": "file"})
     answer: str = "answer"
-    reward: str = ""
+    reward: str = field(default="", metadata={"path": "reward"})
     target: str = ""
 
 
@@ -219,7 +219,7 @@ class TrainConfig:
     eval_every: int = 0
     save_every: int = 0
     eval_limit: int = 0
-    eval_data: str = ""
+    eval_data: str = field(default="", metadata={"path": "file"})
     report_to: list = field(default_factory=lambda: ["tensorboard"])
     tracker_project: str = "maskrl"
     on_nonfinite: str = "error"
@@ -339,7 +339,8 @@ def _resolve_path(value: Any, kind: str) -> Any:
 
     Kinds: ``file`` (any file or folder), ``model`` (a Hub id ``owner/name`` that is no folder next to
     the YAML stays as written), ``tokenizer`` (the built-in names stay), ``module`` (a list: dotted
-    module names stay, ``.py`` paths are resolved).
+    module names stay, ``.py`` paths are resolved), ``reward`` (``file.py:function`` has its file
+    resolved; ``module:function`` stays).
     """
     import os
 
@@ -354,6 +355,11 @@ def _resolve_path(value: Any, kind: str) -> Any:
         return text
     if kind == "module" and not (text.endswith(".py") or "/" in text or "\\" in text):
         return text
+    if kind == "reward":  # `path/to/file.py:function` is a path; a dotted `module:function` stays as written
+        path, sep, fn = text.rpartition(":")
+        if not sep or not (path.endswith(".py") or "/" in path or "\\" in path):
+            return text
+        return f"{os.path.abspath(value.base / path)}:{fn}"
     resolved = os.path.abspath(value.base / text)
     if kind == "model" and not Path(resolved).exists():
         from maskrl.models.loading import looks_like_path

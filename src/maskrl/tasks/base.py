@@ -126,6 +126,20 @@ class Task:
             if missing:
                 raise ValueError(f"task {self.name!r}: prompt_template lacks placeholder(s) "
                                  f"{', '.join('{' + m + '}' for m in missing)}")
+            if self.template_fields:  # a fixed set of fields: any other placeholder could never be filled
+                import re
+                import string
+
+                try:
+                    used = [f for _, f, _, _ in string.Formatter().parse(prompt_template) if f is not None]
+                except ValueError as e:  # unbalanced braces
+                    raise ValueError(f"task {self.name!r}: prompt_template {prompt_template!r} is not a valid "
+                                     f"str.format template ({e}); write a literal brace as {{{{ or }}}}") from None
+                unknown = [f for f in used if re.split(r"[.\[]", f, maxsplit=1)[0] not in self.template_fields]
+                if unknown:
+                    raise ValueError(f"task {self.name!r}: prompt_template has unknown placeholder(s) "
+                                     f"{', '.join('{' + u + '}' for u in unknown)}; available: "
+                                     f"{', '.join('{' + f + '}' for f in self.template_fields)}")
             self.prompt_template = prompt_template
         self.require_final_answer = bool(require_final_answer)
 
