@@ -95,3 +95,20 @@ def test_bad_rows_and_keys_are_named(tmp_path):
         get_task("file").load(tmp_path / "bad.jsonl")
     with pytest.raises(ConfigError, match="task.file: only read by task.name: file"):
         load_config([], ["task.file.train=x.jsonl"])
+
+
+def test_malformed_or_empty_jsonl_names_the_line_and_a_failing_reward_is_one_error(tmp_path):
+    from maskrl.tasks.file_task import FileTask, read_rows
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": \n')
+    with pytest.raises(DataError, match=r"bad.jsonl.*line 2: not valid JSON"):
+        read_rows(bad)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError, match=r"empty.jsonl"):
+        read_rows(empty)
+    (tmp_path / "r.py").write_text("def f(prompts, completions, answer, **kw):\n    return [len(a) for a in answer]\n")
+    task = FileTask("{question}=", answer="answer", reward=f"{tmp_path / 'r.py'}:f")
+    with pytest.raises(ValueError, match=r"task.file.reward .*r.py:f.* raised TypeError.*answer: int"):
+        task.reward(["1+2="], ["3"], answer=[3])

@@ -93,8 +93,32 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     except (DataError, FileNotFoundError):
         raise
     except Exception as e:  # noqa: BLE001 - datasets' own parse errors, named with the file
-        raise DataError(f"{p}: cannot read with datasets ({type(e).__name__}: {e})") from None
-    return ds.to_list()
+        raise DataError(f"{p}: cannot read with datasets ({type(e).__name__}: {e}){_first_bad_line(p)}") from None
+    rows = ds.to_list()
+    if not rows:
+        raise DataError(f"{p}: no rows")
+    return rows
+
+
+def _first_bad_line(path: Path) -> str:
+    """For a JSONL file that ``datasets`` could not read: ``"; line K: <why>"`` for its first line
+    that is not a JSON object (or ``"; the file is empty"``), to name the row; else ``""``."""
+    import json
+
+    if not path.is_file() or not path.name.lower().endswith(".jsonl"):
+        return ""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    if not any(line.strip() for line in lines):
+        return "; the file is empty"
+    for k, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            if not isinstance(json.loads(line), dict):
+                return f"; line {k}: not a JSON object"
+        except json.JSONDecodeError as e:
+            return f"; line {k}: not valid JSON ({e.msg})"
+    return ""
 
 
 def template_fields(template: str) -> list[str]:
@@ -189,7 +213,12 @@ class FileTask(Task):
         """The user's reward in TRL's call shape, or exact match with the answer column."""
         if self.reward_fn is None:
             return [float(c.strip() == str(a).strip()) for c, a in zip(completions, columns[self.answer])]
-        out = self.reward_fn(prompts=list(prompts), completions=list(completions), **columns)
+        try:
+            out = self.reward_fn(prompts=list(prompts), completions=list(completions), **columns)
+        except Exception as e:  # noqa: BLE001 - the user's code: one line naming it, the columns and the error
+            kinds = ", ".join(f"{k}: {type(v[0]).__name__}" for k, v in columns.items() if len(v))
+            raise ValueError(f"task.file.reward {self.reward_spec!r} raised {type(e).__name__}: {e} (called with "
+                             f"{len(completions)} completions; columns {kinds})") from e
         if out is None or isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
             raise ValueError(f"task.file.reward {self.reward_spec!r} returned {type(out).__name__}, not a list of floats")
         return list(out)
