@@ -62,3 +62,17 @@ def sharp_tiny():
         a.model.get_output_embeddings().weight.mul_(40.0)
     a.model.eval()
     return a
+
+
+def write_sudoku_csv(path, n: int, seed: int):
+    """A d1-format Sudoku file (``Puzzle,Solution``) of ``n`` generated puzzles at ``path``; returns ``path``."""
+    import csv
+
+    from maskrl.tasks import get_task
+
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["Puzzle", "Solution"])
+        for ex in get_task("sudoku4x4").generate(n, seed=seed):
+            w.writerow([ex.fields["puzzle"], ex.fields["solution"]])
+    return path

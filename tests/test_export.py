@@ -43,11 +43,17 @@ def _perturb(adapter, seed=5):
             p.add_(torch.randn(p.shape, generator=g) * 0.02)
 
 
-def test_llada_export_is_in_llada_layout_and_gives_maskrls_logits(tmp_path):
-    adapter = load(write_folder(tmp_path / "src", LLADA_CFG, llada_weights()))
+def _export(tmp_path, config: dict, weights: dict):
+    """A family checkpoint loaded by maskrl, perturbed (so written weights differ from the source),
+    exported; ``(adapter, export folder, its config.json, its tensors)``."""
+    adapter = load(write_folder(tmp_path / "src", config, weights))
     _perturb(adapter)
     out = save_model(adapter, tmp_path / "model")
-    cfg, w = read_family_folder(out)
+    return (adapter, out, *read_family_folder(out))
+
+
+def test_llada_export_is_in_llada_layout_and_gives_maskrls_logits(tmp_path):
+    adapter, out, cfg, w = _export(tmp_path, LLADA_CFG, llada_weights())
     assert cfg["model_type"] == "llada" and cfg["architectures"] == ["LLaDAModelLM"]
     assert cfg["auto_map"]["AutoModel"].endswith("modeling_llada.LLaDAModelLM")
     for key in ("d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "embedding_size", "rope_theta",
@@ -67,10 +73,7 @@ def test_llada_export_is_in_llada_layout_and_gives_maskrls_logits(tmp_path):
 
 
 def test_dream_export_is_in_dream_layout_and_gives_maskrls_logits(tmp_path):
-    adapter = load(write_folder(tmp_path / "src", DREAM_CFG, dream_weights()))
-    _perturb(adapter)
-    out = save_model(adapter, tmp_path / "model")
-    cfg, w = read_family_folder(out)
+    adapter, out, cfg, w = _export(tmp_path, DREAM_CFG, dream_weights())
     assert cfg["model_type"] == "Dream" and cfg["architectures"] == ["DreamModel"]
     assert cfg["auto_map"]["AutoModel"].endswith("modeling_dream.DreamModel")
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

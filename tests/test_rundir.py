@@ -1,7 +1,7 @@
 """Run folders (issue 20, items 1-2): a run never replaces or mixes with another run's data, one writer
 per folder, resumed logs hold each step once, a resume says what changed and refuses what changes the
 run, evaluations key on the weights, and Ctrl-C saves a checkpoint that resumes exactly."""
-import csv
+
 import hashlib
 import json
 import os
@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import write_sudoku_csv
 from maskrl import rundir
 from maskrl.cli import build_parser, main
 from maskrl.models import build_tiny, save_model
@@ -127,14 +128,8 @@ def test_sft_refuses_a_model_folder_unless_overwrite_and_never_removes_a_foreign
 
 def _demo_cfg(tmp_path):
     from maskrl.config import load_config
-    from maskrl.tasks import get_task
 
-    data = tmp_path / "sudoku.csv"
-    with open(data, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(["Puzzle", "Solution"])
-        for ex in get_task("sudoku4x4").generate(4, seed=11):
-            w.writerow([ex.fields["puzzle"], ex.fields["solution"]])
+    data = write_sudoku_csv(tmp_path / "sudoku.csv", 4, seed=11)
     return load_config([ROOT / "configs" / "demo_sudoku.yaml"], [
         f"output_dir={tmp_path}/demo", f"task.data_path={data}", "task.train_size=16", "model.tiny.hidden_size=32",
         "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.intermediate_size=32", "sft.steps=2",
@@ -319,15 +314,7 @@ def test_weights_fingerprint_follows_the_bytes(tmp_path):
 
 @pytest.fixture
 def sudoku_csv(tmp_path):
-    from maskrl.tasks import get_task
-
-    data = tmp_path / "sudoku.csv"
-    with open(data, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(["Puzzle", "Solution"])
-        for ex in get_task("sudoku4x4").generate(3, seed=5):
-            w.writerow([ex.fields["puzzle"], ex.fields["solution"]])
-    return data
+    return write_sudoku_csv(tmp_path / "sudoku.csv", 3, seed=5)
 
 
 def test_eval_keys_on_the_weights_not_the_path(tmp_path, monkeypatch, sudoku_csv):

@@ -2,13 +2,13 @@
 bootstrap), and the demo's per-row files and summary wiring."""
 from __future__ import annotations
 
-import csv
 import json
 import math
 
 import pytest
 import torch
 
+from conftest import write_sudoku_csv
 from maskrl.stats import mcnemar_exact, paired_bootstrap_ci, paired_comparison
 
 
@@ -90,14 +90,8 @@ def test_paired_comparison_counts():
 def test_demo_writes_per_row_results_and_paired_summary(tmp_path, capsys):
     from maskrl.config import load_config
     from maskrl.demo import run_demo
-    from maskrl.tasks import get_task
 
-    data = tmp_path / "sudoku.csv"
-    with open(data, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(["Puzzle", "Solution"])
-        for ex in get_task("sudoku4x4").generate(5, seed=11):
-            w.writerow([ex.fields["puzzle"], ex.fields["solution"]])
+    data = write_sudoku_csv(tmp_path / "sudoku.csv", 5, seed=11)
     cfg = load_config(["configs/demo_sudoku.yaml"], [
         f"output_dir={tmp_path}/demo", f"task.data_path={data}", "task.train_size=16", "model.tiny.hidden_size=32",
         "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.intermediate_size=32", "sft.steps=2",
