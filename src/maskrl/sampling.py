@@ -517,9 +517,10 @@ def generate(
         raise ValueError(f"cache={config.cache!r} with all_done (several processes) needs ranks_max: the number of "
                          "forwards per step varies with the rows' block starts (maskrl.trainer.ranks_max)")
     sync = ranks_max if cached else None  # several ranks, cached: equal forwards per step
-    if cached and config.observer_logits == "refuse" and exact_observers(observers):
+    needs_exact = exact_observers(observers) if cached and config.observer_logits == "refuse" else []
+    if needs_exact:
         raise ValueError(f"cache={config.cache!r} with observer_logits='refuse': the observers "
-                         f"{exact_observers(observers)} need theta's exact logits, which a cached step does not "
+                         f"{needs_exact} need theta's exact logits, which a cached step does not "
                          "compute; use cache='none', or observer_logits='exact' (one extra full forward per cached "
                          "step they read)")
     device = adapter.device

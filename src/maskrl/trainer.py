@@ -677,10 +677,7 @@ class RLTrainer:
         """The signal number received on any process since :meth:`train` began (0: none); a collective
         on several processes, so that every rank stops after the same step."""
         signum = self._stop_signal or 0
-        if self.acc.num_processes > 1:
-            t = torch.tensor([float(signum)], device=self.device)
-            signum = int(self.acc.reduce(t, reduction="max").item())
-        return signum
+        return self.ranks_max([signum])[0] if self.ranks_max is not None else signum
 
     def log(self, metrics: dict) -> None:
         """Append to ``metrics.jsonl`` and send the numeric metrics to the ``train.report_to`` trackers
