@@ -370,6 +370,8 @@ def weights_fingerprint(model) -> str | None:
     """
     import torch
 
+    from maskrl.scoring import sha256_update_file
+
     h = hashlib.sha256()
     if isinstance(model, (str, os.PathLike)):
         folder = Path(model)
@@ -380,9 +382,7 @@ def weights_fingerprint(model) -> str | None:
             return None
         for p in files:
             h.update(f"{p.name}\0{p.stat().st_size}\0".encode())
-            with open(p, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
+            sha256_update_file(h, p)
         return "sha256:" + h.hexdigest()
     module = getattr(model, "model", model)
     if not isinstance(module, torch.nn.Module):

@@ -40,12 +40,17 @@ class PredictionsError(ValueError):
         super().__init__(f"{path}: {len(problems)} problem(s) in the predictions file:\n  {text}")
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file's bytes (read in 1 MiB chunks); recorded beside every summary's sources."""
-    h = hashlib.sha256()
+def sha256_update_file(h: "hashlib._Hash", path: str | os.PathLike) -> None:
+    """Feed a file's bytes to the hash ``h`` in 1 MiB chunks."""
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB chunks); recorded beside every summary's sources."""
+    h = hashlib.sha256()
+    sha256_update_file(h, path)
     return h.hexdigest()
 
 

@@ -77,9 +77,8 @@ def save_model(adapter: ModelAdapter, path: str | os.PathLike, merge_lora: bool 
     facts = _facts(adapter)
     if adapter.family in ("llada", "dream") and type(model).__name__ in ("LlamaForCausalLM", "Qwen2ForCausalLM"):
         to_cfg = llada_export_config if adapter.family == "llada" else dream_export_config
-        cfg, state = to_cfg(model, adapter), _state_dict(model, adapter.family)
-        _write_weights(state, path)
-        (path / "config.json").write_text(json.dumps(cfg | facts, indent=2, sort_keys=True) + "\n")
+        cfg = to_cfg(model, adapter) | facts
+        _write_weights(_state_dict(model, adapter.family), path)
     else:
         model.save_pretrained(path)
         cfg = json.loads((path / "config.json").read_text())
@@ -89,7 +88,7 @@ def save_model(adapter: ModelAdapter, path: str | os.PathLike, merge_lora: bool 
             cfg["maskrl_native_architectures"] = cfg.get("architectures")
             cfg["model_type"], cfg["architectures"] = TINY_MODEL_TYPE, [TINY_ARCHITECTURE]
             cfg["maskrl_loader"] = "maskrl.models.load"
-        (path / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    (path / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     if adapter.tokenizer is not None:
         adapter.tokenizer.save_pretrained(path)
     return path
