@@ -92,6 +92,22 @@ def require(obj: Mapping[str, Any], key: str, where: str, kind: type | tuple[typ
     return val
 
 
+
+def format_fields(template: str) -> list[str]:
+    """Every replacement field of a ``str.format`` template as written (``"{a.b}{}"`` -> ``a.b``, ``""``).
+
+    Raises:
+        ValueError: unbalanced braces.
+    """
+    import string
+
+    return [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+
+
+def field_root(field: str) -> str:
+    """The top-level name of a replacement field (``"row.x"`` / ``"row[0]"`` -> ``row``)."""
+    return field.split(".")[0].split("[")[0]
+
 class Task:
     """Base class of every task. Subclasses set ``name``, ``data_file`` (relative to the data dir),
     ``hub_id`` (public dataset id for users with hub access) and implement :meth:`parse` and
@@ -127,15 +143,12 @@ class Task:
                 raise ValueError(f"task {self.name!r}: prompt_template lacks placeholder(s) "
                                  f"{', '.join('{' + m + '}' for m in missing)}")
             if self.template_fields:  # a fixed set of fields: any other placeholder could never be filled
-                import re
-                import string
-
                 try:
-                    used = [f for _, f, _, _ in string.Formatter().parse(prompt_template) if f is not None]
+                    used = format_fields(prompt_template)
                 except ValueError as e:  # unbalanced braces
                     raise ValueError(f"task {self.name!r}: prompt_template {prompt_template!r} is not a valid "
                                      f"str.format template ({e}); write a literal brace as {{{{ or }}}}") from None
-                unknown = [f for f in used if re.split(r"[.\[]", f, maxsplit=1)[0] not in self.template_fields]
+                unknown = [f for f in used if field_root(f) not in self.template_fields]
                 if unknown:
                     raise ValueError(f"task {self.name!r}: prompt_template has unknown placeholder(s) "
                                      f"{', '.join('{' + u + '}' for u in unknown)}; available: "

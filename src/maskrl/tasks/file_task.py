@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import string
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from maskrl.tasks.base import TASKS, DataError, Example, Task
+from maskrl.tasks.base import TASKS, DataError, Example, Task, field_root, format_fields
 
 #: suffixes read as JSON lines / CSV; anything else must be a ``save_to_disk`` folder
 JSON_SUFFIXES, CSV_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz"), (".csv", ".csv.gz")
@@ -123,7 +122,7 @@ def _first_bad_line(path: Path) -> str:
 
 def template_fields(template: str) -> list[str]:
     """The top-level field names of a ``str.format`` template (``"{question} [{id}]"`` -> question, id)."""
-    return [f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(template) if f]
+    return [field_root(f) for f in format_fields(template) if f]
 
 
 @TASKS.register("file")
