@@ -96,6 +96,7 @@ train: {{steps: 1, prompts_per_step: 2, group_size: 3, inner_iterations: 2, lr: 
     assert m0["informative_groups"] > 0 and len(grads) == 3
     eps = torch.finfo(torch.float32).eps
     for g, m in zip(grads[1:], rest):
+        assert m["informative_groups"] == m0["informative_groups"]  # the same rollouts in every run
         for p, q in zip(grads[0], g):
             # float32 sums in another order: a few hundred ulps of the tensor's largest gradient
             torch.testing.assert_close(q, p, rtol=1e-4, atol=256 * eps * p.abs().max().item())
