@@ -490,20 +490,44 @@ def param_memory(shape: ModelShape, dtype: torch.dtype, lora: dict | None) -> di
 # ----------------------------------------------------------------------------------------------
 # activation peaks: narrow real models, torch's CPU profiler
 # ----------------------------------------------------------------------------------------------
+#: bytes of the boundary marker :func:`profiled_peak` allocates when ``fn`` returns (odd, so that no
+#: float or integer tensor of the measured code has this size)
+_MARK_BYTES = 999_983
+
+
 def profiled_peak(fn) -> tuple[int, int]:
     """``(peak, end)``: bytes allocated above the starting level at the peak and at the end of
-    ``fn()`` (torch's CPU profiler allocation events; CPU tensors only)."""
+    ``fn()`` (torch's CPU profiler allocation events; CPU tensors only).
+
+    What ``fn`` returns is freed *inside* the profiled region, after a marker allocation of
+    :data:`_MARK_BYTES` bytes that splits the events at ``fn``'s end. This matters: the CPU allocator's
+    profiling reporter (c10 ``ProfiledCPUMemoryReporter``) remembers each block allocated while profiling
+    and forgets it only when it is freed while profiling; a block freed outside leaves a stale
+    pointer -> size entry, and when the C allocator later hands that address to a tensor allocated
+    outside profiling, that tensor's free in a later session is reported with the stale size -- a
+    spurious negative event that lowered measured peaks by a whole activation at random (which
+    addresses get reused varies between processes). Freeing everything inside the session leaves no
+    stale entry behind.
+    """
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         keep = fn()
+        mark = torch.empty(_MARK_BYTES, dtype=torch.uint8)
+        del keep, mark
     events = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    del keep
     cur = best = 0
-    for _, b in sorted(events):
-        cur += b
-        best = max(best, cur)
-    return int(best), int(cur)
+    end = None
+    for _, b in sorted(events, key=lambda x: x[0]):  # stable: equal stamps keep their recorded order
+        if b == _MARK_BYTES and end is None:
+            end = cur
+            continue
+        if end is None:
+            cur += b
+            best = max(best, cur)
+    if end is None:
+        raise RuntimeError("profiled_peak: the profiler recorded no marker allocation (profile_memory off?)")
+    return int(best), int(end)
 
 
 def narrow_widths(shape: ModelShape) -> tuple[int, int]:
