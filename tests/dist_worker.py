@@ -175,24 +175,32 @@ def cached_scenario(trainer: RLTrainer, adapter: ModelAdapter | None = None, pla
     return out
 
 
-def run_multi(out: Path) -> None:
-    import os
+def start_group() -> tuple[int, int]:
+    """Start the gloo group from the launcher's variables, with a short timeout so that a failed
+    rendezvous or a hung collective ends the run instead of waiting 30 min (the trainer's Accelerator
+    reuses this state); ``(rank, world size)``."""
     from datetime import timedelta
 
     from accelerate import PartialState
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    # start the process group first, with a short timeout so that a failed rendezvous or a hung
-    # collective ends the run instead of waiting 30 min; the trainer's Accelerator reuses this state
     PartialState(cpu=True, timeout=timedelta(seconds=float(os.environ.get("MASKRL_TEST_DIST_TIMEOUT", "60"))))
-    tr = make_trainer(out / f"rank{rank}")
-    assert tr.acc.num_processes == world and tr.acc.process_index == rank, "accelerate did not start the group"
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def local_share(out: Path, rank: int, world: int) -> Batch:
+    """This rank's contiguous share of the 1-process run's batch (``OUT/batch.pt``)."""
     batch: Batch = torch.load(out / "batch.pt", weights_only=False)
     share = batch.rollout.batch_size // world
     sl = slice(rank * share, (rank + 1) * share)
-    local = Batch(rollout=batch.rollout.select(sl), rewards=batch.rewards[sl], advantages=batch.advantages[sl],
-                  completions=batch.completions[sl], loss_mask=batch.loss_mask[sl])
-    metrics = tr.optimize(local)
+    return Batch(rollout=batch.rollout.select(sl), rewards=batch.rewards[sl], advantages=batch.advantages[sl],
+                 completions=batch.completions[sl], loss_mask=batch.loss_mask[sl])
+
+
+def run_multi(out: Path) -> None:
+    rank, world = start_group()
+    tr = make_trainer(out / f"rank{rank}")
+    assert tr.acc.num_processes == world and tr.acc.process_index == rank, "accelerate did not start the group"
+    metrics = tr.optimize(local_share(out, rank, world))
     result = {"rank": rank, "metrics": metrics, "distributed_type": str(tr.acc.distributed_type)}
     if tr.acc.is_main_process:
         result["weights"] = weights(tr)
@@ -225,13 +233,10 @@ def run_fsdp(out: Path) -> None:
     accelerate turns its FSDP plugin on for GPU process types only (``AcceleratorState`` keeps
     ``MULTI_CPU`` with ``cpu=True``); the worker sets the state's type to FSDP after the group has
     started, so that ``Accelerator.prepare`` takes its FSDP2 path on CPU / gloo, which torch supports."""
-    from datetime import timedelta
-
-    from accelerate import Accelerator, PartialState
+    from accelerate import Accelerator
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    PartialState(cpu=True, timeout=timedelta(seconds=float(os.environ.get("MASKRL_TEST_DIST_TIMEOUT", "60"))))
+    rank, world = start_group()
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
                                             auto_wrap_policy="transformer_based_wrap", state_dict_type="FULL_STATE_DICT")
     from maskrl.trainer import tracker_kwargs
@@ -243,12 +248,7 @@ def run_fsdp(out: Path) -> None:
     from torch.distributed.fsdp import FSDPModule
 
     sharded = sorted(n for n, m in tr.policy.model.named_modules() if isinstance(m, FSDPModule))
-    batch: Batch = torch.load(out / "batch.pt", weights_only=False)
-    share = batch.rollout.batch_size // world
-    sl = slice(rank * share, (rank + 1) * share)
-    local = Batch(rollout=batch.rollout.select(sl), rewards=batch.rewards[sl], advantages=batch.advantages[sl],
-                  completions=batch.completions[sl], loss_mask=batch.loss_mask[sl])
-    metrics = tr.optimize(local)
+    metrics = tr.optimize(local_share(out, rank, world))
     full = weights(tr)
     result = {"rank": rank, "metrics": metrics, "model_class": type(tr.policy.model).__name__, "sharded": sharded,
               "weights": full if rank == 0 else None}
