@@ -116,14 +116,25 @@ class TaskSetup:
 
     ``base_recipe`` decides the SFT model (its ``model``, ``sft``, ``task`` sections): every cell of
     the task must share them. The SFT checkpoint is cached under ``runs/<group>/<name>_sft/<hash>``.
+    The validation split is generated (``task.generate``, disjoint from the training and test rows)
+    where the task has a generator, else the last ``val_size`` training rows, removed from training.
+
+    Raises:
+        SystemExit: a task without a generator whose training rows do not exceed ``val_size``.
     """
 
     def __init__(self, name: str, base_recipe: Path, overrides: list[str], group: str, val_size: int, val_seed: int = 4242,
                  gen_kw: dict | None = None, log: Callable[[str], None] = print):
         self.cfg = load_config([base_recipe], overrides)
         self.task, self.test, self.source, self.train = task_and_data(self.cfg)
-        banned = {self.task.instance_key(e) for e in self.test} | {self.task.instance_key(e) for e in self.train}
-        self.val = self.task.generate(val_size, seed=val_seed, exclude=banned, **(gen_kw or {}))
+        if hasattr(self.task, "generate"):
+            banned = {self.task.instance_key(e) for e in self.test} | {self.task.instance_key(e) for e in self.train}
+            self.val = self.task.generate(val_size, seed=val_seed, exclude=banned, **(gen_kw or {}))
+        else:  # a fixed data set (GSM8K, MATH): the validation rows are held out of the training rows
+            if len(self.train) <= val_size:
+                raise SystemExit(f"error: task {name}: {len(self.train)} training rows cannot spare {val_size} "
+                                 "for validation (--val-size)")
+            self.train, self.val = self.train[:-val_size], self.train[-val_size:]
         self.sft_dir = ROOT / "runs" / group / f"{name}_sft" / sft_cache_key(self.cfg)
         self.name, self.group, self.log = name, group, log
 

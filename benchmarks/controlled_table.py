@@ -28,8 +28,19 @@ reaches the base's final accuracy, and the RL wall time.
     python benchmarks/controlled_table.py --tasks sudoku --seeds 0,1,2,3,4            # the CPU table
     python benchmarks/controlled_table.py --summary                                    # docs/results.md
     python benchmarks/controlled_table.py --smoke --out /tmp/table_smoke.json          # every cell, 1 step
+    python benchmarks/controlled_table.py --recipes 8b --tasks gsm8k,math500,countdown,sudoku --seeds 0,1,2
+        # the GPU cells: the same cells at the papers' shapes (LLaDA-8B-Instruct, L 256, block 32)
     python benchmarks/controlled_table.py --base gsm8k=configs/llada8b_gsm8k_diffu_grpo.yaml --tasks gsm8k ...
-        # the same cells over another base recipe (e.g. an 8B one on GPUs): --base TASK=YAML
+        # the same cells over any other base recipe: --base TASK=YAML
+
+GPU cells (``--recipes 8b``): each task's base becomes its shipped LLaDA-8B-Instruct recipe
+(:data:`RECIPES_8B`: model, LoRA, dtype, checkpointing, task, sampler and evaluation at L 256 / block 32,
+batch and learning rate) with the protocol pinned (:func:`gpu_base`: μ = 1, the fixed schedule at L/2
+steps, no KV cache, no credit module -- each cell brings its own); the model is the recipe's checkpoint
+(no SFT); GSM8K and MATH500, which have no generator, hold their validation rows out of the training
+split. Records go to ``results/controlled_table_8b.json`` unless ``--out`` says otherwise. Every
+resolved GPU cell is checked by config validation, and every cell by a dry run on the plan's stand-in
+model, in ``tests/test_controlled_table.py``.
 """
 from __future__ import annotations
 
@@ -50,8 +61,14 @@ from maskrl.pipeline import load_policy, prompt_formatter
 from maskrl.trainer import RLTrainer
 
 OUT = ROOT / "results" / "controlled_table.json"
+OUT_8B = ROOT / "results" / "controlled_table_8b.json"
 DOC = ROOT / "docs" / "results.md"
 BASES = {"sudoku": ROOT / "configs" / "table" / "sudoku.yaml", "countdown": ROOT / "configs" / "table" / "countdown.yaml"}
+#: the shipped LLaDA-8B-Instruct recipe each task's GPU cells start from (``--recipes 8b``, :func:`gpu_base`)
+RECIPES_8B = {"gsm8k": ROOT / "configs" / "llada8b_gsm8k_diffu_grpo.yaml",
+              "math500": ROOT / "configs" / "llada8b_math500_rldf.yaml",
+              "countdown": ROOT / "configs" / "llada8b_countdown_daca_wd1.yaml",
+              "sudoku": ROOT / "configs" / "llada8b_sudoku_dispo_diffu_grpo.yaml"}
 GEN_KW = {"sudoku": {"blanks": (8, 8)}}  # the test file's 500 puzzles all have 8 blanks
 SMOKE = ["sft.steps=2", "train.prompts_per_step=2", "train.group_size=2", "train.micro_batch_size=0",
          "model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2", "model.tiny.intermediate_size=64"]
@@ -118,9 +135,9 @@ CELLS: dict[str, dict] = {
                                 [dtca(pos=False, calibration=False), DPS], rollout=THRESHOLD,
                                 note="DTCA's step selection alone, with DPS token credit"),
     # rollouts: four blocks, with and without the dual KV cache
-    "diffu_grpo_state@4blocks": cell("rollout", "diffu_grpo_state", DIFFU, STATE, rollout={"block_length": 4}),
+    "diffu_grpo_state@4blocks": cell("rollout", "diffu_grpo_state", DIFFU, STATE, rollout={"blocks": 4}),
     "diffu_grpo_state@4blocks+dual": cell("rollout", "diffu_grpo_state@4blocks", DIFFU, STATE,
-                                          rollout={"block_length": 4, "cache": "dual", "mismatch_every": 5}),
+                                          rollout={"blocks": 4, "cache": "dual", "mismatch_every": 5}),
 }
 #: cells of the second task (the bases, each seed method on its paper's base, the compositions)
 SECOND_TASK = [c for c in CELLS if c not in ("diffu_grpo_state@4blocks", "diffu_grpo_state@4blocks+dual",
@@ -148,12 +165,41 @@ def cell_recipe(base_yaml: Path, name: str, pos_weights: Path | None, out_dir: P
     data["credit"] = credit
     for section in ("rollout", "train"):
         data.setdefault(section, {}).update(spec[section])
+    blocks = data["rollout"].pop("blocks", None)  # "n blocks" whatever the base's L (4 of 16 tokens, 4 of 256)
+    if blocks:
+        data["rollout"]["block_length"] = data["rollout"]["gen_length"] // blocks
     if "block_length" in spec["rollout"] and spec["rollout"]["block_length"] == 1:  # JustGRPO: steps = L
         data["rollout"]["steps"] = data["rollout"]["gen_length"]
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{base_yaml.stem}__{name.replace('@', '_at_').replace('+', '_and_')}.yaml"
     path.write_text(f"# controlled table cell {name} over {base_yaml.name} (benchmarks/controlled_table.py)\n"
                     + yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def gpu_base(task: str, out_dir: Path) -> Path:
+    """Write the GPU table base of ``task`` to ``out_dir`` and return its path: the shipped 8B recipe
+    :data:`RECIPES_8B` ``[task]`` with what every cell of a table shares pinned (the module docstring):
+    ``train.inner_iterations`` 1, ``rollout.schedule`` fixed at ``gen_length // 2`` steps (SPEC §1.2,
+    d1's 2 tokens per step), ``rollout.cache`` none, no credit module. Everything else (model, LoRA,
+    dtype, checkpointing, task, L, block, τ, evaluation, batch, learning rate) is the recipe's.
+
+    Raises:
+        SystemExit: a task without a shipped 8B recipe (lists the known ones).
+    """
+    if task not in RECIPES_8B:
+        raise SystemExit(f"error: no 8B recipe for task {task!r}; known: {', '.join(RECIPES_8B)}")
+    src = RECIPES_8B[task]
+    data = yaml.safe_load(src.read_text())
+    ro = data.setdefault("rollout", {})
+    ro.update({"schedule": "fixed", "steps": ro["gen_length"] // 2, "cache": "none"})
+    ro.pop("threshold", None)
+    data.setdefault("train", {})["inner_iterations"] = 1
+    data["credit"] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"table8b_{task}.yaml"
+    path.write_text(f"# controlled table GPU base of {task}: {src.name} with the protocol pinned "
+                    "(benchmarks/controlled_table.py gpu_base)\n" + yaml.safe_dump(data, sort_keys=False))
     return path
 
 
@@ -382,6 +428,20 @@ def plot(data: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def resolve_bases(recipes: str, out_dir: Path) -> dict[str, Path]:
+    """Each task's base recipe: :data:`BASES` (``cpu``) or :func:`gpu_base` of every task in
+    :data:`RECIPES_8B` (``8b``, written under ``out_dir``).
+
+    Raises:
+        SystemExit: an unknown ``recipes`` value.
+    """
+    if recipes == "cpu":
+        return dict(BASES)
+    if recipes == "8b":
+        return {task: gpu_base(task, out_dir) for task in RECIPES_8B}
+    raise SystemExit(f"error: --recipes {recipes!r}: expected cpu or 8b")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="sudoku")
@@ -392,11 +452,14 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--test", action="store_true", help="score the test file once per run at its end")
     ap.add_argument("--base", action="append", default=[], help="TASK=YAML: another base recipe for a task")
+    ap.add_argument("--recipes", choices=("cpu", "8b"), default="cpu",
+                    help="8b: the GPU cells, each task's base its shipped LLaDA-8B recipe (RECIPES_8B, gpu_base)")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--pos-samples", type=int, default=128)
     ap.add_argument("--smoke", action="store_true", help="every cell, 1 step, tiny shapes (proves each cell runs)")
-    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--out", default=None, help=f"records (default {OUT.relative_to(ROOT)}; with --recipes 8b "
+                                                    f"{OUT_8B.relative_to(ROOT)})")
     ap.add_argument("--summary", action="store_true", help="only regenerate docs/results.md and the plot")
     ap.add_argument("--doc", default=str(DOC))
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "table"), help="run folders and resolved cell recipes")
@@ -407,9 +470,9 @@ def main() -> None:
             print(f"{name:32s} {spec['kind']:12s} base={spec['base']}  {spec['note']}")
         return
     torch.set_num_threads(args.threads)
-    out = Path(args.out)
+    out = Path(args.out or (OUT_8B if args.recipes == "8b" else OUT))
     data = load_results(out)
-    bases = dict(BASES)
+    bases = resolve_bases(args.recipes, Path(args.runs_dir) / "recipes")
     for item in args.base:
         task, _, path = item.partition("=")
         if not path:

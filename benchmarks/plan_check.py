@@ -1,21 +1,25 @@
 """CPU check of ``maskrl plan`` (issue 21 §2): the plan against measured peak memory and counted FLOPs of
 real trainer steps, at several shapes, side by side (JSON).
 
-    python benchmarks/plan_check.py --out benchmarks/results/plan_check.json
+    python benchmarks/plan_check.py              # all shapes -> results/plan_check.json (committed)
     python benchmarks/plan_check.py --quick      # two small shapes
 
-Each shape runs in a fresh subprocess (``--child``), so its peak resident memory is its own:
+Each shape runs in a fresh subprocess (``--child``), so its memory is its own:
 
-1. imports everything and builds (then drops) a throw-away model, so that lazy imports are done;
-   ``base`` = resident memory now (``/proc/self/statm``);
+1. imports everything and runs (then drops) one step of a throw-away model, so that lazy imports are
+   done; ``base`` = resident memory now (``/proc/self/statm``);
 2. builds the recipe's model (the built-in tiny Llama at the shape's width / depth, LoRA and
-   checkpointing as the shape says), the trainer (:func:`maskrl.plan.synthetic_trainer`: prompts of P
-   tokens, random rewards, completions L long), and runs one RL step (rollout + ``optimize``);
-   ``measured_peak`` = ``ru_maxrss`` − ``base``: weights, reference copy, gradients, AdamW states and
-   the step's activations, as the plan's ``peak`` counts them;
-3. runs a second step under ``FlopCounterMode`` with SDPA's math backend (PyTorch's CPU flash kernel
-   is not registered with the counter; the math backend computes attention with counted ``bmm``s);
-   ``measured_flops`` is that count.
+   checkpointing as the shape says) and the trainer (:func:`maskrl.plan.synthetic_trainer`: prompts of
+   P tokens, random rewards, completions L long), and runs a first RL step (rollout + ``optimize``)
+   under ``FlopCounterMode`` with SDPA's math backend (PyTorch's CPU flash kernel is not registered
+   with the counter; the math backend computes attention with counted ``bmm``s): ``measured_flops``;
+   this step also creates the AdamW states, which the plan's peak counts (it plans a step of a run
+   in progress, not the first);
+3. resets the kernel's peak-resident-memory mark (``echo 5 > /proc/self/clear_refs``) and runs a
+   second step with the default kernels: ``measured_peak`` = ``VmHWM`` (``/proc/self/status``) −
+   ``base``: weights, reference copy, gradients, AdamW states and the step's activations, as the
+   plan's ``peak`` counts them. glibc is told to ``mmap`` every block ≥ 64 KiB
+   (``MALLOC_MMAP_THRESHOLD_=65536``) so that freed tensors leave the resident set.
 
 The parent makes the plan of the same config (``maskrl.plan.make_plan``, one process, ``single``) and
 writes both, with ``memory_error`` = plan / measured − 1 (target |·| ≤ 0.15) and ``flops_equal``.
@@ -27,13 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "plan_check.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "plan_check.json"
 
 #: (name, --set overrides): width, depth, length, rows, LoRA, checkpointing, likelihood vary
 SHAPES = [
@@ -66,8 +69,26 @@ def _rss() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _reset_peak_rss() -> None:
+    """Reset the kernel's peak resident set mark (``VmHWM``) to the current resident set (Linux >= 4.0)."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+def _peak_rss() -> int:
+    """``VmHWM`` of this process in bytes: the peak resident set since start or the last reset."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM line in /proc/self/status (plan_check measures memory on Linux only)")
+
+
 def child(overrides: list[str]) -> dict:
-    """One shape in this (fresh) process: measured peak memory of a step, FLOPs of a second step."""
+    """One shape in this (fresh) process: counted FLOPs of a first step, measured peak memory of a second
+    (the module docstring)."""
+    import gc
+
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
@@ -85,21 +106,20 @@ def child(overrides: list[str]) -> dict:
     t = synthetic_trainer(warm, 8)
     t.step()  # imports, kernels, optimizer code paths
     del t
-    import gc
-
     gc.collect()
     base = _rss()
-    t0 = time.time()
     trainer = synthetic_trainer(cfg, PROMPT_LENGTH)
-    trainer.step()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    seconds = time.time() - t0
-    static = _rss() - base  # weights, reference copy, AdamW states, kept after the step
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
         trainer.step()
+    gc.collect()
+    _reset_peak_rss()
+    t0 = time.time()
+    trainer.step()
+    seconds = time.time() - t0
+    peak = _peak_rss() - base
+    static = _rss() - base  # weights, reference copy, AdamW states, kept after the step
     return {"measured_peak_bytes": peak, "base_rss_bytes": base, "rss_after_step_bytes": static,
- "measured_flops": int(fc.get_total_flops()),
-            "step_seconds": seconds}
+            "measured_flops": int(fc.get_total_flops()), "step_seconds": seconds}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -10,6 +10,10 @@ trainer's ``Accelerator(cpu=True)`` then starts a ``MULTI_CPU`` gloo group). Eac
 ``optimize`` on its contiguous share of ``OUT/batch.pt``, logs and checkpoints into its own
 ``OUT/rank{r}`` folder (so a write by a non-main rank cannot hide behind rank 0's file), then runs
 the sampler-synchronisation scenario (:func:`sampling_scenario`). Results go to ``OUT/multi{r}.pt``.
+
+``python tests/dist_worker.py fsdp OUT`` -- one rank of the same launch with the trainer's model under
+FSDP2 (:func:`run_fsdp`): ``optimize`` on this rank's share, then the KV-cached sampler on the sharded
+model. Results go to ``OUT/fsdp{r}.pt``.
 """
 from __future__ import annotations
 
@@ -59,11 +63,11 @@ def make_cfg(out_dir: Path) -> RunConfig:
     )
 
 
-def make_trainer(out_dir: Path) -> RLTrainer:
+def make_trainer(out_dir: Path, accelerator=None) -> RLTrainer:
     cfg = make_cfg(out_dir)
     policy = build_tiny(hidden_size=SHAPE.hidden_size, num_layers=SHAPE.num_layers, num_heads=SHAPE.num_heads,
                         intermediate_size=SHAPE.intermediate_size, seed=SHAPE.seed)
-    return RLTrainer(cfg, policy, ConstantTask(), examples())
+    return RLTrainer(cfg, policy, ConstantTask(), examples(), accelerator=accelerator)
 
 
 def rig(batch: Batch) -> Batch:
@@ -77,8 +81,10 @@ def rig(batch: Batch) -> Batch:
 
 
 def weights(trainer: RLTrainer) -> dict[str, torch.Tensor]:
+    """The full weights (an FSDP2 shard is gathered: a collective, every rank must call it)."""
     model = trainer.acc.unwrap_model(trainer.policy.model)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+            for k, v in model.state_dict().items()}
 
 
 def run_single(out: Path) -> None:
@@ -134,50 +140,67 @@ def sampling_scenario(trainer: RLTrainer) -> dict:
     return {"plain": plain, "plain_calls": plain_calls, "synced": synced, "synced_calls": toy.calls}
 
 
-def cached_scenario(trainer: RLTrainer) -> dict:
-    """The KV-cached sampler (prefix and dual) on a tiny Llama: rank 0 commits a whole block per step
-    (threshold 0.01), the others one token per step (threshold 1.0); decoder forwards counted, with and
-    without the trainer's ``ranks_max`` hook."""
+def cached_scenario(trainer: RLTrainer, adapter: ModelAdapter | None = None, plain_adapter: ModelAdapter | None = None
+                    ) -> dict:
+    """The KV-cached sampler (prefix and dual): rank 0 commits a whole block per step (threshold 0.01),
+    the others one token per step (threshold 1.0); decoder forwards counted, without the trainer's
+    ``ranks_max`` hook (on ``plain_adapter``, default ``adapter``) and with it (on ``adapter``, default a
+    fresh tiny Llama). Under FSDP the unhooked run must use an unsharded copy: there every forward is
+    a collective and unequal counts would hang."""
     from maskrl.models import build_tiny
     from maskrl.trainer import ranks_max
 
     rank = trainer.acc.process_index
-    adapter = build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seed=0)
+    adapter = adapter or build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seed=0)
+    plain_adapter = plain_adapter or adapter
     calls = []
-    adapter.model.get_decoder().register_forward_pre_hook(lambda *_: calls.append(1))
+    hooks = [a.model.get_decoder().register_forward_pre_hook(lambda *_: calls.append(1))
+             for a in {id(adapter): adapter, id(plain_adapter): plain_adapter}.values()]
     ids = torch.tensor([[5, 6, 7], [7, 6, 5]])
     mask = torch.ones_like(ids, dtype=torch.bool)
     out = {}
-    for cache in ("prefix", "dual"):
-        cfg = SamplerConfig(gen_length=8, block_length=4, schedule="threshold", threshold=0.01 if rank == 0 else 1.0,
-                            cache=cache)
-        plain = generate(adapter, ids, mask, cfg)
-        n_plain = len(calls)
-        calls.clear()
-        synced = generate(adapter, ids, mask, cfg, all_done=all_ranks_done(trainer.acc), ranks_max=ranks_max(trainer.acc))
-        out[cache] = {"plain": plain, "plain_calls": n_plain, "synced": synced, "synced_calls": len(calls)}
-        calls.clear()
+    with torch.no_grad():
+        for cache in ("prefix", "dual"):
+            cfg = SamplerConfig(gen_length=8, block_length=4, schedule="threshold",
+                                threshold=0.01 if rank == 0 else 1.0, cache=cache)
+            plain = generate(plain_adapter, ids, mask, cfg)
+            n_plain = len(calls)
+            calls.clear()
+            synced = generate(adapter, ids, mask, cfg, all_done=all_ranks_done(trainer.acc),
+                              ranks_max=ranks_max(trainer.acc))
+            out[cache] = {"plain": plain, "plain_calls": n_plain, "synced": synced, "synced_calls": len(calls)}
+            calls.clear()
+    for h in hooks:
+        h.remove()
     return out
 
 
-def run_multi(out: Path) -> None:
-    import os
+def start_group() -> tuple[int, int]:
+    """Start the gloo group from the launcher's variables, with a short timeout so that a failed
+    rendezvous or a hung collective ends the run instead of waiting 30 min (the trainer's Accelerator
+    reuses this state); ``(rank, world size)``."""
     from datetime import timedelta
 
     from accelerate import PartialState
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    # start the process group first, with a short timeout so that a failed rendezvous or a hung
-    # collective ends the run instead of waiting 30 min; the trainer's Accelerator reuses this state
     PartialState(cpu=True, timeout=timedelta(seconds=float(os.environ.get("MASKRL_TEST_DIST_TIMEOUT", "60"))))
-    tr = make_trainer(out / f"rank{rank}")
-    assert tr.acc.num_processes == world and tr.acc.process_index == rank, "accelerate did not start the group"
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def local_share(out: Path, rank: int, world: int) -> Batch:
+    """This rank's contiguous share of the 1-process run's batch (``OUT/batch.pt``)."""
     batch: Batch = torch.load(out / "batch.pt", weights_only=False)
     share = batch.rollout.batch_size // world
     sl = slice(rank * share, (rank + 1) * share)
-    local = Batch(rollout=batch.rollout.select(sl), rewards=batch.rewards[sl], advantages=batch.advantages[sl],
-                  completions=batch.completions[sl], loss_mask=batch.loss_mask[sl])
-    metrics = tr.optimize(local)
+    return Batch(rollout=batch.rollout.select(sl), rewards=batch.rewards[sl], advantages=batch.advantages[sl],
+                 completions=batch.completions[sl], loss_mask=batch.loss_mask[sl])
+
+
+def run_multi(out: Path) -> None:
+    rank, world = start_group()
+    tr = make_trainer(out / f"rank{rank}")
+    assert tr.acc.num_processes == world and tr.acc.process_index == rank, "accelerate did not start the group"
+    metrics = tr.optimize(local_share(out, rank, world))
     result = {"rank": rank, "metrics": metrics, "distributed_type": str(tr.acc.distributed_type)}
     if tr.acc.is_main_process:
         result["weights"] = weights(tr)
@@ -202,6 +225,43 @@ def run_multi(out: Path) -> None:
     torch.distributed.destroy_process_group()
 
 
+def run_fsdp(out: Path) -> None:
+    """One rank of the FSDP2 run: the trainer's model sharded by accelerate's own FSDP2 preparation
+    (``fsdp2_prepare_model``: each decoder layer, the embedding, the tail and the root), ``optimize`` on
+    this rank's share of ``OUT/batch.pt``, then the KV-cached sampler on the sharded model.
+
+    accelerate turns its FSDP plugin on for GPU process types only (``AcceleratorState`` keeps
+    ``MULTI_CPU`` with ``cpu=True``); the worker sets the state's type to FSDP after the group has
+    started, so that ``Accelerator.prepare`` takes its FSDP2 path on CPU / gloo, which torch supports."""
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    rank, world = start_group()
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
+                                            auto_wrap_policy="transformer_based_wrap", state_dict_type="FULL_STATE_DICT")
+    from maskrl.trainer import tracker_kwargs
+
+    acc = Accelerator(cpu=True, fsdp_plugin=plugin, **tracker_kwargs(make_cfg(out / f"fsdp_rank{rank}")))
+    acc.state.distributed_type = DistributedType.FSDP
+    acc.state.fsdp_plugin = plugin
+    tr = make_trainer(out / f"fsdp_rank{rank}", accelerator=acc)
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = sorted(n for n, m in tr.policy.model.named_modules() if isinstance(m, FSDPModule))
+    metrics = tr.optimize(local_share(out, rank, world))
+    full = weights(tr)
+    result = {"rank": rank, "metrics": metrics, "model_class": type(tr.policy.model).__name__, "sharded": sharded,
+              "weights": full if rank == 0 else None}
+    # the unhooked reference run on an unsharded copy with the same (updated) weights
+    plain = build_tiny(hidden_size=SHAPE.hidden_size, num_layers=SHAPE.num_layers, num_heads=SHAPE.num_heads,
+                       intermediate_size=SHAPE.intermediate_size, seed=SHAPE.seed)
+    plain.model.load_state_dict(full)
+    result["cached"] = cached_scenario(tr, adapter=tr.policy_eval, plain_adapter=plain)
+    torch.save(result, out / f"fsdp{rank}.pt")
+    tr.acc.wait_for_everyone()
+    torch.distributed.destroy_process_group()
+
+
 def interrupt_scenario(trainer: RLTrainer, out_dir: Path, rank: int) -> dict:
     """SIGTERM to rank 1 alone, during the first step of ``train``: every rank must finish that step,
     save one checkpoint together and stop (``TrainingInterrupted``), not hang in a collective."""
@@ -222,4 +282,4 @@ def interrupt_scenario(trainer: RLTrainer, out_dir: Path, rank: int) -> dict:
 
 if __name__ == "__main__":
     mode, out_dir = sys.argv[1], Path(sys.argv[2])
-    {"single": run_single, "multi": run_multi}[mode](out_dir)
+    {"single": run_single, "multi": run_multi, "fsdp": run_fsdp}[mode](out_dir)

@@ -79,3 +79,17 @@ def test_resume_skips_only_runs_with_the_same_settings(tmp_path):
         run_cell(setup, data, out, "t", "c", tmp_path / "x.yaml", ["sft.steps=6"], 5, 0, False)
     with pytest.raises(SystemExit, match="other settings"):
         run_cell(SimpleNamespace(val=[1]), data, out, "t", "c", tmp_path / "x.yaml", ["sft.steps=5"], 5, 0, False)
+
+
+def test_task_setup_holds_validation_out_of_a_fixed_data_set():
+    """A task without a generator (GSM8K, MATH, a user's file; here the shipped file-task example): the
+    validation rows are the last ``val_size`` training rows, removed from training; too few rows is
+    an error naming --val-size."""
+    from ablation_runs import TaskSetup
+
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "byo_file_task.yaml"
+    setup = TaskSetup("byo", recipe, [], "test", val_size=20, log=lambda _: None)
+    assert not hasattr(setup.task, "generate") and len(setup.val) == 20
+    assert not {e.prompt for e in setup.val} & {e.prompt for e in setup.train}
+    with pytest.raises(SystemExit, match="--val-size"):
+        TaskSetup("byo", recipe, [], "test", val_size=10**6, log=lambda _: None)

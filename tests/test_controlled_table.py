@@ -86,3 +86,58 @@ def test_write_doc_replaces_only_the_marked_block(tmp_path):
     ct.write_doc(fresh, "t\n")
     ct.write_doc(fresh, "u\n")
     assert fresh.read_text().count(ct.BEGIN) == 1 and "u\n" in fresh.read_text() and "t\n" not in fresh.read_text()
+
+
+GPU_TASKS = ("gsm8k", "math500", "countdown", "sudoku")
+POS_TABLE = Path(__file__).resolve().parents[1] / "configs" / "pos_weights" / "countdown_tiny.json"
+
+
+def _gpu_cells(tmp_path: Path) -> list[tuple[str, str, Path]]:
+    """Every cell of every GPU task resolved as ``--recipes 8b`` resolves it (DTCA cells given a shipped
+    POS table: a GPU run estimates its own from the 8B model)."""
+    bases = ct.resolve_bases("8b", tmp_path / "recipes")
+    assert set(bases) == set(GPU_TASKS) == set(ct.RECIPES_8B)
+    return [(task, name, ct.cell_recipe(bases[task], name, POS_TABLE, tmp_path / "recipes"))
+            for task in GPU_TASKS for name in ct.CELLS]
+
+
+def test_gpu_recipes_flag_resolves_every_cell_at_paper_shapes(tmp_path):
+    """``--recipes 8b``: each task's base is its shipped LLaDA-8B recipe with the protocol pinned, and
+    every cell over it passes config validation at the papers' shapes (L 256, block 32, LLaDA-8B)."""
+    from maskrl.config import load_config
+    from maskrl.credit import CREDITS
+    from maskrl.objectives import OBJECTIVES
+
+    for task, name, path in _gpu_cells(tmp_path):
+        cfg = load_config([path])  # raises on any invalid field or combination
+        shipped = load_config([ct.RECIPES_8B[task]])
+        spec = ct.CELLS[name]
+        assert cfg.model == shipped.model and cfg.model.path == "GSAI-ML/LLaDA-8B-Instruct", (task, name)
+        assert cfg.task == shipped.task and cfg.eval == shipped.eval, (task, name)
+        assert cfg.rollout.gen_length == 256 and type(cfg.objective) is OBJECTIVES.get(spec["objective"]["name"])
+        # the cell's credit modules only (the base recipe's, e.g. Sudoku's DiSPO, is dropped)
+        assert [type(c) for c in cfg.credit] == [CREDITS.get(c["name"]) for c in spec["credit"]], (task, name)
+        assert cfg.train.inner_iterations == spec["train"].get("inner_iterations", 1), (task, name)
+        assert (cfg.train.lr, cfg.train.group_size) == (shipped.train.lr, shipped.train.group_size), (task, name)
+        block = {"justgrpo": 1}.get(name, 64 if "4blocks" in name else 32)
+        assert cfg.rollout.block_length == block, (task, name)
+        assert cfg.rollout.schedule == spec["rollout"].get("schedule", "fixed"), (task, name)
+        assert cfg.rollout.cache == spec["rollout"].get("cache", "none"), (task, name)
+    with pytest.raises(SystemExit, match="no 8B recipe"):
+        ct.gpu_base("wordmath", tmp_path)
+    # the CPU table's cells are unchanged by the "blocks" spelling: 4 blocks of its 16 tokens
+    cpu = yaml.safe_load(ct.cell_recipe(ct.BASES["sudoku"], "diffu_grpo_state@4blocks", None, tmp_path).read_text())
+    assert cpu["rollout"]["block_length"] == 4 and "blocks" not in cpu["rollout"]
+
+
+@pytest.mark.slow
+def test_gpu_cells_dry_run_on_the_plan_stand_in(tmp_path):
+    """Every GPU cell (one task: the cells' sections are the same on every task, the stand-in's prompts
+    and rewards are synthetic) runs one full step on the plan's narrow stand-in model
+    (:func:`maskrl.plan.dry_run`, the pattern of tests/test_plan.py), without an 8B model."""
+    from maskrl.config import load_config
+    from maskrl.plan import dry_run
+
+    for task, name, path in _gpu_cells(tmp_path):
+        if task == "countdown":
+            assert dry_run(load_config([path]), prompt_length=16)["step"] == 1, name

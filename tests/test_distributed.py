@@ -1,9 +1,11 @@
 """Multi-process training on CPU (gloo): a 2-process ``optimize`` equals the 1-process one on the same
-global batch, only the main process writes, and the sampler's rank hook keeps ranks' forwards in step.
+global batch, under DDP and under FSDP2, only the main process writes, and the sampler's rank hooks
+keep ranks' forwards in step (the KV-cached sampler also on the FSDP2-sharded model).
 
 The processes are plain subprocesses with the ``torch.distributed`` environment variables set (what
 ``accelerate launch`` / ``torchrun`` set); the trainer's own ``Accelerator(cpu=True)`` starts the gloo
-group. Worker code: ``tests/dist_worker.py``. One launch serves every test of this file (~20 s).
+group. Worker code: ``tests/dist_worker.py``. Two 2-process launches serve every test of this file:
+DDP (``multi``) and FSDP2 (``fsdp``).
 """
 from __future__ import annotations
 
@@ -66,26 +68,46 @@ def _run(procs: list[subprocess.Popen]) -> str | None:
     return "\n".join(f"--- worker {p.args} (exit {p.returncode}):\n{out[-4000:]}" for p, out in zip(procs, outs))
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    worker = str(HERE / "dist_worker.py")
-    kw = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    failed = _run([subprocess.Popen([sys.executable, worker, "single", str(out)], env=_env(), **kw)])
-    assert failed is None, failed
+WORKER = str(HERE / "dist_worker.py")
+_KW = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _launch(mode: str, out: Path) -> None:
+    """``dist_worker.py MODE OUT`` on :data:`WORLD` gloo processes (one retry on a rendezvous failure)."""
     for attempt in range(2):
         port = str(_free_port())
-        failed = _run([subprocess.Popen([sys.executable, worker, "multi", str(out)],
+        failed = _run([subprocess.Popen([sys.executable, WORKER, mode, str(out)],
                                         env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(WORLD),
                                                  LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-                                                 MASTER_PORT=port), **kw)
+                                                 MASTER_PORT=port), **_KW)
                        for r in range(WORLD)])
         if failed is None:
-            return out
-        (out / f"multi_attempt{attempt}.log").write_text(failed)
+            return
+        (out / f"{mode}_attempt{attempt}.log").write_text(failed)
         if not any(e in failed for e in _RENDEZVOUS_ERRORS):
             break
-    pytest.fail(f"2-process run failed:\n{failed}")
+    pytest.fail(f"2-process {mode} run failed:\n{failed}")
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Path:
+    """The 1-process run (``OUT/batch.pt``, ``OUT/single.pt``) both 2-process launches compare with."""
+    out = tmp_path_factory.mktemp("dist")
+    failed = _run([subprocess.Popen([sys.executable, WORKER, "single", str(out)], env=_env(), **_KW)])
+    assert failed is None, failed
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(single) -> Path:
+    _launch("multi", single)
+    return single
+
+
+@pytest.fixture(scope="module")
+def fsdp(single) -> Path:
+    _launch("fsdp", single)
+    return single
 
 
 def _load(path: Path):
@@ -165,6 +187,40 @@ def test_cached_sampler_rank_sync_same_result_same_forward_count(run, cache):
         a, b = r["plain"], r["synced"]
         for field in ("completion_ids", "completion_mask", "commit_step", "commit_prob", "num_steps"):
             assert torch.equal(getattr(a, field), getattr(b, field)), field
+
+
+def test_fsdp2_optimize_equals_single_process(fsdp):
+    """The trainer's model under FSDP2 (accelerate's ``fsdp2_prepare_model`` on 2 gloo processes: every
+    decoder layer, the embedding, the tail and the root sharded): one ``optimize`` on each rank's half
+    of the batch gives the 1-process update; float32, so the gathered weights agree to rounding."""
+    single = _load(fsdp / "single.pt")
+    ranks = [_load(fsdp / f"fsdp{r}.pt") for r in range(WORLD)]
+    assert all(r["model_class"].startswith("FSDP") for r in ranks)  # fully_shard's class swap
+    assert set(ranks[0]["sharded"]) == {"", "model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm",
+                                        "lm_head"}
+    ref, got, init = single["weights"], ranks[0]["weights"], single["init"]
+    assert ref.keys() == got.keys()
+    diff = max((ref[k] - got[k]).abs().max().item() for k in ref)
+    moved = max((ref[k] - init[k]).abs().max().item() for k in ref)
+    assert moved > 1e-4 and diff <= 2e-6, (diff, moved)
+    for r in ranks:
+        assert r["metrics"]["grad_norm"] == pytest.approx(single["metrics"]["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cached_sampler_under_fsdp2_runs_equal_forwards(fsdp, cache):
+    """Issue 21 §4: the KV-cached sampler on the FSDP2-sharded model (each forward all-gathers the
+    layers' shards, a collective) finishes on 2 processes that need different numbers of forwards:
+    both run the slowest rank's count, and each rank's rollout is the one an unsharded copy of the
+    same weights samples without the hook."""
+    ranks = [_load(fsdp / f"fsdp{r}.pt")["cached"][cache] for r in range(WORLD)]
+    assert ranks[0]["plain_calls"] < ranks[1]["plain_calls"]
+    assert [r["synced_calls"] for r in ranks] == [ranks[1]["plain_calls"]] * WORLD
+    for r in ranks:
+        a, b = r["plain"], r["synced"]
+        for field in ("completion_ids", "completion_mask", "commit_step", "num_steps"):
+            assert torch.equal(getattr(a, field), getattr(b, field)), field
+        torch.testing.assert_close(a.commit_prob, b.commit_prob, rtol=1e-5, atol=1e-6)  # float32 all-gathered weights
 
 
 class _Counting(torch.nn.Module):

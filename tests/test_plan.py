@@ -118,3 +118,33 @@ def test_8b_recipe_plans_and_dry_runs(path):
         assert any(k.startswith("theta/step") for k in one["work"]["by_phase_term"])
     metrics = dry_run(cfg, prompt_length=16)
     assert metrics["step"] == 1
+
+
+#: every shipped run recipe (configs/**.yaml but accelerate's launch configs), the 8B ones aside (planned above)
+RECIPES_SMALL = sorted(p for p in CONFIGS.rglob("*.yaml") if "accelerate" not in p.parts and p not in RECIPES_8B)
+
+
+def test_every_shipped_recipe_is_covered():
+    """Issue 21: ``maskrl plan`` runs on every shipped recipe -- the two lists together are every YAML
+    under configs/ that is not an accelerate launch config."""
+    every = {p for p in CONFIGS.rglob("*.yaml") if "accelerate" not in p.parts}
+    assert set(RECIPES_SMALL) | set(RECIPES_8B) == every and len(RECIPES_8B) >= 12
+    assert CONFIGS / "table" / "sudoku.yaml" in RECIPES_SMALL
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", RECIPES_SMALL, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_maskrl_plan_runs_on_every_small_recipe(path, tmp_path, capsys):
+    """``maskrl plan`` (the command itself) on each shipped tiny-model recipe: it prints a plan and
+    writes its JSON with a positive peak and FLOPs (the 8B recipes: test_8b_recipe_plans_and_dry_runs)."""
+    import json
+
+    from maskrl.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--config", str(path), "--gpus", "1", "--gpu-memory", "24GB", "--prompt-length", "32",
+                 "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["memory_gib"]["peak"] > plan["memory_gib"]["static_total"] > 0
+    assert plan["work"]["flops"] > 0 and plan["work"]["by_phase_term"]["rollout"]["forwards"] > 0
+    assert "PEAK" in capsys.readouterr().out

@@ -490,20 +490,60 @@ def param_memory(shape: ModelShape, dtype: torch.dtype, lora: dict | None) -> di
 # ----------------------------------------------------------------------------------------------
 # activation peaks: narrow real models, torch's CPU profiler
 # ----------------------------------------------------------------------------------------------
+#: bytes of the boundary marker :func:`profiled_peak` allocates when ``fn`` returns (odd, so that no
+#: float or integer tensor of the measured code has this size)
+_MARK_BYTES = 999_983
+
+
+def _allocation_events(prof) -> list[tuple[int, int, int]]:
+    """``(time ns, address, bytes)`` of every CPU allocation (bytes > 0) and free (bytes < 0) a finished
+    ``torch.profiler.profile(profile_memory=True)`` recorded, in time order."""
+    from torch._C._profiler import _EventType
+
+    out, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            out.append((node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    return sorted(out, key=lambda e: e[0])
+
+
 def profiled_peak(fn) -> tuple[int, int]:
     """``(peak, end)``: bytes allocated above the starting level at the peak and at the end of
-    ``fn()`` (torch's CPU profiler allocation events; CPU tensors only)."""
+    ``fn()`` (torch's CPU profiler allocation events; CPU tensors only).
+
+    Only frees of blocks allocated *inside* the profiled region count (matched by address). The CPU
+    allocator's profiling reporter (c10 ``ProfiledCPUMemoryReporter``) forgets a block's size only
+    when the block is freed while profiling; a block freed outside leaves a stale address -> size
+    entry, and when the C allocator later hands that address to a tensor allocated outside
+    profiling, the tensor's free in a later session is reported with the stale size -- a spurious
+    free that lowered measured peaks by a whole activation at random (which addresses get reused
+    varies between processes; plans of one recipe differed by up to 30 %). What ``fn`` returns is
+    freed inside the region too, after a marker allocation of :data:`_MARK_BYTES` bytes that dates
+    ``fn``'s end.
+
+    Raises:
+        RuntimeError: the profiler recorded no marker (memory profiling unavailable).
+    """
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         keep = fn()
-    events = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    del keep
+        mark = torch.empty(_MARK_BYTES, dtype=torch.uint8)
+        del keep, mark
+    live: dict[int, int] = {}
     cur = best = 0
-    for _, b in sorted(events):
+    for _, ptr, b in _allocation_events(prof):
+        if b == _MARK_BYTES:
+            return int(best), int(cur)
+        if b > 0:
+            live[ptr] = b
+        elif live.pop(ptr, None) is None:
+            continue  # a block allocated before the region (or a stale reporter entry): not ours
         cur += b
         best = max(best, cur)
-    return int(best), int(cur)
+    raise RuntimeError("profiled_peak: the profiler recorded no marker allocation (memory profiling unavailable?)")
 
 
 def narrow_widths(shape: ModelShape) -> tuple[int, int]:
