@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from maskrl.config import load_config
-from maskrl.plan import (GIB, FlopModel, Hardware, PlanError, _static_memory, dry_run, make_plan, model_shape,
-                         param_memory, parse_bytes, record_work, strategy_from_accelerate, synthetic_trainer,
-                         work_table)
+from maskrl.plan import (GIB, FlopModel, Hardware, PlanError, _static_memory, dispo_step_rows, dry_run, make_plan,
+                         model_shape, param_memory, parse_bytes, record_work, strategy_from_accelerate,
+                         synthetic_trainer, work_table)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RECIPES_8B = sorted(CONFIGS.glob("llada8b_*.yaml")) + sorted(CONFIGS.glob("dream7b_*.yaml"))
@@ -52,6 +52,36 @@ def test_plan_phases_follow_the_trainer_rules():
     assert {c.phase for c in calls} == {"rollout", "theta"}
     theta = [c for c in calls if c.phase == "theta"]
     assert [(c.rows, c.seq, c.scored) for c in theta] == [(2, 6 + 8, 16)]  # mean-field: 1 row, L scored per sequence
+
+
+#: DiSPO on the tiny recipe: B 2, G 2 (4 trajectories), Z 3, μ 2, 5 sequences per micro-batch, T 4, no cache
+DISPO = TINY + ["train.prompts_per_step=2", "train.group_size=2", "train.inner_iterations=2",
+                "train.micro_batch_size=5", "credit=[{name: dispo, z: 3, timing: late}]"]
+
+
+def _dispo_counts(seed: int) -> tuple[int, int]:
+    calls = record_work(load_config([], DISPO), prompt_length=6, seed=seed)
+    return sum(c.count for c in calls), sum(c.rows * c.count for c in calls if c.phase == "theta" and c.term == "step")
+
+
+def test_dispo_forwards_are_the_recipes_worst_case_not_a_sample():
+    """DiSPO's step term is planned at its bound (SPEC §4: one state per trajectory, each kept state Z
+    rows, all kept), the same for every stand-in seed and process, not the states whose random rewards
+    happened to differ. By hand: rollout T = 4 forwards (one per step; the branch logits come with
+    them); base term 4 sequences -> 1 micro-batch; step term B·G·Z = 2·2·3 = 12 rows -> 3 micro-batches
+    (5, 5, 2); each micro-batch θ_old (μ > 1, ratio), reference (β 0.04), θ, μ = 2 times each:
+    4 + (1 + 3)·3·2 = 28 forwards, and θ's step rows 12·μ = 24."""
+    import subprocess
+    import sys
+
+    cfg = load_config([], DISPO)
+    assert dispo_step_rows(cfg) == 12
+    expected = (4 + (1 + 3) * 3 * 2, 12 * 2)
+    assert _dispo_counts(0) == _dispo_counts(1) == expected
+    code = ("from tests.test_plan import _dispo_counts; print(*_dispo_counts(7))")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert tuple(int(v) for v in out.stdout.split()) == expected  # a fresh process, another seed
 
 
 def test_static_memory_by_strategy():

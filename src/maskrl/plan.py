@@ -6,8 +6,10 @@ How each number is obtained -- counted on the library's own code, not from hand 
   1-layer, 32-wide built-in model with the recipe's sampler (L, block, steps, schedule, cache),
   B, G, μ, objective, likelihood and credit modules, on synthetic prompts of ``prompt_length``
   tokens and random 0/1 rewards (a seeded generator), with early stopping switched off (every
-  completion runs to L tokens, the worst case). ``RLTrainer.collect`` records every decoder and
-  output-layer call of the rollout (and of the credit modules' observers); the loss terms come from
+  completion runs to L tokens, the worst case) and DiSPO keeping every branched state
+  (``skip_equal: false``: the step term's B·G·Z rows, its worst case, instead of the states whose
+  random rewards happen to differ, :func:`dispo_step_rows`). ``RLTrainer.collect`` records every
+  decoder and output-layer call of the rollout (and of the credit modules' observers); the loss terms come from
   ``RLTrainer.loss_terms`` (DiSPO's branches, SML's strata, RLDF/DTCA's states included) and are
   split with the trainer's own :func:`maskrl.trainer.split_rows` under ``micro_batch_size`` /
   ``max_forward_rows``; each micro-batch's likelihood call runs once on the stand-in (no grad) to
@@ -243,10 +245,32 @@ class _Recorder:
             h.remove()
 
 
+def dispo_step_rows(cfg) -> int:
+    """Forward rows of DiSPO's step term per RL step and process in the worst case (SPEC §4): every
+    trajectory branches at exactly one state (the fixed schedule draws t from {0, …, T−1}; the
+    threshold schedule falls back to a row's last step), so there are B·G states
+    (``train.prompts_per_step`` × ``train.group_size``); a state is kept when its Z fillings' rewards
+    differ, at most all of them, and each kept state is Z rows. Returns B·G·Z summed over the
+    recipe's DiSPO modules with ``alpha_step > 0`` (0 without one). Unit: forward rows (sequences of
+    P + L tokens) of one θ pass, before micro-batching and μ.
+
+    How many states are kept depends on the rewards (the fraction with reward spread), which no plan
+    knows; the plan counts this bound, which is what memory and time must be sized for (the step
+    term's forwards are padded to the processes' maximum anyway, ``RLTrainer.optimize``)."""
+    from maskrl.credit.dispo import DiSPO
+
+    n = cfg.train.prompts_per_step * cfg.train.group_size
+    return sum(n * m.z for m in cfg.credit if isinstance(m, DiSPO) and m.alpha_step > 0)
+
+
 def _standin_config(cfg):
     """The recipe on the stand-in model: 1-layer 32-wide tiny Llama (char tokenizer), float32, no LoRA
-    or checkpointing (neither changes which forwards run), DTCA's POS table dropped (it only reweights);
-    every other section as in the recipe."""
+    or checkpointing (neither changes which forwards run), DTCA's POS table dropped (it only reweights),
+    DiSPO with ``skip_equal: false`` (every branched state kept, the step term's worst case,
+    :func:`dispo_step_rows`; with the stand-in's random rewards the kept count was a sample that moved
+    with the seed and with any change to the draws); every other section as in the recipe."""
+    from maskrl.credit.dispo import DiSPO
+
     c = copy.deepcopy(cfg)
     c.model = dataclasses.replace(c.model, path="", dtype="float32", lora_rank=0, gradient_checkpointing=False,
                                   tiny=dataclasses.replace(c.model.tiny, hidden_size=32, num_layers=1, num_heads=2,
@@ -255,6 +279,8 @@ def _standin_config(cfg):
     for m in c.credit:
         if hasattr(m, "pos_weights") and getattr(m, "pos_weights", None):
             m = dataclasses.replace(m, pos_weights=None, tagger=None)
+        if isinstance(m, DiSPO):
+            m = dataclasses.replace(m, skip_equal=False)
         credits.append(m)
     c.credit = credits
     return c
@@ -888,8 +914,10 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
                           f"{hw.bandwidth / 1e12:g} TB/s; the slower of the two"},
         "what_to_change": [],
         "notes": ["prompt_length is an estimate (pass --prompt-length); completions run to L tokens (no early stop)",
-                  "data-dependent work (DiSPO's kept states, RLDF/DTCA's filters, the threshold schedule's steps) is "
-                  "that of the stand-in with random rewards"],
+                  "DiSPO's step term is its worst case: every branched state kept (B*G*Z rows; a run keeps only "
+                  "states whose Z rewards differ)",
+                  "other data-dependent work (RLDF/DTCA's filters, the threshold schedule's steps, DiSPO's extra "
+                  "exact-logit forwards under a key/value cache) is that of the stand-in with random rewards"],
     }
     if search and not fits:
         plan["what_to_change"] = _search(cfg, hw, prompt_length, seed, cache, plan, shape)
