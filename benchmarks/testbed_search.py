@@ -1,6 +1,7 @@
 """The testbed search of issue 22 (part 1): which base recipe learns on validation, by measurement.
 
-Every pilot is one base cell (``diffu_grpo_state`` of ``benchmarks/controlled_table.py``) over a task's
+Every pilot is one base cell of ``benchmarks/controlled_table.py`` (``diffu_grpo_state`` unless it names
+another) over a task's
 table recipe with a few ``--set`` overrides, on the generated **validation** split only (300 rows;
 the test file is never read), seed 0 unless ``--seeds`` says otherwise, the validation curve every 10
 RL steps. Each pilot's records go to ``results/testbed_search/<name>.json`` as it finishes (the
@@ -27,11 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "results" / "testbed_search"
 
-#: name -> (task, --set overrides over configs/table/<task>.yaml's diffu_grpo_state cell)
+#: name -> (task, --set overrides over configs/table/<task>.yaml[, controlled-table cell; default diffu_grpo_state])
 _SUD = ["sft.steps=250"]
 _B0 = ["objective.beta=0"]
 _PM0 = ["likelihood.p_mask_prompt=0"]
-PILOTS: dict[str, tuple[str, list[str]]] = {
+PILOTS: dict[str, tuple] = {
     "sud_lr1e-3_b0_p8": ("sudoku", _SUD + ["train.lr=1e-3"] + _B0 + ["train.prompts_per_step=8", "train.steps=80"]),
     "sud_lr3e-4_b0_p8": ("sudoku", _SUD + ["train.lr=3e-4"] + _B0 + ["train.prompts_per_step=8", "train.steps=80"]),
     "sud_lr3e-4_w10_b0_p8": ("sudoku", _SUD + ["train.lr=3e-4", "train.warmup_steps=10"] + _B0
@@ -46,6 +47,10 @@ PILOTS: dict[str, tuple[str, list[str]]] = {
                                  + ["train.steps=40"]),
     "sud_sft200_lr1e-4_pm0_b0_p8": ("sudoku", ["sft.steps=200", "train.lr=1e-4"] + _PM0 + _B0
                                     + ["train.prompts_per_step=8", "train.steps=80"]),
+    "sud_lr3e-4_pm0_b0_p32": ("sudoku", _SUD + ["train.lr=3e-4"] + _PM0 + _B0
+                              + ["train.prompts_per_step=32", "train.steps=20", "train.micro_batch_size=48"]),
+    "sud_wd1_lr3e-4_p16": ("sudoku", _SUD + ["train.lr=3e-4"] + ["train.steps=60"], "wd1"),
+    "sud_wd1_lr1e-3_p16": ("sudoku", _SUD + ["train.lr=1e-3"] + ["train.steps=60"], "wd1"),
     "cd_sft1000_lr1e-4_pm0_b0_p16": ("countdown", ["sft.steps=1000", "train.lr=1e-4"] + _PM0 + _B0 + ["train.steps=40"]),
     "cd_sft1000_lr3e-4_pm0_b0_p16": ("countdown", ["sft.steps=1000", "train.lr=3e-4"] + _PM0 + _B0 + ["train.steps=40"]),
 }
@@ -55,9 +60,9 @@ def run(name: str, seeds: str, every: int) -> None:
     """Run pilot ``name`` (a subprocess of the controlled table; its records land in OUT_DIR)."""
     if name not in PILOTS:
         raise SystemExit(f"error: unknown pilot {name!r}; known: {', '.join(PILOTS)}")
-    task, overrides = PILOTS[name]
+    task, overrides, *cell = PILOTS[name]
     cmd = [sys.executable, str(ROOT / "benchmarks" / "controlled_table.py"), "--tasks", task,
-           "--cells", "diffu_grpo_state", "--seeds", seeds, "--eval-every", str(every),
+           "--cells", cell[0] if cell else "diffu_grpo_state", "--seeds", seeds, "--eval-every", str(every),
            "--out", str(OUT_DIR / f"{name}.json"), "--doc", str(Path(tempfile.gettempdir()) / f"testbed_search_{name}.md")]
     for o in overrides:
         cmd += ["--set", o]
@@ -75,7 +80,7 @@ def rows() -> list[dict]:
         for key, r in json.loads(path.read_text())["runs"].items():
             curve = [(s, m["accuracy"]) for s, m in r["val_curve"]]
             rw = r["rewards"]
-            out.append({"pilot": name, "seed": r["seed"], "task": r["task"], "overrides": r["overrides"],
+            out.append({"pilot": name, "seed": r["seed"], "task": r["task"], "cell": r["cell"], "overrides": r["overrides"],
                         "sft": curve[0][1], "final": curve[-1][1], "best": max(a for _, a in curve[1:]),
                         "change": curve[-1][1] - curve[0][1], "curve": curve,
                         "reward_first10": sum(rw[:10]) / len(rw[:10]), "reward_last10": sum(rw[-10:]) / len(rw[-10:]),
@@ -84,10 +89,10 @@ def rows() -> list[dict]:
 
 
 def markdown(table: list[dict]) -> str:
-    head = ("| pilot | seed | SFT solved | final | best on curve | final − SFT | rollout reward first → last 10 "
-            "| steps × completions | RL CPU s |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    head = ("| pilot | cell | seed | SFT solved | final | best on curve | final − SFT | rollout reward first → last 10 "
+            "| steps × completions | RL CPU s |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
     return head + "\n".join(
-        f"| `{r['pilot']}` | {r['seed']} | {r['sft']:.3f} | {r['final']:.3f} | {r['best']:.3f} | {r['change']:+.3f} "
+        f"| `{r['pilot']}` | {r['cell']} | {r['seed']} | {r['sft']:.3f} | {r['final']:.3f} | {r['best']:.3f} | {r['change']:+.3f} "
         f"| {r['reward_first10']:.3f} → {r['reward_last10']:.3f} | {r['steps']} × {r['completions'] // r['steps']} "
         f"| {r['rl_cpu_seconds']:.0f} |" for r in table)
 
@@ -101,8 +106,8 @@ def main() -> None:
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
     if args.list:
-        for name, (task, ov) in PILOTS.items():
-            print(f"{name:32s} {task:10s} {' '.join(ov)}")
+        for name, (task, ov, *cell) in PILOTS.items():
+            print(f"{name:32s} {task:10s} {cell[0] if cell else 'diffu_grpo_state':18s} {' '.join(ov)}")
         return
     for name in [n for n in args.run.split(",") if n]:
         run(name, args.seeds, args.eval_every)

@@ -1,0 +1,42 @@
+"""The testbed search (benchmarks/testbed_search.py, issue 22 part 1): every pilot names a known
+cell and valid overrides, and the summary reads a record by hand values."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import controlled_table as ct  # noqa: E402
+import testbed_search as ts  # noqa: E402
+from maskrl.config import load_config  # noqa: E402
+
+
+@pytest.mark.parametrize("name", list(ts.PILOTS))
+def test_every_pilot_resolves_to_a_valid_recipe(name, tmp_path):
+    task, overrides, *cell = ts.PILOTS[name]
+    recipe = ct.cell_recipe(ct.BASES[task], cell[0] if cell else "diffu_grpo_state", None, tmp_path)
+    cfg = load_config([recipe], overrides)  # raises on an unknown field or a bad value
+    assert cfg.train.steps > 0
+
+
+def test_unknown_pilot_is_refused():
+    with pytest.raises(SystemExit, match="unknown pilot 'nope'"):
+        ts.run("nope", "0", 10)
+
+
+def test_summary_row_by_hand(tmp_path, monkeypatch):
+    monkeypatch.setattr(ts, "OUT_DIR", tmp_path)
+    run = {"task": "sudoku", "cell": "wd1", "seed": 0, "overrides": ["train.lr=1e-4"], "steps": 12,
+           "completions": 12 * 48, "rl_cpu_seconds": 99.6, "rewards": [0.5] * 2 + [0.6] * 10,
+           "val_curve": [[0, {"accuracy": 0.3}], [10, {"accuracy": 0.45}], [12, {"accuracy": 0.4}]]}
+    (tmp_path / "mine.json").write_text(json.dumps({"runs": {"sudoku/wd1/seed0": run}}))
+    (row,) = ts.rows()
+    assert row["pilot"] == "mine" and row["sft"] == 0.3 and row["final"] == 0.4 and row["best"] == 0.45
+    assert row["change"] == pytest.approx(0.1)
+    assert row["reward_first10"] == pytest.approx(0.58) and row["reward_last10"] == pytest.approx(0.6)
+    line = ts.markdown([row]).splitlines()[-1]
+    assert line == "| `mine` | wd1 | 0 | 0.300 | 0.400 | 0.450 | +0.100 | 0.580 → 0.600 | 12 × 48 | 100 |"
