@@ -50,7 +50,7 @@ PILOTS: dict[str, tuple] = {
     "sud_lr3e-4_pm0_b0_p32": ("sudoku", _SUD + ["train.lr=3e-4"] + _PM0 + _B0
                               + ["train.prompts_per_step=32", "train.steps=20", "train.micro_batch_size=48"]),
     "sud_wd1_lr3e-4_p16": ("sudoku", _SUD + ["train.lr=3e-4"] + ["train.steps=60"], "wd1"),
-    "sud_wd1_lr1e-3_p16": ("sudoku", _SUD + ["train.lr=1e-3"] + ["train.steps=60"], "wd1"),
+    "sud_lr3e-4_beta0.2_p16": ("sudoku", _SUD + ["train.lr=3e-4", "objective.beta=0.2", "train.steps=40"]),
     "cd_sft1000_lr1e-4_pm0_b0_p16": ("countdown", ["sft.steps=1000", "train.lr=1e-4"] + _PM0 + _B0 + ["train.steps=40"]),
     "cd_sft1000_lr3e-4_pm0_b0_p16": ("countdown", ["sft.steps=1000", "train.lr=3e-4"] + _PM0 + _B0 + ["train.steps=40"]),
 }
