@@ -82,9 +82,28 @@ def require_runs(data: dict, out: Path) -> None:
 
 def save_results(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)  # an interrupted write never leaves half a file
+
+
+def update_results(path: Path, change) -> dict:
+    """Apply ``change(data)`` to the results file at ``path`` as it is on disk now, under an exclusive
+    lock (``PATH.lock``, ``fcntl.flock``), and save it: several processes may record runs into one
+    file side by side without losing each other's records. Returns the saved data.
+
+    Raises:
+        SystemExit: ``path`` holds something that is not a results file (:func:`load_results`).
+    """
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = load_results(path)
+        change(data)
+        save_results(path, data)
+        return data
 
 
 def ablation_parser(doc: str, tasks: str, out_name: str, merge: bool = True) -> argparse.ArgumentParser:

@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ablation_runs import ROOT, TaskSetup, load_results, save_results, t_interval
+from ablation_runs import ROOT, TaskSetup, load_results, t_interval, update_results
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny
 from maskrl.pipeline import load_policy, prompt_formatter
@@ -228,6 +228,7 @@ def run(setup: Setup, data: dict, out: Path, task: str, name: str, recipe: Path,
         eval_every: int, test: bool, runs_dir: Path) -> dict | None:
     """Train one (task, cell, seed) run unless recorded; write its record to ``out`` at once."""
     key = f"{task}/{name}/seed{seed}"
+    data["runs"].update(load_results(out)["runs"])  # what other processes recorded since
     settings = {"overrides": overrides, "val_size": len(setup.val), "eval_every": eval_every}
     if key in data["runs"]:
         old = data["runs"][key]
@@ -275,8 +276,9 @@ def run(setup: Setup, data: dict, out: Path, task: str, name: str, recipe: Path,
     if test:
         row["test"] = setup.evaluate(tr.policy_eval, cfg, setup.test)
         row["test_source"], row["test_reads"] = setup.source, 1
-    data["runs"][key] = row
-    save_results(out, data)
+    fresh = update_results(out, lambda d: d["runs"].__setitem__(key, row))  # keeps other processes' records
+    data.clear()
+    data.update(fresh)
     print(f"[table] {key}: val accuracy {row['val']['accuracy']:.3f} ({rl_seconds:.0f} s RL)", flush=True)
     return row
 
@@ -497,10 +499,9 @@ def main() -> None:
                 recipe = cell_recipe(bases[task], name, table, recipes)
                 for seed in [int(s) for s in args.seeds.split(",") if s]:
                     run(setup, data, out, task, name, recipe, overrides, seed, args.eval_every, args.test, Path(args.runs_dir))
-    if not data["runs"]:
+    if not load_results(out)["runs"]:
         raise SystemExit(f"error: no runs in {out}; nothing to summarise")
-    data["summary"] = summarize(data)
-    save_results(out, data)
+    data = update_results(out, lambda d: d.__setitem__("summary", summarize(d)))
     if not args.smoke:
         write_doc(Path(args.doc), markdown(data["summary"]))
         plot(data, Path(args.doc).with_suffix(".png"))

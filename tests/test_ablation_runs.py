@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from ablation_runs import load_results, save_results, summary_rows, t_interval  # noqa: E402
+from ablation_runs import load_results, save_results, summary_rows, t_interval, update_results  # noqa: E402
 
 
 def test_t_interval_by_hand():
@@ -93,3 +93,26 @@ def test_task_setup_holds_validation_out_of_a_fixed_data_set():
     assert not {e.prompt for e in setup.val} & {e.prompt for e in setup.train}
     with pytest.raises(SystemExit, match="--val-size"):
         TaskSetup("byo", recipe, [], "test", val_size=10**6, log=lambda _: None)
+
+
+def _record_many(path: str, prefix: str, n: int) -> None:
+    for i in range(n):
+        update_results(Path(path), lambda d, i=i: d["runs"].__setitem__(f"{prefix}/{i}", {"i": i}))
+
+
+def test_two_processes_recording_side_by_side_lose_nothing(tmp_path):
+    """Two table processes writing one records file (issue 22: "two runs side by side"): every
+    record of both survives, because each write re-reads the file under a lock."""
+    import multiprocessing as mp
+
+    out = tmp_path / "table.json"
+    save_results(out, {"runs": {"old/0": {"i": -1}}})
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_record_many, args=(str(out), p, 25)) for p in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    runs = load_results(out)["runs"]
+    assert set(runs) == {"old/0"} | {f"{p}/{i}" for p in "ab" for i in range(25)}
