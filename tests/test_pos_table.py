@@ -182,6 +182,11 @@ def test_estimate_pos_weights_cli_writes_the_table(tmp_path):
     from maskrl.credit.dtca import load_pos_weights
 
     assert load_pos_weights(out) == pytest.approx(w)  # DTCA reads the file as written
+    again = ["estimate-pos-weights", "--model", str(tmp_path / "m"), "--task", "sudoku4x4", "--samples", "2",
+             "--out", str(out), "--gen-length", "8", "--max-rows", "5", "--no-progress", "--device", "cpu"]
+    before = out.read_text()
+    assert main(again) == 2 and out.read_text() == before  # an existing table is not replaced silently
+    assert main(again + ["--overwrite"]) == 0 and json.loads(out.read_text())["samples"] == 2
 
 
 def test_estimate_reads_the_prompt_card(tmp_path):

@@ -138,3 +138,20 @@ def test_every_registered_task(task_name, tmp_path):
     if has_target:
         assert [r["correct"] for r in rows[:2]] == [True, True]
     assert summary["n"] == 3 and (tmp_path / "o" / "summary.md").is_file()
+
+
+def test_cli_score_refuses_to_replace_an_earlier_score_without_overwrite(tmp_path, capsys):
+    from maskrl.cli import main
+
+    task = _need("sudoku4x4")
+    ex = task.load()
+    preds = _write(tmp_path / "p.jsonl", [_pred(0, ex[0].fields["solution"])])
+    out = tmp_path / "out"
+    assert main(["score", "--task", "sudoku4x4", "--predictions", preds, "--out", str(out)]) == 0
+    before = (out / "summary.json").read_text()
+    other = _write(tmp_path / "q.jsonl", [_pred(1, "")])
+    assert main(["score", "--task", "sudoku4x4", "--predictions", other, "--out", str(out)]) == 2
+    assert "rows.jsonl exists (an earlier score); pass --overwrite" in capsys.readouterr().err
+    assert (out / "summary.json").read_text() == before  # nothing lost
+    assert main(["score", "--task", "sudoku4x4", "--predictions", other, "--out", str(out), "--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())["accuracy"] == 0.0

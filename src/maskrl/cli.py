@@ -163,9 +163,23 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _refuse_replacing(paths: list[Path], what: str, overwrite: bool) -> None:
+    """Nothing is lost: an output file that exists is replaced only with ``--overwrite``.
+
+    Raises:
+        ValueError: naming the first existing path of ``paths`` when ``overwrite`` is false.
+    """
+    found = [p for p in paths if p.exists()]
+    if found and not overwrite:
+        raise ValueError(f"{found[0]} exists ({what}); pass --overwrite to replace it, or use another --out")
+
+
 def cmd_score(args) -> int:
     from maskrl.scoring import score_predictions
 
+    out = Path(args.out)
+    _refuse_replacing([out / n for n in ("rows.jsonl", "summary.json", "summary.md")], "an earlier score",
+                      args.overwrite)
     summary = score_predictions(args.task, args.predictions, args.data, out_dir=args.out)
     print(json.dumps({k: summary[k] for k in ("task", "n", "accuracy", "accuracy_ci95") if k in summary}))
     return 0
@@ -281,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True)
     p.add_argument("--predictions", required=True, help='JSONL of {"id": row index, "completion": text}')
     p.add_argument("--data", help="the task's data file or folder")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="output folder (rows.jsonl, summary.json, summary.md)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier score in --out")
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("demo", help="SFT the tiny model, evaluate, run RL, evaluate again (make demo)")
@@ -296,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, help="task whose training prompts are sampled")
     p.add_argument("--samples", type=int, default=256, help="trajectories (one per prompt)")
     p.add_argument("--out", required=True, help="JSON table to write")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing table at --out")
     p.add_argument("--gen-length", type=int, default=None,
                    help="L; the sampler commits 2 tokens per step (default: the model's prompt card, else 64)")
     p.add_argument("--prompt-template", default=None,
@@ -336,6 +352,7 @@ def cmd_estimate_pos_weights(args) -> int:
     """SPEC §3.1: DTCA's POS contribution table of a frozen model (``maskrl.pos``)."""
     from maskrl.pos import run_estimate
 
+    _refuse_replacing([Path(args.out)], "a POS table", args.overwrite)
     res = run_estimate(args.model, args.task, args.samples, args.out, gen_length=args.gen_length,
                        prompt_template=args.prompt_template, max_rows=args.max_rows, seed=args.seed,
                        device=args.device, progress=not args.no_progress)
