@@ -89,8 +89,9 @@ def save_results(path: Path, data: dict) -> None:
 
 def update_results(path: Path, change) -> dict:
     """Apply ``change(data)`` to the results file at ``path`` as it is on disk now, under an exclusive
-    lock (``PATH.lock``, ``fcntl.flock``), and save it: several processes may record runs into one
-    file side by side without losing each other's records. Returns the saved data.
+    lock on its folder (``fcntl.flock``; no lock file is left behind), and save it: several processes
+    may record runs into one file side by side without losing each other's records. Returns the
+    saved data.
 
     Raises:
         SystemExit: ``path`` holds something that is not a results file (:func:`load_results`).
@@ -98,12 +99,15 @@ def update_results(path: Path, change) -> dict:
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         data = load_results(path)
         change(data)
         save_results(path, data)
         return data
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def ablation_parser(doc: str, tasks: str, out_name: str, merge: bool = True) -> argparse.ArgumentParser:

@@ -224,14 +224,14 @@ def pos_table(setup: Setup, task: str, out: Path, samples: int) -> Path:
     return out
 
 
-def run(setup: Setup, data: dict, out: Path, task: str, name: str, recipe: Path, overrides: list[str], seed: int,
+def run(setup: Setup, out: Path, task: str, name: str, recipe: Path, overrides: list[str], seed: int,
         eval_every: int, test: bool, runs_dir: Path) -> dict | None:
-    """Train one (task, cell, seed) run unless recorded; write its record to ``out`` at once."""
+    """Train one (task, cell, seed) run unless ``out`` records it already (as it is on disk now: other
+    processes may be filling the same file); add its record to ``out`` at once."""
     key = f"{task}/{name}/seed{seed}"
-    data["runs"].update(load_results(out)["runs"])  # what other processes recorded since
     settings = {"overrides": overrides, "val_size": len(setup.val), "eval_every": eval_every}
-    if key in data["runs"]:
-        old = data["runs"][key]
+    old = load_results(out)["runs"].get(key)
+    if old is not None:
         if any(old.get(k) != v for k, v in settings.items()):
             raise SystemExit(f"error: run {key} is already in {out} with other settings "
                              f"({ {k: old.get(k) for k in settings} }; now {settings}): use another --out or remove it")
@@ -276,9 +276,7 @@ def run(setup: Setup, data: dict, out: Path, task: str, name: str, recipe: Path,
     if test:
         row["test"] = setup.evaluate(tr.policy_eval, cfg, setup.test)
         row["test_source"], row["test_reads"] = setup.source, 1
-    fresh = update_results(out, lambda d: d["runs"].__setitem__(key, row))  # keeps other processes' records
-    data.clear()
-    data.update(fresh)
+    update_results(out, lambda d: d["runs"].__setitem__(key, row))  # keeps other processes' records
     print(f"[table] {key}: val accuracy {row['val']['accuracy']:.3f} ({rl_seconds:.0f} s RL)", flush=True)
     return row
 
@@ -473,7 +471,7 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     out = Path(args.out or (OUT_8B if args.recipes == "8b" else OUT))
-    data = load_results(out)
+    load_results(out)  # a file that is not a results file: an error before any run
     bases = resolve_bases(args.recipes, Path(args.runs_dir) / "recipes")
     for item in args.base:
         task, _, path = item.partition("=")
@@ -498,7 +496,7 @@ def main() -> None:
             for name in names:
                 recipe = cell_recipe(bases[task], name, table, recipes)
                 for seed in [int(s) for s in args.seeds.split(",") if s]:
-                    run(setup, data, out, task, name, recipe, overrides, seed, args.eval_every, args.test, Path(args.runs_dir))
+                    run(setup, out, task, name, recipe, overrides, seed, args.eval_every, args.test, Path(args.runs_dir))
     if not load_results(out)["runs"]:
         raise SystemExit(f"error: no runs in {out}; nothing to summarise")
     data = update_results(out, lambda d: d.__setitem__("summary", summarize(d)))
