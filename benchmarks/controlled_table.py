@@ -55,6 +55,7 @@ import torch
 import yaml
 
 from ablation_runs import ROOT, TaskSetup, load_results, t_interval, update_results
+from maskrl.config import to_dict
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny
 from maskrl.pipeline import load_policy, prompt_formatter
@@ -212,6 +213,16 @@ class Setup(TaskSetup):
             return load_policy(self.cfg)
         return load_tiny(self.ensure_sft())
 
+    def sft_val(self, cfg) -> dict:
+        """Validation metrics of the starting model (step 0 of every curve) under ``cfg``'s evaluation
+        settings, scored once per setting: every cell of the task starts from the same checkpoint and
+        greedy scoring draws nothing, so each run would recompute the same numbers."""
+        key = json.dumps([to_dict(cfg.eval), cfg.model.chat_template], sort_keys=True, default=str)
+        cache = self.__dict__.setdefault("_sft_val", {})
+        if key not in cache:
+            cache[key] = self.evaluate(self.policy(), cfg, self.val)
+        return dict(cache[key])
+
 
 def pos_table(setup: Setup, task: str, out: Path, samples: int) -> Path:
     """DTCA's offline POS table (SPEC §3.1) of the task's SFT checkpoint, written once to ``out``."""
@@ -243,7 +254,7 @@ def run(setup: Setup, out: Path, task: str, name: str, recipe: Path, overrides: 
                                              "train.save_every=0", f"train.eval_every={eval_every}"])
     policy = setup.policy()
     fmt = prompt_formatter(policy, cfg.model.chat_template)
-    curve = [[0, setup.evaluate(policy, cfg, setup.val)]]  # the SFT model: step 0 of every curve
+    curve = [[0, setup.sft_val(cfg)]]  # the SFT model: step 0 of every curve
     t0, c0 = time.time(), time.process_time()
     state = {}
 

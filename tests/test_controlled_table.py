@@ -73,6 +73,11 @@ def test_smoke_every_cell_builds_and_runs(tmp_path, monkeypatch):
         assert r["steps"] == 1 and math.isfinite(r["val"]["accuracy"]) and r["val_curve"][0][0] == 0, key
         assert all(math.isfinite(x) for x in r["rewards"]), key
     assert "rollout_mismatch" in data["runs"]["sudoku/diffu_grpo_state@4blocks+dual/seed0"]
+    # step 0 is scored once per task (Setup.sft_val) and must equal a fresh score of the SFT checkpoint
+    setup = ct.Setup("sudoku", ct.BASES["sudoku"], ct.SMOKE + ["train.steps=1"], "table", 8,
+                     gen_kw=ct.GEN_KW.get("sudoku"))
+    fresh = setup.evaluate(setup.policy(), setup.cfg, setup.val)
+    assert all(r["val_curve"][0][1] == fresh for r in data["runs"].values())
     entries = {e["cell"]: e for e in data["summary"]}
     assert entries["dps@diffu_grpo_state"]["paired_val"]["seeds"] == [0]
 
