@@ -133,8 +133,9 @@ CELLS: dict[str, dict] = {
     "dps+dispo@diffu_grpo_state": cell("composition", "diffu_grpo_state", DIFFU, STATE, [DPS, DISPO]),
     "sml+dispo@diffu_grpo": cell("composition", "sml@diffu_grpo", DIFFU, SML_MIX, [DISPO]),
     "dtca_steps+dps@rldf": cell("composition", "rldf", {"name": "rldf"}, {"name": "state", "p_mask_prompt": 0.0},
-                                [dtca(pos=False, calibration=False), DPS], rollout=THRESHOLD,
-                                note="DTCA's step selection alone, with DPS token credit"),
+                                [DPS, dtca(pos=False, calibration=False)], rollout=THRESHOLD,
+                                note="DTCA's step selection alone, with DPS token credit (DPS first: DTCA "
+                                     "trains its states on the advantages it receives)"),
     # rollouts: four blocks, with and without the dual KV cache
     "diffu_grpo_state@4blocks": cell("rollout", "diffu_grpo_state", DIFFU, STATE, rollout={"blocks": 4}),
     "diffu_grpo_state@4blocks+dual": cell("rollout", "diffu_grpo_state@4blocks", DIFFU, STATE,

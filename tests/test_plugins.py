@@ -254,6 +254,35 @@ def test_credit_modules_compose_in_order(tiny):
     assert out.metrics == {"add/x": 1.0}
 
 
+def test_the_seam_refuses_advantages_changed_after_the_base_term_is_off(tiny):
+    """A module that reshapes advantages after another moved training off the base term would train
+    nothing (the [dtca, dps] composition did, silently); the other order composes."""
+    @dataclasses.dataclass(frozen=True)
+    class Off(CreditModule):
+        how: str = "mask"
+
+        def __call__(self, batch, ctx):
+            if self.how == "mask":
+                return dataclasses.replace(batch, loss_mask=torch.zeros_like(batch.loss_mask))
+            return dataclasses.replace(batch, base_weight=0.0)
+
+    @dataclasses.dataclass(frozen=True)
+    class Scale(CreditModule):
+        def __call__(self, batch, ctx):
+            return dataclasses.replace(batch, advantages=batch.advantages * 3.0)
+
+    b = _credit_batch(tiny)
+    assert b.loss_mask.any() and b.base_weight == 1.0 and b.advantages.abs().sum() > 0
+    for how in ("mask", "weight"):
+        with pytest.raises(ValueError, match="credit module scale changes the base term's advantages, but off "
+                                             r"\(earlier in `credit:`\) turned the base term off.*list scale before off"):
+            apply_credit([("off", Off(how)), ("scale", Scale())], b, [_ctx(b), _ctx(b)])
+        out = apply_credit([("scale", Scale()), ("off", Off(how))], b, [_ctx(b), _ctx(b)])
+        torch.testing.assert_close(out.advantages, b.advantages * 3.0)
+    # a module that leaves the advantages alone may follow (e.g. one adding its own loss term)
+    apply_credit([("off", Off()), ("same", Off())], b, [_ctx(b), _ctx(b)])
+
+
 def test_credit_registry_is_importable_and_names_are_unique():
     assert isinstance(CREDITS.names(), list)
     with pytest.raises(ValueError, match="already registered"):

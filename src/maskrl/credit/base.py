@@ -149,12 +149,31 @@ def check_credit_batch(out: Any, before: CreditBatch, who: str) -> CreditBatch:
     return out
 
 
+def _base_trains(batch: CreditBatch) -> bool:
+    return float(batch.base_weight) != 0.0 and bool(batch.loss_mask.any())
+
+
 def apply_credit(modules: Sequence[tuple[str, Any]], batch: CreditBatch, contexts: Sequence[CreditContext]) -> CreditBatch:
     """Fold ``batch`` through ``modules`` (``(name, module)`` pairs, in order), each with its context,
     checking every output (:func:`check_credit_batch`); module metrics are namespaced
-    ``<name>/<key>``."""
+    ``<name>/<key>``.
+
+    Raises:
+        ValueError: besides :func:`check_credit_batch`'s errors, a module changes the base term's
+            ``advantages`` after an earlier module turned the base term off (weight 0 or an empty loss
+            mask, as ``rldf_steps`` / ``dtca`` do when they move training onto chosen states): the
+            change would train nothing (e.g. ``[dtca, dps]``; ``[dps, dtca]`` carries DPS's token
+            credit into DTCA's states). The message names both modules.
+    """
+    off_by = None  # the module that turned a training base term off
     for (name, module), ctx in zip(modules, contexts):
         out = check_credit_batch(module(dataclasses.replace(batch, metrics={}), ctx), batch, name)
+        if off_by is not None and not torch.equal(out.advantages, batch.advantages):
+            raise ValueError(f"credit module {name} changes the base term's advantages, but {off_by} (earlier in "
+                             f"`credit:`) turned the base term off (weight 0 or an empty loss mask), so the change "
+                             f"would train nothing: list {name} before {off_by}")
+        if off_by is None and _base_trains(batch) and not _base_trains(out):
+            off_by = name
         merged = dict(batch.metrics)
         merged.update({f"{name}/{k}": float(v) for k, v in out.metrics.items()})
         batch = dataclasses.replace(out, metrics=merged)
