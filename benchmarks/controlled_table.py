@@ -351,6 +351,10 @@ def summarize(data: dict) -> list[dict]:
                     entry[f"paired_{split}"] = p
             target = mean_curve(list(base.values()))[-1][1]
             entry["steps_to_base_final"] = next((s for s, a in mean_curve(list(rows.values())) if a >= target - 1e-12), None)
+        mism = [sum(r["rollout_mismatch"]) / len(r["rollout_mismatch"]) for r in rows.values() if r.get("rollout_mismatch")]
+        if mism:  # cached rollouts: the mean |log commit_prob - log p_theta| (nats) of each run, over seeds
+            m, lo, hi = t_interval(mism)
+            entry["rollout_mismatch"] = {"mean": m, "ci95": [lo, hi], "seeds": len(mism)}
         gain = paired(rows, {s: {"val": {"accuracy": r["val_curve"][0][1]["accuracy"]}} for s, r in rows.items()}, "val", "accuracy")
         entry["gain_over_sft_val"] = gain
         out.append(entry)
@@ -369,6 +373,13 @@ def _paired(x: dict | None) -> str:
         return "–"
     lo, hi = x["ci95"]
     return f"{x['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({x['positive']}+/{x['negative']}−)"
+
+
+def _reach(e: dict) -> str:
+    if "steps_to_base_final" not in e:
+        return "–"  # a base row: nothing to reach
+    s = e["steps_to_base_final"]
+    return "not reached" if s is None else str(s)
 
 
 BEGIN, END = "<!-- controlled-table:begin -->", "<!-- controlled-table:end -->"
@@ -394,7 +405,7 @@ def markdown(summary: list[dict]) -> str:
              "`benchmarks/controlled_table.py`. Intervals are 95 % Student-t over seeds; *paired* is the same-seed "
              "difference to the cell's base row (seeds above / below zero); *AUC* the mean validation accuracy along "
              "the run (step 0 = the SFT model); *reach* the first evaluated step where the seed-mean validation curve "
-             "reaches the base's final accuracy.", ""]
+             "reaches the base's final accuracy (*not reached*: at no evaluated step).", ""]
     for task in sorted({e["task"] for e in summary}):
         rows = [e for e in summary if e["task"] == task]
         extra = "cell_accuracy" if any("cell_accuracy" in e.get("val", {}) for e in rows) else "mean_reward"
@@ -407,8 +418,12 @@ def markdown(summary: list[dict]) -> str:
             lines.append(f"| {e['cell']} | {e['kind']} | {len(e['seeds'])} | {_ci(val.get('accuracy'))} | "
                          f"{_ci(val.get(extra))} | {_paired(e.get('gain_over_sft_val'))} | "
                          f"{_paired(e.get('paired_val'))} | {_ci(test.get('accuracy'))} | {_paired(e.get('paired_test'))} | "
-                         f"{e['val_auc']:.3f} | {e.get('steps_to_base_final', '–')} | {e['rl_cpu_seconds']:.0f} |")
+                         f"{e['val_auc']:.3f} | {_reach(e)} | {e['rl_cpu_seconds']:.0f} |")
         lines.append("")
+        for e in rows:
+            if e.get("rollout_mismatch"):
+                lines += [f"{e['cell']}: rollout mismatch (mean |log commit_prob − log p_θ| at the commit state, nats, "
+                          f"per run, then over {e['rollout_mismatch']['seeds']} seeds) {_ci(e['rollout_mismatch'])}", ""]
     return "\n".join(lines) + "\n"
 
 

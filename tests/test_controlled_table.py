@@ -36,6 +36,26 @@ def test_paired_difference_is_per_seed():
     assert ct.paired(rows, {7: base[0]}, "val", "accuracy") is None  # no shared seed: no pairing
 
 
+def test_summary_reach_and_rollout_mismatch_by_hand():
+    def run(cell, seed, accs, mism=None):
+        r = {"task": "sudoku", "cell": cell, "seed": seed, "rl_seconds": 1.0, "rl_cpu_seconds": 1.0,
+             "optimizer_steps": 10, "completions": 60, "val": {"accuracy": accs[-1]},
+             "val_curve": [[5 * i, {"accuracy": a}] for i, a in enumerate(accs)]}
+        return r | ({"rollout_mismatch": mism} if mism else {})
+    base, dual = "diffu_grpo_state@4blocks", "diffu_grpo_state@4blocks+dual"
+    runs = [run(base, 0, [0.3, 0.4, 0.5]), run(base, 1, [0.3, 0.4, 0.5]),
+            run(dual, 0, [0.3, 0.35, 0.45], [0.02, 0.04]), run(dual, 1, [0.3, 0.45, 0.45], [0.06, 0.08])]
+    summary = ct.summarize({"runs": {f"{r['cell']}/{r['seed']}": r for r in runs}})
+    e = {x["cell"]: x for x in summary}
+    assert e[dual]["steps_to_base_final"] is None  # the seed-mean curve (0.3, 0.4, 0.45) never reaches 0.5
+    assert e[dual]["rollout_mismatch"]["mean"] == pytest.approx(0.05)  # per-run means 0.03 and 0.07
+    assert "rollout_mismatch" not in e[base]
+    text = ct.markdown(summary)
+    row = next(line for line in text.splitlines() if line.startswith(f"| {dual} |"))
+    assert "| not reached |" in row and "None" not in text
+    assert f"{dual}: rollout mismatch" in text and "0.050 [" in text
+
+
 def test_cell_recipe_replaces_sections_only(tmp_path):
     base = ct.BASES["sudoku"]
     src = yaml.safe_load(base.read_text())
