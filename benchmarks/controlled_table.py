@@ -214,15 +214,19 @@ class Setup(TaskSetup):
             return load_policy(self.cfg)
         return load_tiny(self.ensure_sft())
 
-    def sft_val(self, cfg) -> dict:
-        """Validation metrics of the starting model (step 0 of every curve) under ``cfg``'s evaluation
-        settings, scored once per setting: every cell of the task starts from the same checkpoint and
-        greedy scoring draws nothing, so each run would recompute the same numbers."""
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._sft_val: dict[str, dict] = {}
+
+    def sft_val(self, policy, cfg) -> dict:
+        """Validation metrics of ``policy``, the freshly loaded starting model (step 0 of every curve),
+        under ``cfg``'s evaluation settings, scored once per setting: every cell of the task starts
+        from the same checkpoint and greedy scoring draws nothing, so each run would recompute the
+        same numbers."""
         key = json.dumps([to_dict(cfg.eval), cfg.model.chat_template], sort_keys=True, default=str)
-        cache = self.__dict__.setdefault("_sft_val", {})
-        if key not in cache:
-            cache[key] = self.evaluate(self.policy(), cfg, self.val)
-        return dict(cache[key])
+        if key not in self._sft_val:
+            self._sft_val[key] = self.evaluate(policy, cfg, self.val)
+        return dict(self._sft_val[key])
 
 
 def pos_table(setup: Setup, task: str, out: Path, samples: int) -> Path:
@@ -255,7 +259,7 @@ def run(setup: Setup, out: Path, task: str, name: str, recipe: Path, overrides: 
                                              "train.save_every=0", f"train.eval_every={eval_every}"])
     policy = setup.policy()
     fmt = prompt_formatter(policy, cfg.model.chat_template)
-    curve = [[0, setup.sft_val(cfg)]]  # the SFT model: step 0 of every curve
+    curve = [[0, setup.sft_val(policy, cfg)]]  # the SFT model: step 0 of every curve
     t0, c0 = time.time(), time.process_time()
     state = {}
 
