@@ -53,6 +53,19 @@ PILOTS: dict[str, tuple] = {
     "sud_lr3e-4_beta0.2_p16": ("sudoku", _SUD + ["train.lr=3e-4", "objective.beta=0.2", "train.steps=40"]),
     "cd_sft1000_lr1e-4_pm0_b0_p16": ("countdown", ["sft.steps=1000", "train.lr=1e-4"] + _PM0 + _B0 + ["train.steps=40"]),
     "cd_sft1000_lr3e-4_pm0_b0_p16": ("countdown", ["sft.steps=1000", "train.lr=3e-4"] + _PM0 + _B0 + ["train.steps=40"]),
+    # third round (session 2026-12-01b): more updates within the 4-minute budget on Countdown's 26-point headroom
+    "cd_lr1e-3_pm0_b0_p16_s60": ("countdown", ["sft.steps=1000", "train.lr=1e-3"] + _PM0 + _B0 + ["train.steps=60"]),
+    "cd_lr3e-4_pm0_b0_p8_s120": ("countdown", ["sft.steps=1000", "train.lr=3e-4"] + _PM0 + _B0
+                                 + ["train.prompts_per_step=8", "train.steps=120"]),
+    "cd_lr1e-4_pm0_b0_p8_s120": ("countdown", ["sft.steps=1000", "train.lr=1e-4"] + _PM0 + _B0
+                                 + ["train.prompts_per_step=8", "train.steps=120"]),
+    "cd_lr3e-4_w20_pm0_p8_s100": ("countdown", ["sft.steps=1000", "train.lr=3e-4", "train.warmup_steps=20"] + _PM0
+                                  + ["train.prompts_per_step=8", "train.steps=100"]),
+    # train.reward=correct: advantages from the solved indicator (the validation metric) instead of the cell fraction
+    "sud_correct_lr1e-4_pm0_b0_p8": ("sudoku", _SUD + ["train.lr=1e-4", "train.reward=correct"] + _PM0 + _B0
+                                     + ["train.prompts_per_step=8", "train.steps=80"]),
+    "sud_correct_lr3e-4_pm0_b0_p8": ("sudoku", _SUD + ["train.lr=3e-4", "train.reward=correct"] + _PM0 + _B0
+                                     + ["train.prompts_per_step=8", "train.steps=80"]),
 }
 
 
@@ -63,7 +76,8 @@ def run(name: str, seeds: str, every: int) -> None:
     task, overrides, *cell = PILOTS[name]
     cmd = [sys.executable, str(ROOT / "benchmarks" / "controlled_table.py"), "--tasks", task,
            "--cells", cell[0] if cell else "diffu_grpo_state", "--seeds", seeds, "--eval-every", str(every),
-           "--out", str(OUT_DIR / f"{name}.json"), "--doc", str(Path(tempfile.gettempdir()) / f"testbed_search_{name}.md")]
+           "--out", str(OUT_DIR / f"{name}.json"), "--doc", str(Path(tempfile.gettempdir()) / f"testbed_search_{name}.md"),
+           "--runs-dir", str(ROOT / "runs" / "testbed_search" / name)]  # its own run folders: pilots may run side by side
     for o in overrides:
         cmd += ["--set", o]
     subprocess.run(cmd, check=True)

@@ -332,3 +332,35 @@ def test_every_estimator_runs_its_forward_whatever_its_masks_draw(name, lik):
     calls.clear()
     lik(a, ro, torch.Generator().manual_seed(0), torch.zeros_like(need))
     assert int(lik.rows(ro, torch.zeros_like(need)).sum()) == 0 and not calls
+
+
+class _HalfOdd(OddChars):
+    """OddChars whose completions count as correct from half their characters odd."""
+
+    correct_threshold = 0.5
+
+
+def test_correct_reward_trains_on_the_task_correctness_indicator(tmp_path):
+    """train.reward=correct: the same rollout, rewards 1[task reward ≥ threshold], advantages from
+    them; the task's own rewards kept for logging; credit re-scoring gets the indicator too."""
+    task_tr = RLTrainer(_cfg(tmp_path / "t"), _tiny(), _HalfOdd(), _examples())
+    corr_tr = RLTrainer(_cfg(tmp_path / "c", **{"train.reward": "correct"}), _tiny(), _HalfOdd(), _examples())
+    a, b = task_tr.collect(), corr_tr.collect()
+    assert torch.equal(a.rollout.completion_ids, b.rollout.completion_ids)
+    want = (a.rewards >= 0.5).float()
+    assert 0 < want.sum() < want.numel()  # both values occur: the test can tell the rewards apart
+    assert torch.equal(b.rewards, want) and torch.equal(b.task_rewards, a.rewards)
+    assert torch.equal(b.advantages[:, 0], corr_tr.objective.advantages(want, b.rollout.group_ids))
+    n = b.rollout.batch_size
+    ctx = corr_tr._credit_context(_examples(n), b.rewards, b.rollout.group_ids, b.advantages[:, 0], 0)
+    assert torch.equal(ctx.score(torch.arange(n), b.rollout.completion_ids), want)
+    m = corr_tr.step()  # logs: reward = the indicator's mean, solved from the task's rewards, task_reward beside
+    assert m["reward"] == pytest.approx(m["solved"]) and (m["reward"] * n) == pytest.approx(round(m["reward"] * n))
+    assert 0.0 < m["task_reward"] < 1.0
+
+
+def test_bad_train_reward_is_a_config_error(tmp_path):
+    from maskrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.reward: unknown 'solved'; valid: task, correct"):
+        _cfg(tmp_path, **{"train.reward": "solved"})

@@ -157,6 +157,10 @@ class SFTConfig:
 LR_SCHEDULERS = ("constant_with_warmup", "constant", "linear", "cosine")
 
 
+#: values of ``train.reward``
+TRAIN_REWARDS = ("task", "correct")
+
+
 @dataclass
 class TrainConfig:
     """The RL loop (``maskrl train``; SPEC §1.5 for μ, G).
@@ -201,6 +205,12 @@ class TrainConfig:
             rows, or skips the step's update and counts it (``nonfinite_skips``).
         dropout: keep dropout on in the policy's RL forward (default off: θ then computes what θ_old
             computed, so the importance ratio is exactly 1 before an update).
+        reward: what the advantages are computed from **[choice]**: ``task`` (default: the task's
+            graded reward, e.g. Sudoku's fraction of blanks right, Countdown's 0.1 format credit) or
+            ``correct`` (1.0 when the completion counts as correct by the task's accuracy threshold,
+            else 0.0: the metric the validation curve reports). Credit modules' re-scored
+            completions (DiSPO's branches) get the same reward. Evaluation always reports the task's
+            own metrics; the logged ``reward`` is the training reward and ``task_reward`` the task's.
     """
 
     steps: int = 100
@@ -224,6 +234,7 @@ class TrainConfig:
     tracker_project: str = "maskrl"
     on_nonfinite: str = "error"
     dropout: bool = False
+    reward: str = "task"
 
 
 def _registry(kind: str):
@@ -748,6 +759,8 @@ def _check_ranges(cfg: "RunConfig") -> None:
 
     if cfg.train.on_nonfinite not in ON_NONFINITE:
         raise ConfigError(f"train.on_nonfinite: unknown {cfg.train.on_nonfinite!r}; valid: {', '.join(ON_NONFINITE)}")
+    if cfg.train.reward not in TRAIN_REWARDS:
+        raise ConfigError(f"train.reward: unknown {cfg.train.reward!r}; valid: {', '.join(TRAIN_REWARDS)}")
     _check_dtype(cfg)
     _check_trackers(cfg)
     tr = cfg.train

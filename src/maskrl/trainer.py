@@ -189,7 +189,8 @@ class Batch:
 
     Attributes:
         rollout: the sampler's record, ``N`` rows.
-        rewards: ``[N]`` float32.
+        rewards: ``[N]`` float32 training rewards (``train.reward``).
+        task_rewards: ``[N]`` float32, the task's own rewards (``None``: equal to ``rewards``).
         advantages: ``[N, L]`` float32 per-token advantages of the base term (zero outside
             ``completion_mask`` unless a credit module says otherwise).
         completions: decoded texts, ``N``.
@@ -208,6 +209,7 @@ class Batch:
     base_weight: float = 1.0
     terms: tuple[LossTerm, ...] = ()
     metrics: dict = dataclasses.field(default_factory=dict)
+    task_rewards: torch.Tensor | None = None
 
 
 class RLTrainer:
@@ -302,7 +304,8 @@ class RLTrainer:
         completions = decode_completions(self.policy.tokenizer, rollout.completion_ids, rollout.completion_mask)
         scores = check_rewards(self.task.score_examples(rows, completions), self.task.name, [ex.id for ex in rows],
                                completions)
-        rewards = torch.tensor(scores, dtype=torch.float32, device=self.device)
+        task_rewards = torch.tensor(scores, dtype=torch.float32, device=self.device)
+        rewards = self._training_reward(task_rewards)
         adv = self.objective.advantages(rewards, rollout.group_ids)  # [N]
         valid = rollout.completion_mask
         cb = CreditBatch(rollout=rollout, rewards=rewards, advantages=adv[:, None] * valid.float(),  # [N, L]
@@ -312,7 +315,8 @@ class RLTrainer:
             cb = apply_credit(self.credits, cb, contexts)
         self._check("advantages", cb.advantages)
         return Batch(rollout=rollout, rewards=rewards, advantages=cb.advantages, completions=completions,
-                     loss_mask=cb.loss_mask, base_weight=cb.base_weight, terms=cb.terms, metrics=dict(cb.metrics))
+                     loss_mask=cb.loss_mask, base_weight=cb.base_weight, terms=cb.terms, metrics=dict(cb.metrics),
+                     task_rewards=task_rewards)
 
     # ------------------------------------------------------------------ health (maskrl.health)
     def _nonfinite(self, stage: str, rows: list[int], detail: str = "") -> None:
@@ -347,6 +351,13 @@ class RLTrainer:
         (``train.seed``, index, step, process), apart from the sampler's and the context's."""
         return torch.Generator().manual_seed(mask_seed(self.tc.seed + 1 + index, self.step_count, 1, self.acc.process_index))
 
+    def _training_reward(self, task_rewards: torch.Tensor) -> torch.Tensor:
+        """``[N]`` float32 rewards the advantages are computed from (``train.reward``): the task's own
+        (``task``) or its correctness indicator (``correct``: 1.0 where ``task.is_correct``, else 0.0)."""
+        if self.tc.reward == "correct":
+            return (task_rewards >= self.task.correct_threshold - 1e-9).to(task_rewards.dtype)
+        return task_rewards
+
     def _credit_context(self, rows: list[Example], rewards: torch.Tensor, group_ids: torch.Tensor, adv: torch.Tensor,
                         index: int) -> CreditContext:
         """The narrow context of credit module ``index`` for this step's batch (examples ``rows``)."""
@@ -355,7 +366,8 @@ class RLTrainer:
         def score(idx: torch.Tensor, completion_ids: torch.Tensor) -> torch.Tensor:
             texts = decode_completions(adapter.tokenizer, completion_ids, adapter.completion_mask(completion_ids))
             picked = [rows[i] for i in torch.as_tensor(idx).tolist()]
-            return torch.tensor(self.task.score_examples(picked, texts), dtype=torch.float32, device=self.device)
+            return self._training_reward(torch.tensor(self.task.score_examples(picked, texts), dtype=torch.float32,
+                                                      device=self.device))
 
         def reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
             if op not in ("sum", "mean"):
@@ -578,6 +590,7 @@ class RLTrainer:
         metrics.update(self._mean_over_processes({f"credit/{k}": v for k, v in batch.metrics.items()}))
         metrics.update(mismatch)
         rewards = self.acc.gather(batch.rewards)
+        task_rewards = rewards if batch.task_rewards is None else self.acc.gather(batch.task_rewards)
         self.step_count += 1
         diag = rollout_diagnostics(batch.rollout.completion_ids, batch.rollout.completion_mask, batch.rollout.commit_prob)
         metrics.update(diag)
@@ -590,7 +603,8 @@ class RLTrainer:
             "step": self.step_count,
             "reward": rewards.mean().item(),
             "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-            "solved": (rewards >= self.task.correct_threshold - 1e-9).float().mean().item(),
+            "task_reward": task_rewards.mean().item(),
+            "solved": (task_rewards >= self.task.correct_threshold - 1e-9).float().mean().item(),
             # groups whose rewards are not all equal: the only ones with a non-zero advantage
             "informative_groups": informative_groups(batch.rewards, batch.rollout.group_ids),
             "completion_tokens": batch.rollout.completion_mask.sum(-1).float().mean().item(),
