@@ -61,6 +61,12 @@ PILOTS: dict[str, tuple] = {
                                  + ["train.prompts_per_step=8", "train.steps=120"]),
     "cd_lr3e-4_w20_pm0_p8_s100": ("countdown", ["sft.steps=1000", "train.lr=3e-4", "train.warmup_steps=20"] + _PM0
                                   + ["train.prompts_per_step=8", "train.steps=100"]),
+    # the cheaper bases spend the same 4 minutes on ~3x the steps of diffu_grpo_state (table: ~2 s vs ~6.4 s per step)
+    "cd_rldf_s100": ("countdown", ["sft.steps=1000", "train.steps=100"], "rldf"),
+    "sud_rldf_s100": ("sudoku", _SUD + ["train.steps=100"], "rldf"),
+    "sud_lr2e-4_w10_pm0_p8_s70": ("sudoku", _SUD + ["train.lr=2e-4", "train.warmup_steps=10"] + _PM0
+                                  + ["train.prompts_per_step=8", "train.steps=70"]),
+    "sud_spg_lr3e-4_w10_s100": ("sudoku", _SUD + ["train.lr=3e-4", "train.warmup_steps=10", "train.steps=100"], "spg"),
     # train.reward=correct: advantages from the solved indicator (the validation metric) instead of the cell fraction
     "sud_correct_lr1e-4_pm0_b0_p8": ("sudoku", _SUD + ["train.lr=1e-4", "train.reward=correct"] + _PM0 + _B0
                                      + ["train.prompts_per_step=8", "train.steps=80"]),

@@ -40,3 +40,30 @@ def test_summary_row_by_hand(tmp_path, monkeypatch):
     assert row["reward_first10"] == pytest.approx(0.58) and row["reward_last10"] == pytest.approx(0.6)
     line = ts.markdown([row]).splitlines()[-1]
     assert line == "| `mine` | wd1 | 0 | 0.300 | 0.400 | 0.450 | +0.100 | 0.580 → 0.600 | 12 × 48 | 100 |"
+
+
+def test_ceiling_summary_by_hand():
+    import testbed_ceiling as tc
+
+    runs = {f"sudoku/lr0.0001/seed{s}": {"task": "sudoku", "lr": 1e-4, "seed": s, "sft": 0.3, "final": f,
+                                          "steps": 80, "batch": 48} for s, f in enumerate([0.4, 0.5, 0.6])}
+    line = tc.summary({"runs": runs}).splitlines()[2]
+    # gains 0.1, 0.2, 0.3: mean 0.2, t(0.975, 2) = 4.303, sd 0.1, half-width 4.303 * 0.1 / sqrt(3) = 0.248
+    assert line == "| sudoku | 0.0001 | 80 × 48 | 3 | 0.300 | 0.500 [0.252, 0.748] | +0.200 [-0.048, +0.448] |"
+
+
+def test_run_sft_calls_on_step_after_every_optimizer_step_and_keeps_training_mode():
+    from conftest import fresh_tiny
+    from maskrl.sft import run_sft
+    from maskrl.tasks.base import Example
+
+    a = fresh_tiny()
+    seen = []
+
+    def on_step(k):
+        seen.append((k, a.model.training))
+        a.model.eval()  # as an evaluation would
+
+    exs = [Example(id=i, prompt=f"q{i}", fields={"t": f"a{i}"}) for i in range(4)]
+    run_sft(a, exs, lambda e: e.fields["t"], gen_length=4, steps=3, batch_size=2, lr=1e-3, progress=False, on_step=on_step)
+    assert seen == [(1, True), (2, True), (3, True)]

@@ -66,8 +66,12 @@ def sft_loss(adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: torch
 def run_sft(adapter: ModelAdapter, examples: Sequence[Example], target_fn: Callable[[Example], str], *,
             gen_length: int, steps: int, batch_size: int, lr: float, warmup_steps: int = 0,
             weight_decay: float = 0.01, max_grad_norm: float = 1.0, seed: int = 0, log_every: int = 50,
-            prompt_fn: Callable[[str], str] = lambda s: s, progress: bool = True) -> list[dict]:
+            prompt_fn: Callable[[str], str] = lambda s: s, progress: bool = True,
+            on_step: Callable[[int], None] | None = None) -> list[dict]:
     """Train ``adapter`` in place on ``examples`` (their ``target_fn`` text as completion).
+
+    ``on_step(k)``, when given, is called after optimizer step k (1-based), e.g. to score a
+    validation split along the run; the model is put back in training mode after it.
 
     Returns:
         The logged metrics (``{"step", "loss", "lr", "seconds"}`` every ``log_every`` steps).
@@ -104,6 +108,9 @@ def run_sft(adapter: ModelAdapter, examples: Sequence[Example], target_fn: Calla
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         opt.step()
         sched.step()
+        if on_step is not None:
+            on_step(step + 1)
+            adapter.model.train()
         running += loss.item()
         if (step + 1) % log_every == 0 or step + 1 == steps:
             k = (step % log_every) + 1
