@@ -63,16 +63,17 @@ def run(setup: Setup, out: Path, task: str, lr: float, seed: int, steps: int, ba
 
 
 def summary(data: dict) -> str:
-    """Markdown: per (task, lr) the seeds, SFT, final solved rate and gain (95 % t-intervals)."""
+    """Markdown: per (task, lr) the seeds, SFT, final solved rate and gain (95 % t-intervals); one
+    record file holds one warm-up and shape per (task, lr) (:func:`run` refuses a second)."""
     by: dict[tuple[str, float], list[dict]] = {}
     for r in data["runs"].values():
         by.setdefault((r["task"], r["lr"]), []).append(r)
-    lines = ["| task | lr | steps × batch | seeds | SFT solved | final solved | gain over SFT |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| task | lr | warm-up steps | steps × batch | seeds | SFT solved | final solved | gain over SFT |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (task, lr), rows in sorted(by.items()):
         fin = t_interval([r["final"] for r in rows])
         gain = t_interval([r["final"] - r["sft"] for r in rows])
-        lines.append(f"| {task} | {lr:g} | {rows[0]['steps']} × {rows[0]['batch']} | {len(rows)} | {rows[0]['sft']:.3f} "
+        lines.append(f"| {task} | {lr:g} | {rows[0]['warmup']} | {rows[0]['steps']} × {rows[0]['batch']} | {len(rows)} | {rows[0]['sft']:.3f} "
                      f"| {fin[0]:.3f} [{fin[1]:.3f}, {fin[2]:.3f}] | {gain[0]:+.3f} [{gain[1]:+.3f}, {gain[2]:+.3f}] |")
     return "\n".join(lines) + "\n"
 
