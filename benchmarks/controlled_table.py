@@ -64,7 +64,7 @@ from maskrl.trainer import RLTrainer
 OUT = ROOT / "results" / "controlled_table.json"
 OUT_8B = ROOT / "results" / "controlled_table_8b.json"
 DOC = ROOT / "docs" / "results.md"
-BASES = {"sudoku": ROOT / "configs" / "table" / "sudoku.yaml", "countdown": ROOT / "configs" / "table" / "countdown.yaml"}
+BASES = {task: ROOT / "configs" / "table" / f"{task}.yaml" for task in ("sudoku", "countdown", "wordmath")}
 #: the shipped LLaDA-8B-Instruct recipe each task's GPU cells start from (``--recipes 8b``, :func:`gpu_base`)
 RECIPES_8B = {"gsm8k": ROOT / "configs" / "llada8b_gsm8k_diffu_grpo.yaml",
               "math500": ROOT / "configs" / "llada8b_math500_rldf.yaml",

@@ -24,12 +24,11 @@ from pathlib import Path
 import torch
 
 from ablation_runs import ROOT, TaskSetup, load_results, save_results
+from controlled_table import BASES as RECIPES, GEN_KW
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny
 from maskrl.pipeline import prompt_formatter
 
-RECIPES = {"sudoku": ROOT / "configs" / "table" / "sudoku.yaml", "countdown": ROOT / "configs" / "table" / "countdown.yaml"}
-GEN_KW = {"sudoku": {"blanks": (8, 8)}}  # the test file's 500 puzzles all have 8 blanks
 PASS_K = (1, 2, 4, 6, 8, 16)
 
 

@@ -47,9 +47,13 @@ def test_ceiling_summary_by_hand():
 
     runs = {f"sudoku/lr0.0001/seed{s}": {"task": "sudoku", "lr": 1e-4, "seed": s, "sft": 0.3, "final": f,
                                           "steps": 80, "batch": 48, "warmup": 0} for s, f in enumerate([0.4, 0.5, 0.6])}
-    line = tc.summary({"runs": runs}).splitlines()[2]
+    own = {"sudoku/own/lr0.0001/seed0": {**runs["sudoku/lr0.0001/seed0"], "source": "own", "final": 0.25}}
+    lines = tc.summary({"runs": {**runs, **own}}).splitlines()
+    assert lines[2] == "| sudoku | ground truth | 0.0001 | 0 | 80 × 48 | 3 | 0.300 | 0.500 [0.252, 0.748] | +0.200 [-0.048, +0.448] |"
+    assert lines[3].startswith("| sudoku | own | 0.0001 | 0 | 80 × 48 | 1 | 0.300 | 0.250 ")
+    line = lines[2]
     # gains 0.1, 0.2, 0.3: mean 0.2, t(0.975, 2) = 4.303, sd 0.1, half-width 4.303 * 0.1 / sqrt(3) = 0.248
-    assert line == "| sudoku | 0.0001 | 0 | 80 × 48 | 3 | 0.300 | 0.500 [0.252, 0.748] | +0.200 [-0.048, +0.448] |"
+    assert line == "| sudoku | ground truth | 0.0001 | 0 | 80 × 48 | 3 | 0.300 | 0.500 [0.252, 0.748] | +0.200 [-0.048, +0.448] |"
 
 
 def test_run_sft_calls_on_step_after_every_optimizer_step_and_keeps_training_mode():
