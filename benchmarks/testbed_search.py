@@ -69,6 +69,11 @@ PILOTS: dict[str, tuple] = {
     # the best Sudoku pilot, trimmed to the 4-minute budget, over 5 seeds
     "sud_lr2e-4_w10_pm0_p8_s65": ("sudoku", _SUD + ["train.lr=2e-4", "train.warmup_steps=10"] + _PM0
                                   + ["train.prompts_per_step=8", "train.steps=65"]),
+    "sud_lr3e-4_w10_pm0_p8_s65": ("sudoku", _SUD + ["train.lr=3e-4", "train.warmup_steps=10"] + _PM0
+                                  + ["train.prompts_per_step=8", "train.steps=65"]),
+    # wordmath (configs/table/wordmath.yaml): the best Sudoku recipe's shape, steps cut to the budget (L 32)
+    "wm_lr2e-4_w10_pm0_p8_s30": ("wordmath", ["train.lr=2e-4", "train.warmup_steps=10"] + _PM0
+                                 + ["train.prompts_per_step=8", "train.steps=30"]),
     "sud_spg_lr3e-4_w10_s100": ("sudoku", _SUD + ["train.lr=3e-4", "train.warmup_steps=10", "train.steps=100"], "spg"),
     # train.reward=correct: advantages from the solved indicator (the validation metric) instead of the cell fraction
     "sud_correct_lr1e-4_pm0_b0_p8": ("sudoku", _SUD + ["train.lr=1e-4", "train.reward=correct"] + _PM0 + _B0
@@ -120,6 +125,28 @@ def markdown(table: list[dict]) -> str:
         f"| {r['rl_cpu_seconds']:.0f} |" for r in table)
 
 
+def seed_summary(table: list[dict]) -> str:
+    """Markdown: per pilot run with several seeds, the final − SFT change as a mean with its 95 %
+    t-interval over seeds, the seeds above / below zero, and the mean RL CPU seconds ('' if none)."""
+    from ablation_runs import t_interval
+
+    by: dict[str, list[dict]] = {}
+    for r in table:
+        by.setdefault(r["pilot"], []).append(r)
+    lines = []
+    for name, rows in by.items():
+        if len(rows) < 2:
+            continue
+        m, lo, hi = t_interval([r["change"] for r in rows])
+        pos, neg = sum(r["change"] > 0 for r in rows), sum(r["change"] < 0 for r in rows)
+        cpu = sum(r["rl_cpu_seconds"] for r in rows) / len(rows)
+        lines.append(f"| `{name}` | {len(rows)} | {m:+.3f} [{lo:+.3f}, {hi:+.3f}] ({pos}+/{neg}−) | {cpu:.0f} |")
+    if not lines:
+        return ""
+    return ("| pilot | seeds | final − SFT, 95 % t-interval (seeds +/−) | mean RL CPU s |\n| --- | --- | --- | --- |\n"
+            + "\n".join(lines) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", default="", help="comma-separated pilots to run")
@@ -135,7 +162,11 @@ def main() -> None:
     for name in [n for n in args.run.split(",") if n]:
         run(name, args.seeds, args.eval_every)
     if args.summary or not args.run:
-        print(markdown(rows()))
+        table = rows()
+        print(markdown(table))
+        several = seed_summary(table)
+        if several:
+            print("\n" + several)
 
 
 if __name__ == "__main__":

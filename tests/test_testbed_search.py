@@ -71,3 +71,11 @@ def test_run_sft_calls_on_step_after_every_optimizer_step_and_keeps_training_mod
     exs = [Example(id=i, prompt=f"q{i}", fields={"t": f"a{i}"}) for i in range(4)]
     run_sft(a, exs, lambda e: e.fields["t"], gen_length=4, steps=3, batch_size=2, lr=1e-3, progress=False, on_step=on_step)
     assert seen == [(1, True), (2, True), (3, True)]
+
+
+def test_seed_summary_by_hand():
+    rows = [{"pilot": "p", "change": c, "rl_cpu_seconds": 200.0 + i} for i, c in enumerate([0.1, 0.2, 0.3])]
+    rows.append({"pilot": "single", "change": 0.5, "rl_cpu_seconds": 1.0})
+    # mean 0.2, sd 0.1, t(0.975, 2) 4.303: half-width 0.248; mean CPU 201
+    assert ts.seed_summary(rows).splitlines()[2] == "| `p` | 3 | +0.200 [-0.048, +0.448] (3+/0−) | 201 |"
+    assert ts.seed_summary(rows[3:]) == ""
