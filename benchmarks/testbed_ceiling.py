@@ -15,9 +15,9 @@ fine-tuning, :func:`own_correct_sft`): the recipe's rollout sampler draws ``--ba
 step (``--batch / G`` prompts × G), and the correct ones are the SFT batch. This is what
 group-relative RL's positive advantages reinforce, without its negative gradient.
 
-Each (task, lr, seed) record goes to ``--out`` (default ``results/testbed_ceiling.json``) as it
-finishes; ``--summary`` prints, per (task, lr), the final validation solved rate and its gain over
-the SFT checkpoint as a 95 % t-interval over seeds.
+Each (task, source, lr, seed) record goes to ``--out`` (default ``results/testbed_ceiling.json``) as
+it finishes; ``--summary`` prints, per (task, source, lr), the final validation solved rate and its
+gain over the SFT checkpoint as a 95 % t-interval over seeds.
 
     python benchmarks/testbed_ceiling.py --tasks sudoku --set sft.steps=250 --lrs 1e-4,3e-4 --seeds 0,1,2
     python benchmarks/testbed_ceiling.py --tasks sudoku,countdown --source own --lrs 1e-4 --seeds 0,1,2
