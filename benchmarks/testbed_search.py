@@ -71,6 +71,8 @@ PILOTS: dict[str, tuple] = {
                                   + ["train.prompts_per_step=8", "train.steps=65"]),
     "sud_lr3e-4_w10_pm0_p8_s65": ("sudoku", _SUD + ["train.lr=3e-4", "train.warmup_steps=10"] + _PM0
                                   + ["train.prompts_per_step=8", "train.steps=65"]),
+    "cd_lr2e-4_w10_pm0_p8_s65": ("countdown", ["sft.steps=1000", "train.lr=2e-4", "train.warmup_steps=10"] + _PM0
+                                 + ["train.prompts_per_step=8", "train.steps=65"]),
     # wordmath (configs/table/wordmath.yaml): the best Sudoku recipe's shape, steps cut to the budget (L 32)
     "wm_lr2e-4_w10_pm0_p8_s30": ("wordmath", ["train.lr=2e-4", "train.warmup_steps=10"] + _PM0
                                  + ["train.prompts_per_step=8", "train.steps=30"]),
