@@ -87,6 +87,23 @@ def save_results(path: Path, data: dict) -> None:
     os.replace(tmp, path)  # an interrupted write never leaves half a file
 
 
+def already_recorded(path: Path, key: str, settings: dict, tag: str) -> bool:
+    """Whether the results file at ``path`` (as it is on disk now) holds run ``key``, recorded with
+    ``settings`` (printed as skipped under ``[tag]``).
+
+    Raises:
+        SystemExit: ``key`` is recorded with other values of ``settings`` (resuming would mix them).
+    """
+    old = load_results(path)["runs"].get(key)
+    if old is None:
+        return False
+    if any(old.get(k) != v for k, v in settings.items()):
+        raise SystemExit(f"error: run {key} is already in {path} with other settings "
+                         f"({ {k: old.get(k) for k in settings} }; now {settings}): use another --out or remove it")
+    print(f"[{tag}] {key}: recorded, skipped", flush=True)
+    return True
+
+
 def update_results(path: Path, change) -> dict:
     """Apply ``change(data)`` to the results file at ``path`` as it is on disk now, under an exclusive
     lock on its folder (``fcntl.flock``; no lock file is left behind), and save it: several processes

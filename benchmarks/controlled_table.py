@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ablation_runs import ROOT, TaskSetup, load_results, t_interval, update_results
+from ablation_runs import ROOT, TaskSetup, already_recorded, load_results, t_interval, update_results
 from maskrl.config import to_dict
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny
@@ -246,12 +246,7 @@ def run(setup: Setup, out: Path, task: str, name: str, recipe: Path, overrides: 
     processes may be filling the same file); add its record to ``out`` at once."""
     key = f"{task}/{name}/seed{seed}"
     settings = {"overrides": overrides, "val_size": len(setup.val), "eval_every": eval_every}
-    old = load_results(out)["runs"].get(key)
-    if old is not None:
-        if any(old.get(k) != v for k, v in settings.items()):
-            raise SystemExit(f"error: run {key} is already in {out} with other settings "
-                             f"({ {k: old.get(k) for k in settings} }; now {settings}): use another --out or remove it")
-        print(f"[table] {key}: recorded, skipped", flush=True)
+    if already_recorded(out, key, settings, "table"):
         return None
     from maskrl.config import load_config
 

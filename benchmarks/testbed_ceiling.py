@@ -29,7 +29,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ablation_runs import ROOT, load_results, t_interval, update_results
+from ablation_runs import ROOT, already_recorded, load_results, t_interval, update_results
 from controlled_table import BASES, GEN_KW, Setup
 from maskrl.pipeline import prompt_formatter
 from maskrl.sft import run_sft
@@ -68,7 +68,7 @@ def own_correct_sft(setup: Setup, policy, cfg, lr: float, seed: int, steps: int,
         gen = torch.Generator().manual_seed(seed)
         for step in range(1, steps + 1):
             b = tr.collect()
-            keep = b.task_rewards >= setup.task.correct_threshold - 1e-9  # [N] bool
+            keep = setup.task.is_correct(b.task_rewards)  # [N] bool
             if keep.any():
                 ro = b.rollout
                 policy.model.train()
@@ -91,11 +91,7 @@ def run(setup: Setup, out: Path, task: str, lr: float, seed: int, steps: int, ba
     key = f"{task}/lr{lr:g}/seed{seed}" if source == "ground_truth" else f"{task}/{source}/lr{lr:g}/seed{seed}"
     settings = {"overrides": overrides, "steps": steps, "batch": batch, "warmup": warmup, "eval_every": every,
                 "val_size": len(setup.val)}
-    old = load_results(out)["runs"].get(key)
-    if old is not None:
-        if any(old.get(k) != v for k, v in settings.items()):
-            raise SystemExit(f"error: {key} is already in {out} with other settings; use another --out or remove it")
-        print(f"[ceiling] {key}: recorded, skipped", flush=True)
+    if already_recorded(out, key, settings, "ceiling"):
         return None
     cfg = setup.cfg
     policy = setup.policy()

@@ -50,8 +50,8 @@ def probe(setup: TaskSetup, samples: int, seed: int) -> dict:
     rows = [ex for ex in setup.val for _ in range(samples)]
     gen = torch.Generator().manual_seed(seed)
     sampled = evaluate_examples(policy, setup.task, rows, cfg.rollout, batch_size=240, prompt_fn=fmt, generator=gen)
-    thr = setup.task.correct_threshold - 1e-9
-    correct = [sum(1 for r in sampled.rewards[i * samples:(i + 1) * samples] if r >= thr) for i in range(len(setup.val))]
+    correct = [sum(1 for r in sampled.rewards[i * samples:(i + 1) * samples] if setup.task.is_correct(r))
+               for i in range(len(setup.val))]
     n = len(setup.val)
     out = {"greedy_accuracy": greedy.metrics["accuracy"], "greedy_mean_reward": greedy.metrics.get("mean_reward"),
            "sample_accuracy": sum(correct) / (n * samples), "samples_per_prompt": samples,

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from ablation_runs import load_results, save_results, summary_rows, t_interval, update_results  # noqa: E402
+from ablation_runs import already_recorded, load_results, save_results, summary_rows, t_interval, update_results  # noqa: E402
 
 
 def test_t_interval_by_hand():
@@ -116,3 +116,14 @@ def test_two_processes_recording_side_by_side_lose_nothing(tmp_path):
         assert p.exitcode == 0
     runs = load_results(out)["runs"]
     assert set(runs) == {"old/0"} | {f"{p}/{i}" for p in "ab" for i in range(25)}
+
+
+def test_already_recorded_skips_the_same_settings_and_refuses_others(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert not already_recorded(out, "t/c/seed0", {"steps": 2}, "x")  # no file yet
+    save_results(out, {"runs": {"t/c/seed0": {"steps": 2, "val": 0.5}}})
+    assert not already_recorded(out, "t/c/seed1", {"steps": 2}, "x")
+    assert already_recorded(out, "t/c/seed0", {"steps": 2}, "x")
+    assert "[x] t/c/seed0: recorded, skipped" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"t/c/seed0 is already in .* other settings \(\{'steps': 2\}; now \{'steps': 3\}\)"):
+        already_recorded(out, "t/c/seed0", {"steps": 3}, "x")

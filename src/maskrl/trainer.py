@@ -355,7 +355,7 @@ class RLTrainer:
         """``[N]`` float32 rewards the advantages are computed from (``train.reward``): the task's own
         (``task``) or its correctness indicator (``correct``: 1.0 where ``task.is_correct``, else 0.0)."""
         if self.tc.reward == "correct":
-            return (task_rewards >= self.task.correct_threshold - 1e-9).to(task_rewards.dtype)
+            return self.task.is_correct(task_rewards).to(task_rewards.dtype)
         return task_rewards
 
     def _credit_context(self, rows: list[Example], rewards: torch.Tensor, group_ids: torch.Tensor, adv: torch.Tensor,
@@ -604,7 +604,7 @@ class RLTrainer:
             "reward": rewards.mean().item(),
             "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
             "task_reward": task_rewards.mean().item(),
-            "solved": (task_rewards >= self.task.correct_threshold - 1e-9).float().mean().item(),
+            "solved": self.task.is_correct(task_rewards).float().mean().item(),
             # groups whose rewards are not all equal: the only ones with a non-zero advantage
             "informative_groups": informative_groups(batch.rewards, batch.rollout.group_ids),
             "completion_tokens": batch.rollout.completion_mask.sum(-1).float().mean().item(),

@@ -204,7 +204,9 @@ class Task:
         columns = {k: [ex.fields.get(k) for ex in examples] for k in keys}
         return self.reward([ex.prompt for ex in examples], list(completions), **columns)
 
-    def is_correct(self, reward: float) -> bool:
+    def is_correct(self, reward):
+        """Whether ``reward`` reaches :attr:`correct_threshold` (1e-9 tolerance): a float gives a
+        bool, a ``[N]`` float tensor a ``[N]`` bool tensor (the same rule, elementwise)."""
         return reward >= self.correct_threshold - 1e-9
 
     def metrics(self, examples: Sequence[Example], completions: Sequence[str], rewards: Sequence[float]) -> dict:
