@@ -82,6 +82,22 @@ PILOTS: dict[str, tuple] = {
                                      + ["train.prompts_per_step=8", "train.steps=80"]),
     "sud_correct_lr3e-4_pm0_b0_p8": ("sudoku", _SUD + ["train.lr=3e-4", "train.reward=correct"] + _PM0 + _B0
                                      + ["train.prompts_per_step=8", "train.steps=80"]),
+    # fourth round (session 2026-12-01c): the best Sudoku recipe held at its peak lr after warm-up (its curves
+    # were still rising when the linear schedule ran the lr down), and more, smaller steps in the same budget
+    "sud_lr2e-4_w10c_pm0_p8_s65": ("sudoku", _SUD + ["train.lr=2e-4", "train.warmup_steps=10",
+                                                    "train.lr_scheduler=constant_with_warmup"] + _PM0
+                                   + ["train.prompts_per_step=8", "train.steps=65"]),
+    "sud_lr2e-4_w10_pm0_p6_s85": ("sudoku", _SUD + ["train.lr=2e-4", "train.warmup_steps=10"] + _PM0
+                                  + ["train.prompts_per_step=6", "train.steps=85"]),
+    "sud_lr2e-4_w10_beta0.1_pm0_p8_s65": ("sudoku", _SUD + ["train.lr=2e-4", "train.warmup_steps=10", "objective.beta=0.1"]
+                                          + _PM0 + ["train.prompts_per_step=8", "train.steps=65"]),
+    "sud_lr2e-4_w10_pm0_p12g4_s65": ("sudoku", _SUD + ["train.lr=2e-4", "train.warmup_steps=10"] + _PM0
+                                     + ["train.prompts_per_step=12", "train.group_size=4", "train.steps=65"]),
+    # the model's size (issue 22's unmeasured lever): Countdown on a 256-wide model, its own SFT-1000 checkpoint
+    "cd_w256_lr2e-4_w10_pm0_p8_s65": ("countdown", ["sft.steps=1000", "model.tiny.hidden_size=256",
+                                                    "model.tiny.intermediate_size=768", "train.lr=2e-4",
+                                                    "train.warmup_steps=10"] + _PM0
+                                      + ["train.prompts_per_step=8", "train.steps=65"]),
 }
 
 

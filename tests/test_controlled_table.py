@@ -113,6 +113,24 @@ def test_write_doc_replaces_only_the_marked_block(tmp_path):
     assert fresh.read_text().count(ct.BEGIN) == 1 and "u\n" in fresh.read_text() and "t\n" not in fresh.read_text()
 
 
+def test_each_record_file_has_its_own_block(tmp_path):
+    """Summarising another record file (the 8B table, a table on another recipe) writes its own block
+    and leaves the default table's block as it was."""
+    assert ct.markers(ct.OUT) == (ct.BEGIN, ct.END)
+    other = ct.markers(ct.OUT_8B)
+    assert other == ("<!-- controlled-table:controlled_table_8b:begin -->", "<!-- controlled-table:controlled_table_8b:end -->")
+    doc = tmp_path / "results.md"
+    ct.write_doc(doc, "cpu table\n")
+    ct.write_doc(doc, "gpu table\n", other)
+    ct.write_doc(doc, "gpu table, again\n", other)
+    text = doc.read_text()
+    assert f"{ct.BEGIN}\ncpu table\n{ct.END}" in text and "gpu table, again" in text and "gpu table\n" not in text
+    runs = {"a": {"overrides": ["train.lr=2e-4", "train.steps=65"]}}
+    head = ct.markdown([], ct.ROOT / "results" / "other.json", runs)
+    assert "--summary --out results/other.json" in head and "`train.lr=2e-4` `train.steps=65`" in head
+    assert "--out" not in ct.markdown([], ct.OUT).split("\n\n")[1]
+
+
 GPU_TASKS = ("gsm8k", "math500", "countdown", "sudoku")
 POS_TABLE = Path(__file__).resolve().parents[1] / "configs" / "pos_weights" / "countdown_tiny.json"
 
