@@ -373,10 +373,10 @@ def _resolve_path(value: Any, kind: str) -> Any:
         return f"{os.path.abspath(value.base / path)}:{fn}"
     resolved = os.path.abspath(value.base / text)
     if kind == "model" and not Path(resolved).exists():
-        from maskrl.models.loading import looks_like_path
+        from maskrl.models.loading import is_hub_id
 
-        if re.fullmatch(r"[\w.\-]+/[\w.\-]+", text) and not looks_like_path(text):
-            return text  # a Hub id
+        if is_hub_id(text):
+            return text
     return resolved
 
 

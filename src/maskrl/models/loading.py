@@ -232,6 +232,12 @@ def looks_like_path(text: str) -> bool:
     return Path(text.split("/", 1)[0]).is_dir()
 
 
+def is_hub_id(text: str) -> bool:
+    """Whether a model argument names a Hub repository: shaped ``owner/name`` (letters, digits, ``_``,
+    ``.``, ``-``) and not meant as a local path (:func:`looks_like_path`)."""
+    return bool(re.fullmatch(r"[\w.\-]+/[\w.\-]+", text)) and not looks_like_path(text)
+
+
 def resolve(path_or_id: str | os.PathLike, revision: str | None = None) -> Path:
     """Local folder for ``path_or_id``: the folder itself, or a Hub snapshot download.
 
@@ -246,7 +252,7 @@ def resolve(path_or_id: str | os.PathLike, revision: str | None = None) -> Path:
     text = str(path_or_id)
     if path.exists():
         raise FileNotFoundError(f"model {text!r} is a file, not a model folder (config.json + safetensors weights)")
-    if looks_like_path(text) or not re.fullmatch(r"[\w.\-]+/[\w.\-]+", text):
+    if not is_hub_id(text):
         parent = path.absolute().parent
         while not parent.is_dir():
             parent = parent.parent
