@@ -15,6 +15,21 @@ from maskrl.tasks.base import Task
 TEST_THREADS = int(os.environ.get("MASKRL_TEST_THREADS", "1"))
 
 
+def cli_sets(*overrides: str) -> list[str]:
+    """``--set`` arguments for the CLI: ``cli_sets("a=1", "b=2")`` -> ``["--set", "a=1", "--set", "b=2"]``."""
+    return [arg for o in overrides for arg in ("--set", o)]
+
+
+#: the CLI tests' model: 1 layer, 32 wide (seconds to train on a CPU)
+TINY_MODEL = ("model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+              "model.tiny.intermediate_size=64")
+#: the tiny model on 64 training rows, evaluated on 8
+TINY_CLI = cli_sets(*TINY_MODEL, "task.train_size=64", "task.eval_limit=8")
+#: a two-step RL run of 2 prompts x 2 completions, 4 denoising steps in blocks of 8
+TINY_RL = ("train.prompts_per_step=2", "train.group_size=2", "train.inner_iterations=1", "rollout.steps=4",
+           "rollout.block_length=8")
+
+
 @pytest.fixture(autouse=True)
 def _threads():
     torch.set_num_threads(TEST_THREADS)

@@ -2,9 +2,9 @@
 import json
 
 from maskrl.cli import main
+from conftest import TINY_CLI
 
-TINY = ["--set", "model.tiny.hidden_size=32", "--set", "model.tiny.num_layers=1", "--set", "model.tiny.num_heads=2",
-        "--set", "model.tiny.intermediate_size=64", "--set", "task.train_size=64", "--set", "task.eval_limit=8"]
+TINY = TINY_CLI
 
 
 def test_sft_train_resume_eval_generate(tmp_path, capsys):

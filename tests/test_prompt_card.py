@@ -17,9 +17,9 @@ from maskrl.models.loading import parse_dtype
 from maskrl.pipeline import PROMPT_CARD, read_prompt_card, save_prompt_card
 from maskrl.sampling import SamplerConfig
 from maskrl.tasks import get_task
+from conftest import TINY_MODEL, cli_sets
 
-TINY = ["--set", "model.tiny.hidden_size=32", "--set", "model.tiny.num_layers=1", "--set", "model.tiny.num_heads=2",
-        "--set", "model.tiny.intermediate_size=64", "--set", "task.train_size=32"]
+TINY = cli_sets(*TINY_MODEL, "task.train_size=32")
 
 
 @pytest.fixture(scope="module")

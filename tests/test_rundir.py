@@ -17,17 +17,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import write_sudoku_csv
+from conftest import TINY_CLI, TINY_RL, cli_sets, write_sudoku_csv
 from maskrl import rundir
 from maskrl.cli import build_parser, main
 from maskrl.models import build_tiny, save_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = str(ROOT / "tests" / "plugins" / "slow_task.py")
-TINY = ["--set", "model.tiny.hidden_size=32", "--set", "model.tiny.num_layers=1", "--set", "model.tiny.num_heads=2",
-        "--set", "model.tiny.intermediate_size=64", "--set", "task.train_size=64", "--set", "task.eval_limit=8"]
-SMALL = ["--set", "train.prompts_per_step=2", "--set", "train.group_size=2", "--set", "train.inner_iterations=1",
-         "--set", "rollout.steps=4", "--set", "rollout.block_length=8"]
+TINY = TINY_CLI
+SMALL = cli_sets(*TINY_RL)
 
 
 def train_args(run, *more):

@@ -7,12 +7,9 @@ import pytest
 
 from maskrl.cli import main
 from maskrl.config import ConfigError
+from conftest import TINY_CLI, TINY_RL, cli_sets
 
-TINY = ["--set", "model.tiny.hidden_size=32", "--set", "model.tiny.num_layers=1", "--set", "model.tiny.num_heads=2",
-        "--set", "model.tiny.intermediate_size=64", "--set", "task.train_size=64", "--set", "task.eval_limit=8",
-        "--set", "train.prompts_per_step=2", "--set", "train.group_size=2", "--set", "train.inner_iterations=1",
-        "--set", "rollout.steps=4", "--set", "rollout.block_length=8", "--set", "eval.steps=4",
-        "--set", "eval.block_length=8", "--set", "train.steps=2", "--set", "train.report_to=[]"]
+TINY = TINY_CLI + cli_sets(*TINY_RL, "eval.steps=4", "eval.block_length=8", "train.steps=2", "train.report_to=[]")
 
 
 def _train(tmp_path, *extra):
