@@ -410,7 +410,7 @@ def write_doc(path: Path, table: str, marks: tuple[str, str] = (BEGIN, END)) -> 
 def markdown(summary: list[dict], out: Path = OUT, runs: dict | None = None) -> str:
     """The table of :func:`summarize`, one section per task, headed by the command that regenerates
     it from record file ``out``; for a file other than :data:`OUT`, also the ``--set`` overrides its
-    ``runs`` were recorded with (one line per distinct list)."""
+    ``runs`` were recorded with (one line per task and distinct list)."""
     rel = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
     default = out.resolve() == OUT.resolve()
     cmd = "python benchmarks/controlled_table.py --summary" + ("" if default else f" --out {rel}")
@@ -422,8 +422,8 @@ def markdown(summary: list[dict], out: Path = OUT, runs: dict | None = None) -> 
              "the run (step 0 = the SFT model); *reach* the first evaluated step where the seed-mean validation curve "
              "reaches the base's final accuracy (*not reached*: at no evaluated step).", ""]
     if not default:
-        for ov in sorted({tuple(r.get("overrides", ())) for r in (runs or {}).values()}):
-            lines += ["Overrides over the base recipe: " + (" ".join(f"`{o}`" for o in ov) or "none") + ".", ""]
+        for task, ov in sorted({(r.get("task", "?"), tuple(r.get("overrides", ()))) for r in (runs or {}).values()}):
+            lines += [f"Overrides over the {task} base recipe: " + (" ".join(f"`{o}`" for o in ov) or "none") + ".", ""]
     for task in sorted({e["task"] for e in summary}):
         rows = [e for e in summary if e["task"] == task]
         extra = "cell_accuracy" if any("cell_accuracy" in e.get("val", {}) for e in rows) else "mean_reward"

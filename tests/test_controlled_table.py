@@ -125,9 +125,10 @@ def test_each_record_file_has_its_own_block(tmp_path):
     ct.write_doc(doc, "gpu table, again\n", other)
     text = doc.read_text()
     assert f"{ct.BEGIN}\ncpu table\n{ct.END}" in text and "gpu table, again" in text and "gpu table\n" not in text
-    runs = {"a": {"overrides": ["train.lr=2e-4", "train.steps=65"]}}
+    runs = {"a": {"task": "sudoku", "overrides": ["train.lr=2e-4", "train.steps=65"]}}
     head = ct.markdown([], ct.ROOT / "results" / "other.json", runs)
-    assert "--summary --out results/other.json" in head and "`train.lr=2e-4` `train.steps=65`" in head
+    assert "--summary --out results/other.json" in head
+    assert "Overrides over the sudoku base recipe: `train.lr=2e-4` `train.steps=65`." in head
     assert "--out" not in ct.markdown([], ct.OUT).split("\n\n")[1]
 
 
