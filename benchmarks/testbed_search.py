@@ -93,6 +93,9 @@ PILOTS: dict[str, tuple] = {
                                           + _PM0 + ["train.prompts_per_step=8", "train.steps=65"]),
     "sud_lr2e-4_w10_pm0_p12g4_s65": ("sudoku", _SUD + ["train.lr=2e-4", "train.warmup_steps=10"] + _PM0
                                      + ["train.prompts_per_step=12", "train.group_size=4", "train.steps=65"]),
+    # DiSPO steadied the recipe's spread over seeds (controlled_table_r3): does it hold the lr the base swings at?
+    "sud_dispo_lr3e-4_w10_pm0_p8_s65": ("sudoku", _SUD + ["train.lr=3e-4", "train.warmup_steps=10"] + _PM0
+                                        + ["train.prompts_per_step=8", "train.steps=65"], "dispo@diffu_grpo_state"),
     # the model's size (issue 22's unmeasured lever): Countdown on a 256-wide model, its own SFT-1000 checkpoint
     "cd_w256_lr2e-4_w10_pm0_p8_s65": ("countdown", ["sft.steps=1000", "model.tiny.hidden_size=256",
                                                     "model.tiny.intermediate_size=768", "train.lr=2e-4",
