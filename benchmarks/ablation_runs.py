@@ -43,6 +43,21 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
+def differences(d: list[float]) -> dict:
+    """Differences ``d`` (one per seed, e.g. cell − base or final − SFT): their mean, 95 % t-interval
+    (:func:`t_interval`) and how many are above / below zero."""
+    m, lo, hi = t_interval(d)
+    return {"mean": m, "ci95": [lo, hi], "positive": sum(x > 0 for x in d), "negative": sum(x < 0 for x in d)}
+
+
+def format_differences(x: dict | None) -> str:
+    """``+m [+lo, +hi] (p+/n−)`` for a :func:`differences` dict; ``–`` for none."""
+    if not x:
+        return "–"
+    lo, hi = x["ci95"]
+    return f"{x['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({x['positive']}+/{x['negative']}−)"
+
+
 def load_results(path: Path, must_exist: bool = False) -> dict:
     """The results file at ``path`` (``{"runs": {...}, ...}``); an empty one when it does not exist
     (unless ``must_exist``).

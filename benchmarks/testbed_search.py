@@ -149,7 +149,7 @@ def markdown(table: list[dict]) -> str:
 def seed_summary(table: list[dict]) -> str:
     """Markdown: per pilot run with several seeds, the final − SFT change as a mean with its 95 %
     t-interval over seeds, the seeds above / below zero, and the mean RL CPU seconds ('' if none)."""
-    from ablation_runs import t_interval
+    from ablation_runs import differences, format_differences
 
     by: dict[str, list[dict]] = {}
     for r in table:
@@ -158,10 +158,9 @@ def seed_summary(table: list[dict]) -> str:
     for name, rows in by.items():
         if len(rows) < 2:
             continue
-        m, lo, hi = t_interval([r["change"] for r in rows])
-        pos, neg = sum(r["change"] > 0 for r in rows), sum(r["change"] < 0 for r in rows)
+        change = format_differences(differences([r["change"] for r in rows]))
         cpu = sum(r["rl_cpu_seconds"] for r in rows) / len(rows)
-        lines.append(f"| `{name}` | {len(rows)} | {m:+.3f} [{lo:+.3f}, {hi:+.3f}] ({pos}+/{neg}−) | {cpu:.0f} |")
+        lines.append(f"| `{name}` | {len(rows)} | {change} | {cpu:.0f} |")
     if not lines:
         return ""
     return ("| pilot | seeds | final − SFT, 95 % t-interval (seeds +/−) | mean RL CPU s |\n| --- | --- | --- | --- |\n"
