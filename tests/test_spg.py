@@ -368,8 +368,8 @@ def test_spg_public_is_validated():
 
 
 def test_a_trainer_step_with_spgs_released_scheme(tmp_path):
-    """The README's line for SPG's released code builds and trains: spg_public masking (2 distinct
-    blocks of 2, clean-token perturbation) and length-weighted (token_mean) aggregation."""
+    """The line for SPG's released code in docs/credit_methods.md builds and trains: spg_public masking
+    (2 distinct blocks of 2, clean-token perturbation) and length-weighted (token_mean) aggregation."""
     from conftest import OddChars, fresh_tiny, small_cfg
     from maskrl.tasks.base import Example
     from maskrl.trainer import RLTrainer

@@ -114,7 +114,7 @@ def test_demo_writes_per_row_results_and_paired_summary(tmp_path, capsys):
     assert "McNemar p" in capsys.readouterr().out
     card = json.loads((out / "model" / "maskrl_prompt.json").read_text())
     assert card["prompt_template"] == "{puzzle}=" and card["eval_sampler"]["steps"] == 16
-    # the README's command on the saved model reproduces the demo's final evaluation, row by row
+    # docs/demo.md's eval command on the saved model reproduces the demo's final evaluation, row by row
     from maskrl.cli import main
 
     assert main(["eval", "--model", str(out / "model"), "--task", "sudoku4x4", "--data", str(data),
