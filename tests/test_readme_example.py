@@ -1,4 +1,5 @@
-"""The README's "Extending maskrl" credit module is real code: load it as a plug-in and train with it."""
+"""The README's code is real: its "Library in five lines" runs as written, and its "Extending maskrl"
+credit module loads as a plug-in and trains."""
 from __future__ import annotations
 
 import re
@@ -15,9 +16,15 @@ from conftest import OddChars
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_readme_credit_module_runs_as_a_plugin(tmp_path):
+def _example(name: str) -> str:
     text = README.read_text(encoding="utf-8")
-    code = re.search(r"<!-- example: credit module -->\n```python\n(.*?)```", text, re.S).group(1)
+    m = re.search(rf"<!-- example: {name} -->\n```python\n(.*?)```", text, re.S)
+    assert m, f"README.md has no python block after <!-- example: {name} -->"
+    return m.group(1)
+
+
+def test_readme_credit_module_runs_as_a_plugin(tmp_path):
+    code = _example("credit module")
     assert len(code.strip().splitlines()) <= 30
     plugin = tmp_path / "my_credit.py"
     plugin.write_text(code)
@@ -37,3 +44,16 @@ def test_readme_credit_module_runs_as_a_plugin(tmp_path):
     assert batch.metrics["low_confidence/w_max"] > 1.0
     m = tr.optimize(batch)
     assert "base/policy_loss" in m
+
+
+def test_readme_library_example_runs_as_written():
+    code = _example("library")
+    statements = [ln for ln in code.splitlines() if ln.strip() and not ln.lstrip().startswith(("from ", "import "))]
+    assert len(statements) <= 5, statements  # "five lines": the imports aside
+    scope: dict = {}
+    exec(compile(code, "README.md (library example)", "exec"), scope)
+    ro = scope["rollout"]
+    assert ro.commit_step.shape == ro.commit_prob.shape == (1, 16)
+    # a fixed schedule of 16 steps over 16 positions commits one token per step, each exactly once
+    assert sorted(ro.commit_step[0].tolist()) == list(range(16))
+    assert bool(((ro.commit_prob > 0) & (ro.commit_prob <= 1)).all())
