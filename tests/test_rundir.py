@@ -313,6 +313,10 @@ def test_resume_changes_classifies_keys_and_gives_the_lr_jump():
     safe, unsafe = change(train__steps=100)
     assert safe == [] and len(unsafe) == 1 and "1.67e-05 -> 5e-05" in unsafe[0] and "step 51" in unsafe[0]
     assert "nothing left to train" in change(train__steps=40)[1][0]
+    # at step 0 (a run that saved no checkpoint, started again) every rate is still ahead: safe
+    new = json.loads(json.dumps(base))
+    new["train"]["steps"] = 100
+    assert rundir.resume_changes(base, new, step=0) == (["train.steps: 60 -> 100"], [])
     base["train"]["lr_scheduler"] = "constant_with_warmup"  # the rate does not depend on steps
     assert change(train__steps=100) == (["train.steps: 60 -> 100"], [])
     assert rundir.config_diff({"a": {"b": 1}}, {"a": {"c": 2}}) == {"a.b": (1, "<absent>"), "a.c": ("<absent>", 2)}
