@@ -89,5 +89,50 @@ def test_gdpo_kl_and_per_token_advantages():
     assert GDPO()(logp, logp, None, torch.tensor([[1.0, 3.0]]), m).loss.item() == pytest.approx(-2.0)
 
 
+def test_gdpo_clip_frac_counts_tokens_where_the_sequence_clip_binds():
+    """ε = 0.2. Sequence 0: ρ = e^0.2 = 1.2214 > 1.2 with per-token A = (+1, −1, +1): the clip binds on
+    the two positive tokens (2/3). Sequence 1: ρ = e^−0.3 = 0.741 < 0.8 with A = (−1, +1): binds on
+    the negative one (1/2). Sequence 2: ρ = e^0.5 > 1.2 with A = −1 everywhere: the unclipped term is the
+    min, nothing binds. clip_frac = (2/3 + 1/2 + 0)/3; a 0-token row counts 0."""
+    old = torch.zeros(4, 3)
+    logp = torch.tensor([[0.2, 0.2, 0.2], [-0.3, -0.3, 9.0], [0.5, 0.5, 0.5], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False], [True, True, True], [False, False, False]])
+    adv = torch.tensor([[1.0, -1.0, 1.0], [-1.0, 1.0, 5.0], [-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
+    out = GDPO(clip_eps=0.2)(logp, old, None, adv, mask, normalizer=4)
+    assert out.metrics["clip_frac"] == pytest.approx((2 / 3 + 1 / 2) / 4, rel=1e-6)
+    # a slow loop over sequences and tokens
+    total = 0.0
+    for n in range(4):
+        toks = [i for i in range(3) if mask[n, i]]
+        if not toks:
+            continue
+        rho = math.exp(sum(float(logp[n, i] - old[n, i]) for i in toks) / len(toks))
+        hit = sum(1 for i in toks if (rho > 1.2 and adv[n, i] > 0) or (rho < 0.8 and adv[n, i] < 0))
+        total += hit / len(toks)
+    assert out.metrics["clip_frac"] == pytest.approx(total / 4, rel=1e-6)
+
+
+def test_gdpo_and_wd1_kl_stay_finite_on_a_large_log_ratio():
+    """A sequence whose mean log-ratio to the reference is 100 (GDPO) / a token at 100 (wd1): the k3
+    term is held at e^20 − 21 instead of overflowing, and ``kl_clamp_frac`` counts it."""
+    logp = torch.tensor([[-101.0, -101.0], [-1.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.0], [-1.0, -2.0]])
+    m = torch.ones(2, 2, dtype=torch.bool)
+    out = GDPO(beta=0.1)(logp, logp.detach(), ref, torch.zeros(2, 2), m)
+    assert torch.isfinite(out.loss)
+    assert out.metrics["kl"] == pytest.approx((math.exp(20) - 21) / 2, rel=1e-6)
+    assert out.metrics["kl_clamp_frac"] == pytest.approx(0.5)
+    out.loss.backward()
+    assert torch.isfinite(logp.grad).all()
+    lp = torch.tensor([[-101.0, -1.0], [-1.0, -2.0]], requires_grad=True)
+    for agg, frac in (("seq_sum", (1 / 2 + 0) / 2), ("seq_mean", (1 / 2 + 0) / 2), ("token_mean", 1 / 4)):
+        out = WD1(beta=0.1, aggregation=agg)(lp, None, ref, torch.zeros(2, 2), m)
+        assert torch.isfinite(out.loss) and out.metrics["kl_clamp_frac"] == pytest.approx(frac), agg
+    # micro-batches with the global normaliser sum to the whole batch's share
+    parts = [WD1(beta=0.1)(lp[i:i + 1], None, ref[i:i + 1], torch.zeros(1, 2), m[i:i + 1], normalizer=2)
+             for i in range(2)]
+    assert sum(p.metrics["kl_clamp_frac"] for p in parts) == pytest.approx(0.25)
+
+
 def test_registered():
     assert {"wd1", "gdpo", "diffu_grpo"} <= set(OBJECTIVES.names())

@@ -478,6 +478,6 @@ def test_step_term_kl_and_tokens_after_the_stop_are_fields(tiny, tmp_path):
     assert t0.objective.beta == 0.04 and DiSPO(beta=0.0).step_term(_batch(ro), ctx)[0].objective.beta == 0.0
     # in a trainer step: the KL is logged under step/ and needs the reference; β = 0 logs none
     _, m = _run(tmp_path, "[{name: dispo, z: 2, timing: uniform}]", objective="spg", likelihood="spg_bounds")
-    assert "step/kl" in m and m["step/kl"] >= 0
+    assert "step/kl" in m and m["step/kl"] >= 0 and m["step/kl_clamp_frac"] == 0.0
     _, m0 = _run(tmp_path, "[{name: dispo, z: 2, timing: uniform, beta: 0.0}]", objective="spg", likelihood="spg_bounds")
     assert "step/kl" not in m0

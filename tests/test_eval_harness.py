@@ -231,13 +231,75 @@ def test_resume_skips_finished_ids(tmp_path, monkeypatch, reference, model_dir, 
     for L in LENGTHS:
         assert (out / f"samples_L{L}.jsonl").read_bytes() == (ref_out / f"samples_L{L}.jsonl").read_bytes()
 
-    # a finished folder generates nothing on resume; without --resume everything is redone
+    # a finished folder generates nothing on resume; --overwrite redoes everything
     spy = Spy()
     monkeypatch.setattr(ev, "complete", spy)
     harness(model_dir, data_csv, out, resume=True)
     assert spy.calls == []
-    harness(model_dir, data_csv, out)
+    harness(model_dir, data_csv, out, overwrite=True)
     assert len(spy.prompts(32)) == len(spy.prompts(64)) == N_ROWS
+
+
+def test_rerun_without_resume_keeps_finished_samples(tmp_path, monkeypatch, reference, model_dir, data_csv, capsys):
+    """The same evaluation again into the same folder, without --resume: refused, naming each file
+    and its rows, before any generation; nothing is touched. An interrupted first run (some rows on
+    disk) is protected the same way. Another length into the same folder is not blocked by them."""
+    out = tmp_path / "out"
+    shutil.copytree(reference[0], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    spy = Spy(fake=lambda p: "")
+    monkeypatch.setattr(ev, "complete", spy)
+    with pytest.raises(ValueError) as err:
+        harness(model_dir, data_csv, out)
+    msg = str(err.value)
+    assert f"{out / 'samples_L32.jsonl'} (6 rows), {out / 'samples_L64.jsonl'} (6 rows)" in msg
+    assert "--resume to keep them" in msg and "--overwrite to discard them" in msg and "another --out" in msg
+    assert spy.calls == [] and {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # an interrupted run: 2 rows of L = 32 on disk
+    part = tmp_path / "part"
+    monkeypatch.setattr(ev, "complete", Spy(fail_on_call=2))
+    with pytest.raises(Interrupted):
+        harness(model_dir, data_csv, part)
+    with pytest.raises(ValueError, match=r"samples_L32\.jsonl \(2 rows\); pass --resume"):
+        harness(model_dir, data_csv, part)
+    assert len(rows_of(part / "samples_L32.jsonl")) == 2
+    # through the CLI: one line, exit 2
+    argv = ["eval", "--model", str(model_dir), "--task", "sudoku4x4", "--gen-length", "32,64", "--batch-size", "2",
+            "--data", str(data_csv), "--out", str(out), "--device", "cpu", "--prompt-template", TEMPLATE]
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "already holds finished samples" in capsys.readouterr().err
+    # a length not evaluated there yet goes ahead and leaves the others alone
+    monkeypatch.setattr(ev, "complete", Spy(fake=lambda p: ""))
+    harness(model_dir, data_csv, out, gen_lengths=[96])
+    assert (out / "samples_L32.jsonl").read_bytes() == before["samples_L32.jsonl"]
+
+
+def test_length_errors_say_where_each_value_came_from(tmp_path, data_csv):
+    """No --gen-length and no prompt card (or one for another task): the message names the default
+    lengths as the default, never as a flag the user did not give."""
+    from maskrl.pipeline import save_prompt_card
+
+    small = save_model(build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=300),
+                       tmp_path / "small")
+    kw = dict(task_name="sudoku4x4", data_path=data_csv, device="cpu", progress=False, prompt_template=TEMPLATE)
+    with pytest.raises(ValueError) as err:
+        run_harness(model=small, out_dir=tmp_path / "a", **kw)
+    msg = str(err.value)
+    assert "gen_length 512 leaves no room" in msg and "--gen-length 512" not in msg
+    assert "the largest of the default lengths 128,256,512 (no --gen-length was given; the model has no prompt card)" in msg
+    save_prompt_card(small, get_task("countdown"), False, SamplerConfig(16, 16, 16))
+    with pytest.raises(ValueError, match=r"default lengths 128,256,512 \(no --gen-length was given; prompt card: "
+                                         r".*maskrl_prompt.json \(for task 'countdown': ignored\)\)"):
+        run_harness(model=small, out_dir=tmp_path / "b", **kw)
+    with pytest.raises(ValueError, match=r"gen_length 512 was given with --gen-length$"):
+        run_harness(model=small, out_dir=tmp_path / "c", gen_lengths=[512], block_length=32, **kw)
+    # sampler settings: each value with its origin
+    with pytest.raises(ValueError, match=r"gen_length 128 \(default\), block_length 48 \(--block-length\), "
+                                         r"steps 64 \(default; prompt card: .*ignored\)\): gen_length \(=128\) must "
+                                         r"be a multiple"):
+        run_harness(model=small, out_dir=tmp_path / "d", block_length=48, **kw)
+    assert not any((tmp_path / d).exists() for d in "abcd")
 
 
 @pytest.mark.parametrize("case, match", [

@@ -254,3 +254,88 @@ def test_reward_one_box_per_value_and_digit_spacing():
     assert task.reward([""] * len(comps), comps, answer=golds) == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
     # a gold answer written with spacing reads the same
     assert task.reward([""], ["\\boxed{12345}"], answer=["12\\,345"]) == [1.0]
+
+
+# --- numbers are compared relatively: a wrong number never scores 1 ------------------------------
+
+WRONG_NUMBERS = [
+    (".0000672", "0.0000673"), (".0000672", "0.0000670"), (".0000672", "6.73\\times10^{-5}"),  # tiny decimals
+    ("-0.0000672", "-0.0000673"), ("2.5 \\cdot 10^{-8}", "0.000000026"),
+    ("\\frac{1}{2^{99}}", "\\frac{1}{2^{98}}"), ("\\frac{1}{2^{300}}", "\\frac{1}{2^{299}}"),    # tiny exact values
+    ("10^{-20}", "10^{-21}"), ("\\frac{1}{10^{20}}", "\\frac{1}{10^{21}}"), ("e^{-40}", "e^{-41}"),
+    ("\\sqrt{2}\\cdot 10^{-30}", "\\sqrt{3}\\cdot 10^{-30}"),
+    ("2^{99}", "2^{98}"), ("2^{99}", "633825300114114700748351602689"),                      # huge values
+    ("6.02\\times10^{23}", "6.03\\times10^{23}"),
+    ("3.14159265358979", "3.14159265358978"), ("1.2345678901234567891", "1.2345678901234567899"),  # many digits
+    ("\\pi", "3.14159"), ("\\frac{2}{3}", "0.666666"), ("0", "0.0000001"),
+    ("0.0672\\%", "0.0673\\%"),                                                              # percentages
+    ("x=0.0000672", "0.0000673"), ("x<10^{-20}", "x<10^{-21}"), ("x+10^{-20}", "x+10^{-21}"),   # in structures
+    ("(0.0000672, 1)", "(0.0000673, 1)"), ("\\{0.0000672, 1\\}", "\\{1, 0.0000673\\}"), ("[0.0000672, 1]", "[0.0000673, 1]"),
+    ("\\begin{pmatrix}0.0000672\\\\1\\end{pmatrix}", "\\begin{pmatrix}0.0000673\\\\1\\end{pmatrix}"),
+]
+RIGHT_NUMBERS = [
+    (".0000672", "0.0000672"), (".0000672", "6.72\\times10^{-5}"), (".0000672", "\\frac{21}{312500}"),
+    ("-0.0000672", "-.0000672"), ("2.5 \\cdot 10^{-8}", "0.000000025"),
+    ("\\frac{1}{2^{99}}", "2^{-99}"), ("\\frac{1}{10^{20}}", "10^{-20}"), ("e^{-40}", "e^{-40}"),
+    ("\\sqrt{2}\\cdot 10^{-30}", "\\sqrt{8}\\cdot 10^{-30}/2"),
+    ("2^{99}", "633825300114114700748351602688"), ("6.02\\times10^{23}", "6.02\\times10^{23}"),
+    ("3.14159265358979", "\\pi"), ("\\pi", "3.141593"), ("\\frac{1}{3}", "0.333333"), ("\\frac{2}{3}", "0.666667"),
+    ("\\frac{\\sqrt{2}}{2}", "0.707107"), ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"), ("15.975", "\\frac{639}{40}"),
+    ("0.5", "50\\%"), ("50\\%", "50"), ("50\\%", "0.5"), ("10\\%", "0.1"), ("0.0672\\%", "0.0672\\%"),
+    ("x=0.0000672", "0.0000672"), ("x<10^{-20}", "10^{-20}>x"), ("x+10^{-20}", "10^{-20}+x"),
+    ("(0.0000672, 1)", "(0.0000672, 1)"), ("\\{0.0000672, 1\\}", "\\{1, 0.0000672\\}"),
+    ("\\sin^2 x+\\cos^2 x", "1"), ("5", "x=5"), ("1000", "1,000"),
+]
+
+
+@pytest.mark.parametrize("gold,answer", WRONG_NUMBERS)
+def test_a_wrong_number_never_equals_the_gold(gold, answer):
+    assert not math_equal(gold, answer)
+
+
+@pytest.mark.parametrize("gold,answer", RIGHT_NUMBERS)
+def test_equal_numbers_stay_equal(gold, answer):
+    assert math_equal(gold, answer)
+
+
+def test_written_digits_of_gold_answers():
+    from maskrl.mathverify import written_digits
+
+    assert [written_digits(s) for s in [".0000672", "0.0000672", "36.00", "3.14159265358979", "\\frac{1}{2}",
+                                         "100.5, 0.25", "0.000", "12"]] == [3, 3, 4, 15, 0, 4, 0, 0]
+
+
+@pytest.mark.numerics
+def test_numbers_close_is_relative_at_every_magnitude():
+    """A decimal must agree to 6 significant digits: |g − p| ≤ ½·10^(⌊log10|g|⌋ + 1 − 6), by hand at
+    three magnitudes (tolerances 5e-7, 5e-11 and 5e23 -- the same 1.5 ppm of 1/3)."""
+    from sympy import Float, Integer, Rational
+
+    from maskrl.mathverify import numbers_close
+
+    for scale in (Integer(1), Rational(1, 10 ** 4), Integer(10) ** 30):
+        g = Rational(1, 3) * scale
+        inside = Float("0.3333329", 30) * scale   # |g − p| = 0.43e-6 · scale
+        outside = Float("0.3333328", 30) * scale  # |g − p| = 0.53e-6 · scale
+        assert numbers_close(g, inside) and not numbers_close(g, outside), scale
+    # more digits when the gold writes more: 7 digits written, half a unit of the 7th is 5e-8
+    assert numbers_close(Float("0.1234567", 30), Float("0.12345674", 30), digits=7)
+    assert not numbers_close(Float("0.1234567", 30), Float("0.12345676", 30), digits=7)
+    # exact values are equal only when they are the same number, however close
+    assert not numbers_close(Integer(2) ** 200, Integer(2) ** 200 + 1)
+    assert not numbers_close(Rational(1, 2 ** 99), Rational(1, 2 ** 98))
+    assert numbers_close(Integer(2) ** 200, Integer(2) ** 200)
+
+
+def test_math500_row_with_a_tiny_gold_value_scores_only_the_right_answer():
+    """MATH-500 row 176 (gold '.0000672', 21/(2^2·5^7) as a decimal): neighbours of the right value
+    score 0 in both answer forms, the value itself (as a decimal or a fraction) 1."""
+    rows = MATH500().load(_data("math500/test.jsonl"))
+    row = rows[176]
+    assert row.fields["answer"] == ".0000672"
+    comps = ["\\boxed{0.0000673}", "\\boxed{0.0000670}", "\\boxed{0.0000672}", "\\boxed{\\frac{21}{312500}}",
+             "\\boxed{6.72 \\times 10^{-5}}"]
+    for form in ("value", "strict"):
+        task = MATH500(answer_form=form)
+        got = task.score_examples([row] * len(comps), comps)
+        assert got == [0.0, 0.0, 1.0, 1.0, 1.0], form

@@ -51,6 +51,8 @@ def test_train_refuses_a_folder_holding_another_run_until_resume_or_overwrite(tm
     assert main(train_args(run, "--set", "train.steps=1")) == 2
     err = capsys.readouterr().err
     assert "holds another run" in err and "--resume" in err and "--overwrite" in err and "output_dir=DIR" in err
+    assert "metrics.jsonl (2 steps logged)" in err and "latest checkpoint step_2" in err
+    assert "--resume to continue it from step 2" in err
     assert err.count("\n") == 1  # one line
     assert {p: (run / p).read_bytes() for p in before} == before  # nothing touched
     assert not (run / rundir.LOCK_FILE).exists()  # the lock is released on the error too
@@ -62,6 +64,51 @@ def test_train_refuses_a_folder_holding_another_run_until_resume_or_overwrite(tm
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_1"]
     assert (run / "notes.txt").read_text() == "mine"  # only maskrl's own files are removed
     assert main(train_args(run, "--resume", "--overwrite")) == 2
+
+
+def test_a_run_that_crashed_before_its_first_checkpoint(tmp_path, capsys, monkeypatch):
+    """A run that stopped before saving any checkpoint: the refusal says so and offers what works
+    (--overwrite, another folder, or --resume, which starts that run again from step 0); --resume
+    does that, says so, replaces the dead attempt's logs and records both attempts; a changed setting
+    is refused unless --force; --resume on a folder with no run at all is an error."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from maskrl.trainer import RLTrainer
+
+    run = tmp_path / "run"
+
+    def crash(self, path):
+        raise OSError("No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(RLTrainer, "save_checkpoint", crash)
+        assert main(train_args(run, "--set", "train.steps=2")) == 2
+    assert not (run / "checkpoints").exists() and steps_of(run / "metrics.jsonl") == [1, 2]
+    capsys.readouterr()
+    assert main(train_args(run, "--set", "train.steps=2")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "holds a run that saved no checkpoint (config.json, configs.jsonl, metrics.jsonl (2 steps logged), tb)" in err
+    assert "nothing to continue" in err and "--overwrite to replace it" in err and "output_dir=DIR" in err
+    assert "--resume to start that run again from step 0" in err and "continue it" not in err
+    # a changed setting: refused, naming it and the ways out
+    assert main(train_args(run, "--set", "train.steps=2", "--set", "train.lr=1e-2", "--resume")) == 2
+    err = capsys.readouterr().err
+    assert "saved no checkpoint" in err and "train.lr: 0.0002 -> 0.01" in err and "--force" in err and "--overwrite" in err
+    time.sleep(1.1)  # TensorBoard orders event files by their start second (see the resume test)
+    assert main(train_args(run, "--set", "train.steps=3", "--resume")) == 0
+    err = capsys.readouterr().err
+    assert "has no checkpoint" in err and "starting it again from step 0" in err and "train.steps: 2 -> 3" in err
+    assert steps_of(run / "metrics.jsonl") == [1, 2, 3]  # the dead attempt's rows are replaced, not kept
+    acc = EventAccumulator(str(run / "tb" / "maskrl"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward")] == [1, 2, 3]
+    assert [(h["event"], h["step"], h["checkpoint"]) for h in rundir.config_history(run)] == [
+        ("start", 0, None), ("restart", 0, None)]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_3"]
+    # nothing at all to resume: an error (a mistyped output_dir must not start a run silently)
+    assert main(train_args(tmp_path / "typo", "--resume")) == 2
+    assert "holds no run to resume" in capsys.readouterr().err
 
 
 def test_train_refuses_an_initial_model_inside_its_own_output_folder(tmp_path, capsys):
@@ -95,7 +142,7 @@ def test_prepare_run_dir_removes_only_run_files_and_keeps_the_sft_cache(tmp_path
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     (tmp_path / "tb").mkdir()
     (tmp_path / "other.txt").write_text("x")
-    with pytest.raises(rundir.RunDirError, match=r"holds another run \(metrics.jsonl, tb\); pass --overwrite to replace"):
+    with pytest.raises(rundir.RunDirError, match=r"holds another run \(metrics.jsonl \(1 step logged\), tb\); pass --overwrite to replace"):
         rundir.prepare_run_dir(tmp_path, overwrite=False, other="--set output_dir=DIR", resume_flag=None)
     rundir.prepare_run_dir(tmp_path, overwrite=True, other="--set output_dir=DIR")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.txt", "sft-cache"]
@@ -266,6 +313,10 @@ def test_resume_changes_classifies_keys_and_gives_the_lr_jump():
     safe, unsafe = change(train__steps=100)
     assert safe == [] and len(unsafe) == 1 and "1.67e-05 -> 5e-05" in unsafe[0] and "step 51" in unsafe[0]
     assert "nothing left to train" in change(train__steps=40)[1][0]
+    # at step 0 (a run that saved no checkpoint, started again) every rate is still ahead: safe
+    new = json.loads(json.dumps(base))
+    new["train"]["steps"] = 100
+    assert rundir.resume_changes(base, new, step=0) == (["train.steps: 60 -> 100"], [])
     base["train"]["lr_scheduler"] = "constant_with_warmup"  # the rate does not depend on steps
     assert change(train__steps=100) == (["train.steps: 60 -> 100"], [])
     assert rundir.config_diff({"a": {"b": 1}}, {"a": {"c": 2}}) == {"a.b": (1, "<absent>"), "a.c": ("<absent>", 2)}

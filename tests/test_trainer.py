@@ -165,7 +165,7 @@ def test_metrics_do_not_depend_on_micro_batching(tmp_path, likelihood):
     batch = trainers[0].collect()
     assert batch.advantages.abs().sum() > 0
     metrics = [tr.optimize(batch) for tr in trainers]
-    keys = {"base/policy_loss", "base/kl", "base/clip_frac", "base/ratio_mean", "grad_norm"}
+    keys = {"base/policy_loss", "base/kl", "base/kl_clamp_frac", "base/clip_frac", "base/ratio_mean", "grad_norm"}
     assert keys <= metrics[0].keys()
     for m in metrics[1:]:
         assert m.keys() == metrics[0].keys()

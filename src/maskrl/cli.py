@@ -73,6 +73,8 @@ def cmd_train(args) -> int:
     if run["checkpoint"]:
         trainer.load_checkpoint(run["checkpoint"])
         print(f"resumed from {run['checkpoint']} at step {trainer.step_count}")
+    elif run["event"] == "restart":  # the logs of the attempt that saved no checkpoint are replaced
+        trainer.continue_logs_after(0)
     if is_main_process():
         record_config(cfg.output_dir, to_dict(cfg), step=trainer.step_count, **run)
     try:
@@ -423,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
 _INTERRUPT_HINTS = {
     "eval": "; run the same command with --resume to keep the samples already written",
     "demo": "; the demo does not resume: run it again with --overwrite (the SFT cache is kept)",
-    "train": "; the last checkpoint (if any) resumes with the same command plus --resume",
+    "train": "; the same command plus --resume continues from the last checkpoint (or, if none was saved, "
+             "starts the run again from step 0)",
 }
 
 
@@ -449,7 +452,8 @@ def _open_train_run(args, cfg) -> dict:
 
     Raises:
         RunDirError: the folder is in use, holds another run, or the resume changes the run's meaning.
-        FileNotFoundError: ``--resume`` without a checkpoint.
+        FileNotFoundError: ``--resume`` on a folder holding no run (``--resume`` on a run that saved no
+            checkpoint starts it again: :func:`_restart_without_checkpoint`).
     """
     from maskrl import rundir
     from maskrl.trainer import latest_checkpoint, read_checkpoint_state
@@ -467,11 +471,12 @@ def _open_train_run(args, cfg) -> dict:
     run = {"event": "start", "checkpoint": None, "changes": [], "forced": False, "weights": weights}
     if not args.resume:
         if main_proc:
-            rundir.prepare_run_dir(out, overwrite=args.overwrite, other="--set output_dir=DIR", command="maskrl train")
+            rundir.prepare_run_dir(out, overwrite=args.overwrite, other="--set output_dir=DIR", command="maskrl train",
+                                   checkpoint=latest_checkpoint(out))
         return run
     ckpt = Path(args.resume) if args.resume != "latest" else latest_checkpoint(out)
     if ckpt is None:
-        raise FileNotFoundError(f"--resume latest: no checkpoints under {out}/checkpoints")
+        return _restart_without_checkpoint(args, cfg, out, run)
     state = read_checkpoint_state(ckpt)
     step, old = int(state["step"]), state.get("config", {})
     source = ckpt.resolve().parent.parent
@@ -491,6 +496,43 @@ def _open_train_run(args, cfg) -> dict:
         print(f"maskrl train: resuming at step {step} with changed settings ({'forced: ' if unsafe else ''}"
               f"{'; '.join(unsafe + safe)})", file=sys.stderr)
     run.update(event="resume", checkpoint=str(ckpt), changes=unsafe + safe, forced=bool(unsafe))
+    return run
+
+
+def _restart_without_checkpoint(args, cfg, out: Path, run: dict) -> dict:
+    """``maskrl train --resume`` on a folder whose run saved no checkpoint (it stopped before its first
+    save): start that run again from step 0, saying so. Its settings are those of its last record in
+    ``configs.jsonl``; changes are classified as for a resume at step 0 (unsafe ones refused unless
+    ``--force``). Its logs are replaced as a resume at step 0 replaces them (``metrics.jsonl`` rows
+    and TensorBoard events of steps ≥ 1); ``config.json`` and ``configs.jsonl`` are kept, and the new
+    start is recorded as ``"restart"``.
+
+    Raises:
+        FileNotFoundError: ``output_dir`` holds no run at all (nothing to resume; a mistyped folder?).
+        RunDirError: it holds files but no record of the run's settings, or the settings changed.
+    """
+    from maskrl import rundir
+
+    what = rundir.describe_run(out)
+    if not what:
+        raise FileNotFoundError(f"--resume: {out} holds no run to resume (no checkpoint under {out}/checkpoints, "
+                                f"no logs); check output_dir, or start the run without --resume")
+    history = rundir.config_history(out)
+    if not history:
+        raise rundir.RunDirError(f"--resume: {out} holds {what} but no checkpoint and no record of the run's "
+                                 f"settings ({rundir.CONFIG_HISTORY}); pass --overwrite to start a new run there, "
+                                 f"or choose another folder (--set output_dir=DIR)")
+    safe, unsafe = rundir.resume_changes(history[-1].get("config", {}), to_dict(cfg), 0)
+    if unsafe and not args.force:
+        raise rundir.RunDirError(
+            f"--resume: the run in {out} saved no checkpoint; starting it again from step 0 would change its "
+            f"settings: {'; '.join(unsafe)}. Undo these changes, pass --force to restart it with them, or "
+            f"--overwrite to replace it with a new run")
+    if rundir.is_main_process():
+        changed = f" with changed settings ({'; '.join(unsafe + safe)})" if unsafe or safe else ""
+        print(f"maskrl train: --resume: {out} has no checkpoint (the run stopped before its first save; it "
+              f"held {what}); starting it again from step 0{changed}", file=sys.stderr)
+    run.update(event="restart", changes=unsafe + safe, forced=bool(unsafe))
     return run
 
 

@@ -110,19 +110,52 @@ def parse_gen_lengths(gen_lengths: str | int | Sequence[int]) -> list[int]:
     return values
 
 
+#: the ``maskrl eval`` flag of each setting of :func:`resolve_prompt_settings`
+SETTING_FLAGS = {"gen_lengths": "--gen-length", "block_length": "--block-length", "steps": "--steps",
+                 "prompt_template": "--prompt-template", "chat_template": "--chat-template"}
+
+
+def setting_origin(used: dict[str, dict], name: str) -> str:
+    """Where an evaluation setting came from, for messages (``used``: :func:`resolve_prompt_settings`):
+    its flag (``"--gen-length"``), ``"prompt card"`` or ``"default"``."""
+    return {"flag": SETTING_FLAGS.get(name, name), "model card": "prompt card"}.get(used[name]["from"], "default")
+
+
+def _length_origin(used: dict[str, dict], largest: int) -> str:
+    """A sentence saying where the evaluation's largest ``gen_length`` came from (for a length error)."""
+    d, card = used["gen_lengths"], used["card"]["value"]
+    if d["from"] == "flag":
+        return f"gen_length {largest} was given with --gen-length"
+    if d["from"] == "model card":
+        return f"gen_length {largest} comes from the prompt card {card}; choose lengths with --gen-length"
+    why = "the model has no prompt card" if card == "none" else f"prompt card: {card}"
+    lengths = ",".join(str(L) for L in d["value"])
+    return (f"gen_length {largest} is the largest of the default lengths {lengths} (no --gen-length was given; "
+            f"{why}); choose lengths with --gen-length")
+
+
 def harness_samplers(gen_lengths: str | int | Sequence[int] = DEFAULT_GEN_LENGTHS,
-                     block_length: int = DEFAULT_BLOCK_LENGTH, steps: int = 0) -> dict[int, SamplerConfig]:
+                     block_length: int = DEFAULT_BLOCK_LENGTH, steps: int = 0,
+                     used: dict[str, dict] | None = None) -> dict[int, SamplerConfig]:
     """The evaluation sampler of each completion length (SPEC §5): greedy (τ = 0), fixed schedule,
     low-confidence remasking, block ``block_length``, ``steps`` denoising steps (0: ``L/2``).
+
+    Args:
+        gen_lengths, block_length, steps: the settings.
+        used: :func:`resolve_prompt_settings`'s record of where each came from, named in the error
+            (default: each is taken to be its flag's).
 
     Returns:
         ``{L: SamplerConfig}`` in the order given.
 
     Raises:
-        ValueError: before any model is loaded, naming the argument (and its ``maskrl eval`` flag)
-            when ``L`` is not a multiple of ``block_length`` or the steps are not a positive multiple
-            of ``L/block_length`` (SPEC §1.2).
+        ValueError: before any model is loaded, naming each value and where it came from (its
+            ``maskrl eval`` flag, the prompt card or the default) when ``L`` is not a multiple of
+            ``block_length`` or the steps are not a positive multiple of ``L/block_length`` (SPEC §1.2).
     """
+    def origin(name: str) -> str:
+        return setting_origin(used, name) if used is not None else SETTING_FLAGS[name]
+
     out: dict[int, SamplerConfig] = {}
     for L in parse_gen_lengths(gen_lengths):
         s = steps if steps else L // 2
@@ -131,8 +164,9 @@ def harness_samplers(gen_lengths: str | int | Sequence[int] = DEFAULT_GEN_LENGTH
                                    schedule="fixed", remasking="low_confidence")
         except ValueError as e:
             hint = "" if steps else f" (steps defaults to gen_length/2 = {s}; set it with steps / --steps)"
-            raise ValueError(f"gen_length {L} (--gen-length), block_length {block_length} (--block-length), "
-                             f"steps {s} (--steps): {e}{hint}") from None
+            card = f"; prompt card: {used['card']['value']}" if used is not None else ""
+            raise ValueError(f"gen_length {L} ({origin('gen_lengths')}), block_length {block_length} "
+                             f"({origin('block_length')}), steps {s} ({origin('steps')}{card}): {e}{hint}") from None
     return out
 
 
@@ -203,18 +237,29 @@ def _write_lines(path: Path, rows: Sequence[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _check_settings(out: Path, settings: dict, resume: bool, overwrite: bool) -> None:
-    """Check ``out`` before an evaluation writes into it (issue 20).
+def _stored_rows(path: Path) -> int:
+    """Number of non-empty lines of a samples file (0 when there is none)."""
+    if not path.is_file():
+        return 0
+    with open(path, "rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def _check_settings(out: Path, settings: dict, resume: bool, overwrite: bool,
+                    gen_lengths: Sequence[int] = ()) -> None:
+    """Check ``out`` before an evaluation writes into it.
 
     A folder holding a training run (:data:`maskrl.rundir.RUN_FILES`) and no ``settings.json`` is
     refused, ``overwrite`` or not. ``out`` holding samples of other settings (:data:`_RESUME_KEYS`: another model's weights, task,
     data, sampler, template or dtype) is refused, with ``resume`` (its rows would pass for this
     evaluation's) and without (they would be replaced), unless ``overwrite``: then the old files are
-    removed. Same settings without ``resume``: the files are started afresh.
+    removed. Finished samples of the same settings, in the files of ``gen_lengths`` that this
+    evaluation writes, are refused without ``resume`` (they would be discarded) unless ``overwrite``.
 
     Raises:
         ValueError: ``resume`` with ``overwrite``; a run's folder; an unreadable ``settings.json``;
-            other settings without ``overwrite`` (naming each key ``old -> new``).
+            other settings without ``overwrite`` (naming each key ``old -> new``); finished samples
+            without ``resume`` or ``overwrite`` (naming each file and its rows).
     """
     if resume and overwrite:
         raise ValueError("--resume and --overwrite exclude each other")
@@ -241,6 +286,13 @@ def _check_settings(out: Path, settings: dict, resume: bool, overwrite: bool) ->
     if diff:
         raise ValueError(f"{out} holds an evaluation with other settings ({'; '.join(diff)}); pass --overwrite "
                          f"to replace it, or use another --out")
+    finished = [(samples_path(out, L), _stored_rows(samples_path(out, L))) for L in gen_lengths]
+    finished = [(p, n) for p, n in finished if n]
+    if finished and not resume:
+        files = ", ".join(f"{p} ({n} row{'s' if n != 1 else ''})" for p, n in finished)
+        raise ValueError(f"{out} already holds finished samples of this evaluation: {files}; pass --resume to "
+                         f"keep them and generate only the missing rows, --overwrite to discard them and start "
+                         f"afresh, or use another --out")
 
 
 def default_eval_dir(task_name: str, settings: dict) -> Path:
@@ -389,10 +441,11 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
         steps: denoising steps per completion (``0``: ``L/2``); a multiple of ``L/b``.
         batch_size: rows per sampler batch.
         resume: keep the rows already in ``samples_L{L}.jsonl`` (matched by id) and generate only
-            the others; without it the files are started afresh. Either way, a folder holding an
+            the others. Without it, finished samples of this evaluation in ``out_dir`` are refused
+            (naming the files), never discarded silently. Either way, a folder holding an
             evaluation of other weights or settings is refused (see ``overwrite``).
-        overwrite: remove an evaluation of other weights or settings from ``out_dir`` instead of
-            refusing it.
+        overwrite: remove an earlier evaluation from ``out_dir`` (of these or other weights and
+            settings) and start afresh instead of refusing it.
         device: ``"auto"`` (cuda if available), ``"cpu"``, ``"cuda:0"``, ...; ignored for an adapter.
         dtype: parameter dtype name (``"float32"``, ``"bfloat16"``); ignored for an adapter.
         chat_template: apply the tokenizer's chat template when it has one.
@@ -405,9 +458,11 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
 
     Raises:
         ValueError: bad ``gen_lengths`` / ``block_length`` / ``steps`` (checked before the model is
-            loaded), non-positive ``batch_size``, negative ``limit``, a model without a tokenizer, or
-            stored samples of other weights or settings (without ``overwrite``), or (with ``resume``)
-            stored samples that do not belong to this evaluation.
+            loaded; each value named with where it came from), non-positive ``batch_size``, negative
+            ``limit``, a model without a tokenizer, prompts that do not fit the model with the
+            largest length, stored samples of other weights or settings (without ``overwrite``),
+            finished samples of this evaluation (without ``resume`` or ``overwrite``), or (with
+            ``resume``) stored samples that do not belong to this evaluation.
         maskrl.rundir.RunDirError: another process is writing ``out_dir``.
         KeyError: unknown task (listing the valid ones).
         FileNotFoundError: missing model or data file.
@@ -425,7 +480,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     used = resolve_prompt_settings(model, task_name, gen_lengths, block_length, steps, prompt_template, chat_template)
     gen_lengths, block_length, steps, prompt_template, chat_template = (
         used[k]["value"] for k in ("gen_lengths", "block_length", "steps", "prompt_template", "chat_template"))
-    samplers = harness_samplers(gen_lengths, block_length, steps)
+    samplers = harness_samplers(gen_lengths, block_length, steps, used)
     if not isinstance(model, ModelAdapter):
         try:
             parse_dtype(dtype)
@@ -455,8 +510,11 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     templated = bool(chat_template and getattr(adapter.tokenizer, "chat_template", None))
     fmt = prompt_formatter(adapter, chat_template)
     prompts = {ex.id: fmt(ex.prompt) for ex in examples}
-    check_lengths(adapter, list(prompts.values()), max(samplers), "--gen-length",
-                  [f"row {i} of {data_file}" for i in prompts])
+    try:
+        check_lengths(adapter, list(prompts.values()), max(samplers), "gen_length",
+                      [f"row {i} of {data_file}" for i in prompts])
+    except ValueError as e:  # say which gen_length that was and where it came from
+        raise ValueError(f"{e}. {_length_origin(used, max(samplers))}") from None
 
     data_src = file_source(data_file)
     weights = (None if isinstance(model, ModelAdapter) else weights_fingerprint(model)) or weights_fingerprint(adapter)
@@ -465,7 +523,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
                 "dtype": str(adapter.dtype).removeprefix("torch.")}
     out = Path(out_dir) if out_dir is not None else default_eval_dir(task.name, settings)
     with run_lock(out, "maskrl eval"):
-        _check_settings(out, settings, resume, overwrite)
+        _check_settings(out, settings, resume, overwrite, list(samplers))
         write_json(out / SETTINGS_FILE, settings)
         results = []
         was_training = adapter.model.training

@@ -78,8 +78,34 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def logged_steps(folder: str | os.PathLike) -> int:
+    """How many rows ``folder/metrics.jsonl`` holds (0 without one; unreadable lines are not counted)."""
+    path = Path(folder) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    n = 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            n += isinstance(json.loads(line), dict)
+        except json.JSONDecodeError:
+            pass
+    return n
+
+
+def describe_run(folder: str | os.PathLike) -> str:
+    """What ``folder`` holds, for a message: its :data:`RUN_FILES` and, when it has them, how many
+    steps ``metrics.jsonl`` logged (``"config.json, configs.jsonl, metrics.jsonl (3 steps logged), tb"``)."""
+    parts = []
+    for name in run_files(folder):
+        if name == "metrics.jsonl":
+            n = logged_steps(folder)
+            name += f" ({n} step{'s' if n != 1 else ''} logged)"
+        parts.append(name)
+    return ", ".join(parts)
+
+
 def prepare_run_dir(folder: str | os.PathLike, *, overwrite: bool, other: str, resume_flag: str | None = "--resume",
-                    command: str = "maskrl") -> None:
+                    command: str = "maskrl", checkpoint: str | os.PathLike | None = None) -> None:
     """Refuse ``folder`` when it holds another run, unless ``overwrite`` (then its run files go).
 
     Args:
@@ -88,19 +114,32 @@ def prepare_run_dir(folder: str | os.PathLike, *, overwrite: bool, other: str, r
         other: how to choose another folder, for the message (e.g. ``"--set output_dir=DIR"``).
         resume_flag: the command's resume flag, named in the message (``None``: it has none).
         command: the command's name, for the log.
+        checkpoint: the folder's latest complete checkpoint (``checkpoints/step_K``), or ``None`` when
+            it has none; read only with a ``resume_flag``, to say what the flag can do there.
 
     Raises:
-        RunDirError: ``folder`` holds run files and ``overwrite`` is False; one line naming the files
-            found and the flags to use.
+        RunDirError: ``folder`` holds run files and ``overwrite`` is False; one line naming what the
+            folder holds and what is possible: with a checkpoint, ``resume_flag`` continues it from
+            step K; without one, there is nothing to continue (``resume_flag`` starts the same run again
+            from step 0, see ``maskrl train --resume``), so ``--overwrite`` or another folder.
     """
     folder = Path(folder)
     present = run_files(folder)
     if not present:
         return
     if not overwrite:
-        flags = (f"{resume_flag} to continue it, " if resume_flag else "") + "--overwrite to replace it"
-        raise RunDirError(f"{folder} holds another run ({', '.join(present)}); pass {flags}, "
-                          f"or choose another folder ({other})")
+        what = describe_run(folder)
+        if not resume_flag:
+            raise RunDirError(f"{folder} holds another run ({what}); pass --overwrite to replace it, "
+                              f"or choose another folder ({other})")
+        if checkpoint is not None:
+            step = Path(checkpoint).name.removeprefix("step_")
+            raise RunDirError(f"{folder} holds another run ({what}; latest checkpoint {Path(checkpoint).name}); "
+                              f"pass {resume_flag} to continue it from step {step}, --overwrite to replace it, "
+                              f"or choose another folder ({other})")
+        raise RunDirError(f"{folder} holds a run that saved no checkpoint ({what}), so there is nothing to "
+                          f"continue: pass --overwrite to replace it with this run, {resume_flag} to start that "
+                          f"run again from step 0 with its own settings, or choose another folder ({other})")
     for name in present:
         _remove(folder / name)
     log.warning("%s: --overwrite: removed %s from %s", command, ", ".join(present), folder)
@@ -297,7 +336,9 @@ def resume_changes(old: dict, new: dict, step: int) -> tuple[list[str], list[str
         line = f"{key}: {a!r} -> {b!r}"
         if key == "train.steps":
             t_old, t_new = old.get("train", {}), new.get("train", {})
-            if isinstance(b, int) and b <= step:
+            if step == 0 and isinstance(b, int) and b > 0:  # nothing trained yet: every rate is still ahead
+                safe.append(line)
+            elif isinstance(b, int) and b <= step:
                 unsafe.append(f"{line} (the checkpoint is at step {step}: nothing left to train)")
             elif t_new.get("lr_scheduler") in STEP_FREE_SCHEDULES and t_old.get("lr_scheduler") == t_new.get(
                     "lr_scheduler"):
@@ -328,7 +369,8 @@ def record_config(folder: str | os.PathLike, cfg: dict, *, step: int, event: str
         folder: the run folder.
         cfg: the config in force from now on (``to_dict`` form).
         step: the RL step the run starts from (0 for a fresh run).
-        event: ``"start"`` or ``"resume"``.
+        event: ``"start"``, ``"resume"`` or ``"restart"`` (``--resume`` of a run that saved no
+            checkpoint: it starts again from step 0).
         changes: ``"key: old -> new"`` lines of a resume.
         forced: whether unsafe changes were accepted (``--force``).
         checkpoint: the checkpoint resumed from.

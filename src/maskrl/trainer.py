@@ -759,6 +759,12 @@ class RLTrainer:
         self.rollout_gen.set_state(state["rollout_gen"])
         self._follow_schedule(state.get("config", {}).get("train", {}))
 
+    def continue_logs_after(self, step: int) -> None:
+        """Make the next :meth:`log` drop the ``metrics.jsonl`` rows after ``step`` and open TensorBoard
+        with ``purge_step=step + 1``, as after :meth:`load_checkpoint` at that step (``maskrl train
+        --resume`` of a run that saved no checkpoint starts it again with ``step=0``)."""
+        self._resumed_step = int(step)
+
     def _follow_schedule(self, saved: dict) -> None:
         """After a resume, make the learning rate that of *this* run's schedule at the restored step.
 

@@ -1,6 +1,6 @@
 """Base objectives (SPEC §1.5), registered by name: hyper-parameters as dataclass fields, tensors in
 ``__call__`` (protocol and metric rule: :mod:`maskrl.objectives.base`)."""
-from maskrl.objectives.base import Objective, aggregate, kl3
+from maskrl.objectives.base import KL_LOG_RATIO_BOUND, Objective, aggregate, clip_binds, kl3, kl3_clamped
 from maskrl.objectives.diffu_grpo import DiffuGRPO
 from maskrl.objectives.gdpo import GDPO
 from maskrl.objectives.rldf import RLDF
@@ -15,4 +15,5 @@ OBJECTIVES.register("gdpo")(GDPO)
 OBJECTIVES.register("rldf")(RLDF)
 OBJECTIVES.register("spg")(SPG)
 
-__all__ = ["OBJECTIVES", "DiffuGRPO", "GDPO", "RLDF", "SPG", "WD1", "Objective", "aggregate", "kl3"]
+__all__ = ["OBJECTIVES", "DiffuGRPO", "GDPO", "RLDF", "SPG", "WD1", "Objective", "aggregate", "kl3", "kl3_clamped",
+           "clip_binds", "KL_LOG_RATIO_BOUND"]

@@ -56,10 +56,50 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token_me
     raise ValueError(f"aggregation {mode!r} is not one of {AGGREGATIONS}")
 
 
-def kl3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-    """Per-token ``k3`` KL estimate ``exp(ℓ_ref − ℓ) − (ℓ_ref − ℓ) − 1`` (≥ 0), SPEC §1.5."""
-    d = logp_ref - logp
+#: bound ``c`` on the log-ratio ``d = ℓ_ref − ℓ`` inside the k3 KL, applied before ``exp``: the
+#: input clamp of NeMo-RL's ``calculate_kl`` (``input_clamp_value = 20.0``) and of verl's
+#: ``low_var_kl`` (``clamp(kl, -20, 20)``). ``e^20 − 21 ≈ 4.9e8`` is finite in float32 and bfloat16, while
+#: an unclamped ``d = 100`` overflows float32 to ``inf``.
+KL_LOG_RATIO_BOUND = 20.0
+
+
+def kl3(logp: torch.Tensor, logp_ref: torch.Tensor, bound: float = KL_LOG_RATIO_BOUND) -> torch.Tensor:
+    """Per-token ``k3`` KL estimate ``exp(d) − d − 1`` (≥ 0) with ``d = clamp(ℓ_ref − ℓ, −c, c)``
+    (Schulman's k3 estimator of KL(π_θ ‖ π_ref); SPEC §1.5).
+
+    Args:
+        logp: ``[...]`` float, ℓ under θ.
+        logp_ref: same shape, ℓ under the reference.
+        bound: ``c`` (default :data:`KL_LOG_RATIO_BOUND`, 20). Inside ``[−c, c]`` the value is the
+            unclamped k3; outside, the estimate is held at its value at ``±c`` and the token gets no
+            KL gradient (as in NeMo-RL and verl). :func:`kl3_clamped` says where that happens.
+
+    Returns:
+        Tensor of ``logp``'s shape and dtype, finite wherever both inputs are finite (NaN stays NaN).
+    """
+    d = (logp_ref - logp).clamp(-bound, bound)
     return torch.exp(d) - d - 1.0
+
+
+def kl3_clamped(logp: torch.Tensor, logp_ref: torch.Tensor, bound: float = KL_LOG_RATIO_BOUND) -> torch.Tensor:
+    """Bool tensor of ``logp``'s shape: True where ``|ℓ_ref − ℓ| > bound``, i.e. where :func:`kl3`'s
+    clamp binds (logged as ``<term>/kl_clamp_frac``)."""
+    return (logp_ref - logp).detach().abs() > bound
+
+
+def clip_binds(ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float) -> torch.Tensor:
+    """Bool tensor: True where the PPO clip of ``min(ρA, clip(ρ, 1−ε, 1+ε)A)`` takes effect, i.e. the
+    clipped term is the smaller one and the token's gradient is cut: ``ρ > 1 + ε`` with ``A > 0``, or
+    ``ρ < 1 − ε`` with ``A < 0`` (TRL's GRPO ``clip_ratio/region_mean``). A token outside
+    ``[1 − ε, 1 + ε]`` on the other side of its advantage keeps the unclipped term and is not counted.
+
+    Args:
+        ratio: ``[N, L]`` (or ``[N, 1]`` for a sequence ratio) float, ρ.
+        advantages: ``[N, L]`` float, A (broadcast against ``ratio``).
+        clip_eps: ε.
+    """
+    ratio, advantages = ratio.detach(), advantages.detach()
+    return ((ratio > 1 + clip_eps) & (advantages > 0)) | ((ratio < 1 - clip_eps) & (advantages < 0))
 
 
 class Objective:

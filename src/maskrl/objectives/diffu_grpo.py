@@ -5,13 +5,15 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.objectives.base import AGGREGATIONS, Objective, aggregate, kl3
+from maskrl.objectives.base import AGGREGATIONS, Objective, aggregate, clip_binds, kl3, kl3_clamped
 from maskrl.types import LossOutput
 
 
 @dataclass(frozen=True)
 class DiffuGRPO(Objective):
-    """``L = −agg[min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε) A_i)] + β·agg[KL3_i]``, ``ρ_i = exp(ℓ_i − ℓ_i^old)``.
+    """``L = −agg[min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε) A_i)] + β·agg[KL3_i]``, ``ρ_i = exp(ℓ_i − ℓ_i^old)``,
+    ``KL3_i`` the k3 estimate with the log-ratio clamped to ±20 before ``exp``
+    (:func:`~maskrl.objectives.base.kl3`).
 
     Attributes:
         clip_eps: ε (default 0.5, d1).
@@ -46,8 +48,11 @@ class DiffuGRPO(Objective):
             normalizer: see :func:`aggregate` (micro-batching).
 
         Returns:
-            :class:`LossOutput` with metrics ``policy_loss``, ``kl`` (when β > 0), ``clip_frac`` and
-            ``ratio_mean``, all shares aggregated like the loss (:mod:`maskrl.objectives.base`).
+            :class:`LossOutput` with metrics ``policy_loss``, ``kl`` and ``kl_clamp_frac`` (when β > 0;
+            the share of tokens where :func:`~maskrl.objectives.base.kl3` clamps the log-ratio),
+            ``clip_frac`` (the share of tokens where the clip binds,
+            :func:`~maskrl.objectives.base.clip_binds`) and ``ratio_mean``, all shares aggregated like
+            the loss (:mod:`maskrl.objectives.base`).
         """
         ratio = torch.exp(logp - logp_old)  # [N, L]
         unclipped = ratio * advantages
@@ -62,6 +67,7 @@ class DiffuGRPO(Objective):
             kl = aggregate(kl3(logp, logp_ref), mask, self.aggregation, normalizer)
             loss = loss + self.beta * kl
             metrics["kl"] = kl.item()
-        metrics["clip_frac"] = self.share(((ratio - 1).abs() > self.clip_eps).float(), mask, normalizer)
+            metrics["kl_clamp_frac"] = self.share(kl3_clamped(logp, logp_ref).float(), mask, normalizer)
+        metrics["clip_frac"] = self.share(clip_binds(ratio, advantages, self.clip_eps).float(), mask, normalizer)
         metrics["ratio_mean"] = self.share(ratio, mask, normalizer)
         return LossOutput(loss=loss, metrics=metrics)

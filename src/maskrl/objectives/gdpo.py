@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from maskrl.objectives.base import Objective, kl3
+from maskrl.objectives.base import Objective, clip_binds, kl3, kl3_clamped
 from maskrl.types import LossOutput
 
 
@@ -56,8 +56,11 @@ class GDPO(Objective):
             normalizer: global number of sequences (default: this micro-batch's N).
 
         Returns:
-            :class:`LossOutput`; metrics ``policy_loss``, ``clip_frac``, ``ratio_mean`` (sequence
-            shares) and ``kl`` when β > 0.
+            :class:`LossOutput`; metrics (sequence shares) ``policy_loss``, ``clip_frac`` (each
+            sequence's share of tokens where the clip binds -- ``ρ_n > 1 + ε`` with ``A_{n,i} > 0``, or
+            ``ρ_n < 1 − ε`` with ``A_{n,i} < 0`` --, 0 or 1 per sequence without a credit module),
+            ``ratio_mean``, and when β > 0 ``kl`` and ``kl_clamp_frac`` (sequences whose mean log-ratio
+            the k3 clamp bounds).
 
         Raises:
             ValueError: ``beta > 0`` without ``logp_ref``.
@@ -73,8 +76,9 @@ class GDPO(Objective):
         policy_loss = per_seq.sum() / denom
         loss = policy_loss
         real = (m.sum(-1) > 0).float()
+        binds = clip_binds(ratio[:, None], advantages, self.clip_eps).float()  # [N, L]
         metrics = {"policy_loss": policy_loss.item(),
-                   "clip_frac": (((ratio.detach() - 1).abs() > self.clip_eps).float() * real).sum().item() / denom,
+                   "clip_frac": ((binds * m).sum(-1) / length).sum().item() / denom,
                    "ratio_mean": (ratio.detach() * real).sum().item() / denom}
         if self.beta > 0:
             if logp_ref is None:
@@ -83,4 +87,5 @@ class GDPO(Objective):
             kl = (kl3(e / length, e_ref / length) * real).sum() / denom
             loss = loss + self.beta * kl
             metrics["kl"] = kl.item()
+            metrics["kl_clamp_frac"] = (kl3_clamped(e / length, e_ref / length).float() * real).sum().item() / denom
         return LossOutput(loss=loss, metrics=metrics)

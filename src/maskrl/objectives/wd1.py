@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from maskrl.advantages import group_advantages
-from maskrl.objectives.base import Objective, kl3
+from maskrl.objectives.base import Objective, kl3, kl3_clamped
 from maskrl.types import LossOutput
 
 WD1_AGGREGATIONS = ("seq_sum", "seq_mean", "token_mean")
@@ -85,6 +85,15 @@ class WD1(Objective):
         denom = normalizer if normalizer is not None else max(per_token.shape[0], 1)
         return per_seq.sum() / denom
 
+    def _fraction(self, flags: torch.Tensor, mask: torch.Tensor, normalizer: float | None) -> float:
+        """A share of a 0/1 per-token quantity that sums to a fraction over micro-batches: under
+        ``token_mean`` over tokens, otherwise each sequence's mean over its tokens, over sequences."""
+        if self.aggregation == "token_mean":
+            return self._reduce(flags, mask, normalizer).item()
+        m = mask.to(flags.dtype)
+        denom = normalizer if normalizer is not None else max(flags.shape[0], 1)
+        return (((flags * m).sum(-1) / m.sum(-1).clamp(min=1.0)).sum() / denom).item()
+
     def __call__(self, logp: torch.Tensor, logp_old: torch.Tensor | None, logp_ref: torch.Tensor | None,
                  advantages: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> LossOutput:
         """Loss of one (micro-)batch.
@@ -100,7 +109,9 @@ class WD1(Objective):
 
         Returns:
             :class:`LossOutput`; metrics ``policy_loss``, ``pos_weight`` (share of ``max(w, 0)``),
-            ``kl`` when β > 0 -- shares aggregated like the loss.
+            ``kl`` when β > 0 -- shares aggregated like the loss -- and ``kl_clamp_frac`` when β > 0
+            (the fraction of tokens where the k3 clamp binds, per sequence then over sequences
+            unless ``token_mean``).
 
         Raises:
             ValueError: ``beta > 0`` without ``logp_ref``.
@@ -115,4 +126,5 @@ class WD1(Objective):
             kl = self._reduce(kl3(logp, logp_ref), mask, normalizer)
             loss = loss + self.beta * kl
             metrics["kl"] = kl.item()
+            metrics["kl_clamp_frac"] = self._fraction(kl3_clamped(logp, logp_ref).float(), mask, normalizer)
         return LossOutput(loss=loss, metrics=metrics)

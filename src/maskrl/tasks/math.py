@@ -1,7 +1,8 @@
 """GSM8K and MATH-500 (SPEC §5): a final answer checked for equivalence with math-verify.
 
 Reward (training reward = evaluation metric): 1.0 when the answer extracted from the completion is
-equivalent to the gold answer according to math-verify, else 0.0. Extraction (:func:`extract_answer`)
+equivalent to the gold answer according to math-verify, with numbers compared relatively at every
+magnitude (:func:`maskrl.mathverify.math_equal`: ``0.0000673`` is not ``.0000672``), else 0.0. Extraction (:func:`extract_answer`)
 reads the completion's final part (the ``<answer>`` span, else the text after ``</reasoning>``, else
 the whole text; rules shared by all tasks in :mod:`maskrl.tasks.extract`) and takes, in order: the
 last ``\\boxed{...}`` (nested braces handled), the text after the last ``####``, the last number;
