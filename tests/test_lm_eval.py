@@ -178,3 +178,204 @@ def test_two_processes_through_accelerate_give_the_same_completions(setup):
     want = [json.loads(x)["completion"] for x in (tmp / "maskrl_eval_two" / r["samples"]).read_text().splitlines()]
     assert got["completions"] == want
     assert got["cell_acc"] == pytest.approx(r["cell_accuracy"])
+
+
+# ---------------------------------------------------------------- what lm-eval's own models give
+CHAT = "{% for m in messages %}[U]{{ m['content'] }}[/U]{% endfor %}{% if add_generation_prompt %}[A]{% endif %}"
+CORPUS = ["The capital of France is Paris.", "Paris is the capital of France.", "Is it Paris? It is Paris.",
+          "Q: 1+1=\nA: 2", "[U]1+1=[/U][A]2"]
+
+
+def bpe_tokenizer(bos: bool = False, chat_template: str | None = None):
+    """A byte-level BPE tokenizer (GPT-2 / Qwen2 style: 'Ġ' marks a leading space), trained here on a
+    few sentences; Qwen2 / Dream have no bos token (``bos=False``), LLaDA has one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|mask|>", "<|pad|>"] + (["<|bos|>"] if bos else [])
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(vocab_size=400, special_tokens=specials, show_progress=False,
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|endoftext|>", pad_token="<|pad|>",
+                                  mask_token="<|mask|>", bos_token="<|bos|>" if bos else None)
+    if chat_template:
+        tok.chat_template = chat_template
+    return tok
+
+
+@pytest.fixture(scope="module")
+def bpe_models(tmp_path_factory):
+    """``{(bos, chat): folder}``: tiny models with a byte-level BPE tokenizer, saved as maskrl folders."""
+    tmp = tmp_path_factory.mktemp("bpe")
+    out = {}
+    for bos, chat in [(False, False), (True, False), (False, True)]:
+        tok = bpe_tokenizer(bos, CHAT if chat else None)
+        model = build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32, seed=4, tokenizer=tok)
+        out[bos, chat] = save_model(model, tmp / f"bos{int(bos)}_chat{int(chat)}")
+    return out
+
+
+def _tokens(lm, ids):
+    return lm.adapter.tokenizer.convert_ids_to_tokens(ids)
+
+
+def _elbo_ref(folder, ctx_ids, cont_ids, seed, index, nodes, draws):
+    """The library's ELBO estimator on one (context ids, continuation ids) row, with the generator
+    MaskrlLM seeds for request ``index``."""
+    from maskrl.likelihood.elbo import elbo
+    from maskrl.models import load
+    from maskrl.types import Rollout
+
+    a = load(folder)
+    ids, comp = torch.tensor([ctx_ids]), torch.tensor([cont_ids])
+    ro = Rollout(ids, torch.ones_like(ids, dtype=torch.bool), comp, torch.ones_like(comp, dtype=torch.bool),
+                 torch.zeros_like(comp), torch.ones(comp.shape), torch.ones(1, dtype=torch.long),
+                 torch.zeros(1, dtype=torch.long))
+    with torch.no_grad():
+        return elbo(a, ro, torch.Generator().manual_seed(seed * 1_000_003 + index), nodes=nodes, draws=draws).sum().item()
+
+
+@pytest.mark.parametrize("context, continuation", [("The capital of France is ", "Paris"),
+                                                   ("Q: 1+1=\nA: ", "2"), ("Is it Paris? It is  ", "Paris.")])
+def test_loglikelihood_moves_trailing_whitespace_into_the_continuation(bpe_models, context, continuation):
+    from lm_eval.api.instance import Instance
+
+    from maskrl.lm_eval_model import MaskrlLM
+
+    folder = bpe_models[False, False]
+    lm = MaskrlLM(pretrained=str(folder), elbo_nodes=2, elbo_draws=2)
+    tok = lm.adapter.tokenizer
+    stripped = context.rstrip()
+    moved = context[len(stripped):] + continuation
+    ctx, cont = lm.encode_pair(context, continuation)
+    # lm-eval's rule, by hand: the context without its trailing whitespace; the continuation is what
+    # the whole text tokenises to after the context's tokens
+    want_ctx = tok(stripped, add_special_tokens=False)["input_ids"]
+    whole = tok(stripped + moved, add_special_tokens=False)["input_ids"]
+    assert (ctx, cont) == (want_ctx, whole[len(want_ctx):])
+    assert lm.encode_pair(stripped, moved) == (ctx, cont)  # both ways of writing the request agree
+    assert _tokens(lm, cont)[0].startswith("Ġ")  # the word keeps its leading-space token
+    if context.startswith("The capital"):
+        assert _tokens(lm, cont) == ["ĠParis"] and _tokens(lm, tok(" Paris", add_special_tokens=False)["input_ids"]) == ["ĠParis"]
+    (a,), (b,) = (lm.loglikelihood([Instance("loglikelihood", {}, req, 0)]) for req in
+                  [(context, continuation), (stripped, moved)])
+    assert a == b
+    assert a[0] == pytest.approx(_elbo_ref(folder, ctx, cont, 0, 0, 2, 2), rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_empty_context_is_scored_after_the_prefix_token(bpe_models, bos):
+    from lm_eval.api.instance import Instance
+
+    from maskrl.lm_eval_model import MaskrlLM
+
+    folder = bpe_models[bos, False]
+    lm = MaskrlLM(pretrained=str(folder), elbo_nodes=2, elbo_draws=2)
+    tok = lm.adapter.tokenizer
+    assert (tok.bos_token_id is None) is (not bos)
+    prefix = tok.bos_token_id if bos else tok.eos_token_id  # lm-eval's hf model: bos, else eos
+    assert lm.prefix_token_id == prefix
+    paris = tok("Paris", add_special_tokens=False)["input_ids"]
+    assert lm.encode_pair("", "Paris") == ([prefix], paris)
+    assert lm.encode_pair(" ", "Paris") == ([prefix], tok(" Paris", add_special_tokens=False)["input_ids"])
+    first = tok.convert_ids_to_tokens(prefix)
+    assert lm.encode_pair("", first + "Paris") == ([prefix], paris)  # a continuation opening with it
+    reqs = [Instance("loglikelihood", {}, ("", "Paris"), 0), Instance("loglikelihood", {}, ("The capital of", " France"), 1)]
+    (ll, greedy), _ = lm.loglikelihood(reqs)
+    assert ll < 0 and isinstance(greedy, bool)
+    assert ll == pytest.approx(_elbo_ref(folder, [prefix], paris, 0, 0, 2, 2), rel=1e-5, abs=1e-5)
+    other = MaskrlLM(pretrained=str(folder), prefix_token_id=tok.pad_token_id)
+    assert other.encode_pair("", "Paris") == ([tok.pad_token_id], paris)
+
+
+def _chat_task(tmp):
+    rows = [{"q": "1+1=", "a": "2"}, {"q": "The capital of France is", "a": "Paris"}]
+    (tmp / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = tmp / "chat_tasks"
+    tasks.mkdir(exist_ok=True)
+    (tasks / "maskrl_chat_once.yaml").write_text(
+        "task: maskrl_chat_once\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {tmp / 'rows.jsonl'}\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: \"{{q}}\"\ndoc_to_target: \"{{a}}\"\n"
+        "generation_kwargs:\n  until: [\"<|endoftext|>\"]\nmetric_list:\n  - metric: exact_match\n")
+    return tasks
+
+
+@pytest.mark.parametrize("explicit", [None, "true"])
+def test_lm_evals_apply_chat_template_templates_once(bpe_models, tmp_path, monkeypatch, explicit):
+    import warnings
+
+    import maskrl.evaluate
+    from lm_eval.tasks import TaskManager
+
+    from maskrl.lm_eval_model import MaskrlLM
+
+    folder = bpe_models[False, True]
+    lm = MaskrlLM(pretrained=str(folder), gen_length=8, block_length=8, steps=4, batch_size=2,
+                  **({} if explicit is None else {"chat_template": explicit}))
+    assert lm.use_chat_template and lm.model_input("1+1=") == "[U]1+1=[/U][A]"  # maskrl's own template alone
+    seen: list[str] = []
+    real = maskrl.evaluate.complete
+
+    def record(adapter, prompts, *args, **kwargs):
+        seen.extend(prompts)
+        return real(adapter, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(maskrl.evaluate, "complete", record)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = lm_eval.simple_evaluate(model=lm, tasks=["maskrl_chat_once"], apply_chat_template=True, log_samples=True,
+                                      task_manager=TaskManager(include_path=str(_chat_task(tmp_path)),
+                                                               include_defaults=False))
+    assert lm.harness_templates
+    assert sorted(seen) == ["[U]1+1=[/U][A]", "[U]The capital of France is[/U][A]"]  # once, not twice
+    samples = out["samples"]["maskrl_chat_once"]
+    assert sorted(s["arguments"][0][0] for s in samples) == sorted(seen)  # exactly what lm-eval built
+    said = [str(w.message) for w in caught if "applied once" in str(w.message)]
+    assert len(said) == (1 if explicit else 0)
+
+
+def test_lm_evals_cached_chat_requests_are_not_templated_again(bpe_models):
+    """lm-eval reads ``tokenizer_name`` whenever it templates, also when its requests come from its
+    cache (``apply_chat_template`` is then never called); the loglikelihood split is then the same as
+    with maskrl's own template."""
+    from maskrl.lm_eval_model import MaskrlLM
+
+    folder = bpe_models[False, True]
+    own = MaskrlLM(pretrained=str(folder))
+    harness = MaskrlLM(pretrained=str(folder))
+    assert harness.tokenizer_name and harness.harness_templates and not own.harness_templates
+    templated = harness.adapter.tokenizer.apply_chat_template([{"role": "user", "content": "1+1="}], tokenize=False,
+                                                              add_generation_prompt=True)
+    assert harness.model_input(templated) == templated == own.model_input("1+1=")
+    assert harness.encode_pair(templated, "2") == own.encode_pair("1+1=", "2")
+    assert MaskrlLM(pretrained=str(folder)).chat_template(False) is None
+    lm = MaskrlLM(pretrained=str(folder))
+    assert lm.chat_template(True) == CHAT and lm.harness_templates
+
+
+def test_a_lora_export_is_evaluated_as_base_plus_adapter(tmp_path):
+    """``dtype=bfloat16`` on a LoRA run's ``model/``: the bf16 base plus the float32 adapter, the
+    live policy's logits (not the base's, which a bf16 merge of a small update would give)."""
+    from maskrl.lm_eval_model import MaskrlLM
+    from maskrl.models import apply_lora
+
+    tiny = build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32, seed=2)
+    for p in tiny.model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    lora = apply_lora(tiny, rank=8, alpha=16)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n, p in lora.model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 1e-4)
+    folder = save_model(lora, tmp_path / "model")
+    lm = MaskrlLM(pretrained=str(folder), dtype="bfloat16")
+    ids = torch.randint(0, 60, (2, 10), generator=g)
+    with torch.no_grad():
+        want = lora.logits(ids)
+        assert torch.equal(lm.adapter.logits(ids), want)
+        with lora.reference() as base:
+            assert not torch.equal(base.logits(ids), want)  # the adapter changes this policy

@@ -67,6 +67,31 @@ def test_lora_on_bf16_base_keeps_fp32_adapters():
     assert all(p.grad is None for n, p in policy.model.named_parameters() if "lora_" not in n)
 
 
+def test_lora_initialisation_is_seeded_and_leaves_the_global_rng_alone():
+    """peft draws the A matrices from the global RNG; apply_lora seeds that draw, so every process and
+    every run starts from the same adapter (a 2-process run, or a rerun, is reproducible)."""
+    import subprocess
+    import sys
+
+    def adapters(seed, burn):
+        torch.manual_seed(burn)  # whatever state the global RNG is in
+        state = torch.random.get_rng_state()
+        policy = apply_lora(_tiny(), rank=2, alpha=4, seed=seed)
+        assert torch.equal(torch.random.get_rng_state(), state)  # left as it was
+        return {n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_A" in n}
+
+    a, b, c = adapters(0, 1), adapters(0, 2), adapters(1, 1)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # the seed matters
+    code = ("import torch, hashlib; from maskrl.models import apply_lora, build_tiny; "
+            "p = apply_lora(build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32), rank=2); "
+            "print(hashlib.sha256(b''.join(t.detach().numpy().tobytes() for n, t in "
+            "p.model.named_parameters() if 'lora_A' in n)).hexdigest())")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(2)}
+    assert len(runs) == 1  # two fresh processes, the same adapter
+
+
 def test_apply_lora_twice_is_refused():
     policy = apply_lora(_tiny(), rank=2, alpha=4)
     with pytest.raises(ValueError, match="already has peft adapters"):

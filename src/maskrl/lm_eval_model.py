@@ -24,15 +24,22 @@ or from the shell ``python -m maskrl.lm_eval_model run --model maskrl --model_ar
     An explicit argument (``true`` / ``false``); default: the prompt card's ``chat_template``, else
     whether the tokenizer has a chat template -- never inferred from the model path. When true, each
     context goes through :func:`maskrl.models.chat_prompt` (the tokenizer's template, one user turn).
-    Do not combine it with lm-eval's own ``--apply_chat_template`` (that templates contexts already);
-    :meth:`apply_chat_template` is implemented for that route.
+    With lm-eval's own ``--apply_chat_template`` the template is applied once, by lm-eval: lm-eval
+    announces that route through the model's public interface before it builds any request (it reads
+    :attr:`~MaskrlLM.tokenizer_name`, calls :meth:`~MaskrlLM.chat_template` and
+    :meth:`~MaskrlLM.apply_chat_template`), and from then on contexts reach the model as they are
+    (:attr:`~MaskrlLM.harness_templates`; a warning says so when ``chat_template=true`` was given).
 ``loglikelihood``
     ``log p(continuation | context)`` as a Monte Carlo ELBO (SPEC §1.4 ``elbo``; the convention of
     LLaDA's own lm-eval adapter) through :func:`maskrl.likelihood.elbo.elbo`: ``elbo_nodes``
     Gauss-Legendre nodes × ``elbo_draws`` masks per node (model args; defaults 4 × 8), masks drawn
     from a generator seeded with ``seed`` and the request's index, so a rerun gives the same number.
     ``is_greedy``: every continuation token is the argmax at its position when the whole
-    continuation is masked (one forward).
+    continuation is masked (one forward). Tokens are split as lm-eval's own models split them
+    (:meth:`~MaskrlLM.encode_pair`): the context's trailing whitespace moves into the continuation
+    and the continuation is what the whole text tokenises to after the context's tokens, so
+    ``("... is ", "Paris")`` scores ``' Paris'`` as one word, as ``("... is", " Paris")`` does; an empty
+    context is the prefix token (``prefix_token_id``: bos, else eos, as lm-eval's ``hf`` model).
 ``loglikelihood_rolling``
     Not defined for a masked diffusion LM (no left-to-right factorisation of a whole text);
     raises ``NotImplementedError`` saying so.
@@ -71,6 +78,26 @@ def _bool(name: str, value: Any) -> bool:
     raise ValueError(f"model_args {name}={value!r}: expected true or false")
 
 
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists as a left-padded batch: ``(ids [N, P] long, mask [N, P] bool)``, ``P`` the longest.
+
+    Raises:
+        ValueError: an empty list, or an empty sequence (its index named).
+    """
+    if not seqs:
+        raise ValueError("left_pad: no sequences")
+    for i, s in enumerate(seqs):
+        if not s:
+            raise ValueError(f"left_pad: sequence {i} has no tokens")
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s):] = True
+    return ids, mask
+
+
 def cut_at_stops(text: str, stops: list[str]) -> str:
     """``text`` up to the first occurrence of any stop string (empty strings ignored)."""
     cut = len(text)
@@ -98,6 +125,8 @@ class MaskrlLM(LM):
             in ``model_args`` it would be given twice).
         max_batch_size: passed by lm-eval's command line to every model; not used (no ``auto`` search).
         elbo_nodes, elbo_draws: Gauss-Legendre nodes and masks per node of the ELBO.
+        prefix_token_id: the token an empty ``loglikelihood`` context is scored after (default: the
+            tokenizer's bos, else its eos, else the model's eos id).
         seed: seeds sampled generation (``temperature > 0``) and the ELBO masks.
         dtype, device: where and how the weights are loaded (``device`` default: accelerate's device;
             a CUDA device on a machine without one -- lm-eval's command-line default -- falls back to
@@ -112,12 +141,12 @@ class MaskrlLM(LM):
                  cache: str | None = None, temperature: float | None = None, remasking: str | None = None,
                  chat_template: Any = None, batch_size: Any = 16, elbo_nodes: int = 4, elbo_draws: int = 8,
                  seed: int = 0, dtype: str = "float32", device: str | None = None, max_batch_size: Any = None,
-                 **unknown: Any) -> None:
+                 prefix_token_id: Any = None, **unknown: Any) -> None:
         super().__init__()
         if unknown:
             raise ValueError(f"model_args: unknown key(s) {', '.join(sorted(unknown))}; valid: pretrained, "
                              f"{', '.join(SAMPLER_ARGS)}, chat_template, batch_size, elbo_nodes, elbo_draws, seed, "
-                             "dtype, device")
+                             "dtype, device, prefix_token_id")
         from accelerate import Accelerator
 
         from maskrl.models import load
@@ -168,22 +197,73 @@ class MaskrlLM(LM):
             raise ValueError(f"model {pretrained!r} has no tokenizer files")
         self.adapter.model.eval()
         has_template = bool(getattr(self.adapter.tokenizer, "chat_template", None))
+        self._explicit_template = chat_template is not None and _bool("chat_template", chat_template)
         if chat_template is None:
             self.use_chat_template = bool(card["chat_template"]) if card else has_template
         else:
             self.use_chat_template = _bool("chat_template", chat_template)
+        self.harness_templates = False  # set once lm-eval says it applies the chat template itself
+        self._custom_prefix = None if prefix_token_id is None else int(prefix_token_id)
         self.pretrained = str(pretrained)
         self._warned: set[str] = set()  # generation_kwargs keys already reported as unused
 
     # ------------------------------------------------------------------ lm-eval plumbing
+    def _harness_applies_template(self) -> None:
+        """lm-eval templates the contexts itself (``--apply_chat_template``): apply no second template."""
+        if not self.harness_templates and self.use_chat_template and self._explicit_template:
+            warnings.warn("maskrl lm-eval model: lm-eval applies the chat template (--apply_chat_template), so "
+                          "model_args chat_template=true adds none of its own (the template is applied once)")
+        self.harness_templates = True
+
     @property
     def tokenizer_name(self) -> str:
+        """Fingerprint of the tokenizer for lm-eval's request cache. lm-eval reads it only when it applies
+        the chat template itself (``--apply_chat_template``), also when the requests come from its
+        cache, so reading it switches maskrl's own template off (:attr:`harness_templates`)."""
+        self._harness_applies_template()
         return str(getattr(self.adapter.tokenizer, "name_or_path", "") or self.pretrained).replace("/", "__")
 
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The tokenizer's chat template, for lm-eval's records (``None`` when ``chat_template`` is false).
+
+        lm-eval calls it with its ``--apply_chat_template`` value; a true value means lm-eval
+        templates the contexts (:attr:`harness_templates`). A string names one template of a
+        tokenizer holding several (a dict), as in lm-eval's ``hf`` model.
+
+        Raises:
+            ValueError: a template name the tokenizer does not have.
+        """
+        if not chat_template:
+            return None
+        self._harness_applies_template()
+        template = getattr(self.adapter.tokenizer, "chat_template", None)
+        if isinstance(template, dict):
+            name = chat_template if isinstance(chat_template, str) else "default"
+            if name not in template:
+                raise ValueError(f"chat template {name!r} not in the tokenizer's templates {sorted(template)}")
+            return template[name]
+        return template
+
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """lm-eval's ``--apply_chat_template`` route: the tokenizer's template over the messages."""
+        """lm-eval's ``--apply_chat_template`` route: the tokenizer's template over the messages (an
+        assistant prefill is continued when ``add_generation_prompt`` is false, as in lm-eval's ``hf``
+        model). The contexts are then templated: maskrl adds no template of its own."""
+        self._harness_applies_template()
         return self.adapter.tokenizer.apply_chat_template(chat_history, tokenize=False,
-                                                          add_generation_prompt=add_generation_prompt)
+                                                          add_generation_prompt=add_generation_prompt,
+                                                          continue_final_message=not add_generation_prompt)
+
+    @property
+    def prefix_token_id(self) -> int:
+        """The token an empty context is scored after: ``prefix_token_id`` if given, else the
+        tokenizer's bos, else its eos, else the model's eos id (lm-eval's ``hf`` rule)."""
+        if self._custom_prefix is not None:
+            return self._custom_prefix
+        tok = self.adapter.tokenizer
+        for value in (getattr(tok, "bos_token_id", None), getattr(tok, "eos_token_id", None), self.adapter.eos_id):
+            if value is not None:
+                return int(value)
+        raise ValueError("maskrl lm-eval model: no bos or eos id for an empty context; pass prefix_token_id")
 
     def all_gather(self, tensor):
         return tensor if self.world_size <= 1 else self.accelerator.gather(tensor)
@@ -200,10 +280,49 @@ class MaskrlLM(LM):
         if self.world_size > 1:
             self.accelerator.wait_for_everyone()
 
-    def _format(self, context: str) -> str:
+    def model_input(self, context: str) -> str:
+        """The text the model is given for an lm-eval context: the context through the tokenizer's
+        chat template when ``chat_template`` is on and lm-eval has not templated it already
+        (:attr:`harness_templates`), else the context itself."""
         from maskrl.models import chat_prompt
 
-        return chat_prompt(self.adapter.tokenizer, context) if self.use_chat_template else context
+        if self.use_chat_template and not self.harness_templates:
+            return chat_prompt(self.adapter.tokenizer, context)
+        return context
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """Token ids ``(context, continuation)`` of a ``loglikelihood`` request, split as lm-eval's own
+        models split them.
+
+        On the model input text (:meth:`model_input`): trailing whitespace of the context is moved to
+        the front of the continuation; the context's ids are its prompt ids
+        (:func:`maskrl.text.prompt_token_ids`: bos first when the tokenizer has one) and the
+        continuation's are the whole text's ids after them -- so a word keeps its leading-space token
+        (``'ĠParis'``, not ``'Ġ' + 'Paris'``). When the whole text's ids do not start with the context's
+        (a token across the boundary), the continuation is tokenised on its own. An empty context
+        (also one of whitespace only) is ``[prefix_token_id]``; if the continuation itself starts with
+        that token, its first token is the context instead (lm-eval's rule).
+
+        Returns:
+            ``(context ids, continuation ids)``, lists of ints; the continuation may be empty only if
+            the request's continuation is (``loglikelihood`` refuses that).
+        """
+        from maskrl.text import prompt_token_ids
+
+        tok = self.adapter.tokenizer
+        text = self.model_input(context)
+        spaces = len(text) - len(text.rstrip())
+        if spaces:
+            text, continuation = text[:-spaces], text[-spaces:] + continuation
+        if not text:
+            cont = tok(continuation, add_special_tokens=False)["input_ids"]
+            prefix = self.prefix_token_id
+            return (cont[:1], cont[1:]) if cont and cont[0] == prefix else ([prefix], cont)
+        ctx = prompt_token_ids(tok, text)
+        whole = prompt_token_ids(tok, text + continuation)
+        if ctx and whole[:len(ctx)] == ctx:
+            return ctx, whole[len(ctx):]
+        return ctx or [self.prefix_token_id], tok(continuation, add_special_tokens=False)["input_ids"]
 
     # ------------------------------------------------------------------ requests
     def generate_until(self, requests) -> list[str]:
@@ -216,7 +335,7 @@ class MaskrlLM(LM):
             gen = torch.Generator(device=self.adapter.device).manual_seed(self.seed)
         for s in range(0, len(requests), self.batch_size):
             batch = requests[s:s + self.batch_size]
-            contexts = [self._format(r.args[0]) for r in batch]
+            contexts = [self.model_input(r.args[0]) for r in batch]
             texts = complete(self.adapter, contexts, self.sampler, batch_size=len(batch), generator=gen)
             for r, text in zip(batch, texts):
                 kwargs = r.args[1] if len(r.args) > 1 and isinstance(r.args[1], dict) else {}
@@ -235,25 +354,24 @@ class MaskrlLM(LM):
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
         """``(ELBO of continuation | context, is_greedy)`` per ``(context, continuation)`` request."""
         from maskrl.likelihood.elbo import elbo
-        from maskrl.text import encode_prompts
         from maskrl.types import Rollout
 
-        tok, a = self.adapter.tokenizer, self.adapter
+        a = self.adapter
         results: list[tuple[float, bool] | None] = [None] * len(requests)
         encoded = []
         for i, r in enumerate(requests):
             context, continuation = r.args[0], r.args[1]
-            cont = tok(continuation, add_special_tokens=False)["input_ids"]
+            ctx, cont = self.encode_pair(context, continuation)
             if not cont:
                 raise ValueError(f"loglikelihood request {i}: the continuation {continuation!r} has no tokens")
-            encoded.append((i, self._format(context), cont))
+            encoded.append((i, ctx, cont))
         by_len: dict[int, list] = {}
         for item in encoded:  # one batch shape per continuation length: no padding inside the completion
             by_len.setdefault(len(item[2]), []).append(item)
         for L, items in by_len.items():
             for s in range(0, len(items), self.batch_size):
                 chunk = items[s:s + self.batch_size]
-                ids, mask = encode_prompts(tok, [c for _, c, _ in chunk])
+                ids, mask = left_pad([c for _, c, _ in chunk], a.pad_id)
                 ids, mask = ids.to(a.device), mask.to(a.device)
                 comp = torch.tensor([c for _, _, c in chunk], dtype=torch.long, device=a.device)  # [N, L]
                 n = comp.shape[0]

@@ -87,7 +87,9 @@ def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
                              intermediate_size=t.intermediate_size, seed=t.seed, tokenizer=tiny_tokenizer(t.tokenizer))
         from maskrl.models.loading import parse_dtype
 
-        adapter.model.to(parse_dtype(mc.dtype))  # model.dtype applies to the built-in model too
+        dtype = parse_dtype(mc.dtype)  # model.dtype applies to the built-in model too: to its parameters,
+        for p in adapter.model.parameters():  # as load() and from_pretrained do (RoPE frequencies stay float32)
+            p.data = p.data.to(dtype)
     if adapter.tokenizer is None:
         raise ValueError(f"model {path!r} has no tokenizer files; maskrl needs one to encode prompts")
     if mc.gradient_checkpointing:

@@ -23,9 +23,23 @@
 
 Every layout also carries the adapter's facts as ``maskrl_*`` keys (stop ids, shift, attention) and
 ``mask_token_id``, and the tokenizer files (``tokenizer.json``, ``tokenizer_config.json``,
-``special_tokens_map.json`` via ``save_pretrained``). A LoRA (peft) model is merged into a copy of its
-base (``merge_and_unload``, peft's public API) and that merged model is exported; the adapter files
-are kept beside it in ``adapter/``.
+``special_tokens_map.json`` via ``save_pretrained``).
+
+LoRA (peft) runs
+----------------
+The exported folder is the *trained* model, base + adapter. A LoRA update trained at the 7-8B
+recipes' learning rates (SPEC §3, ~1e-6) is far below the resolution of a bf16 base weight (bf16
+keeps 8 significant bits: half a step at a weight of 0.05 is 1.2e-4), so adding it to the bf16
+weights rounds most of it away. :func:`save_model` therefore merges a float32 copy of the policy
+(``copy.deepcopy(...).to(torch.float32)``, then peft's public ``merge_and_unload``) and writes the
+merged weights in float32 by default; the live policy is not modified. A narrower ``merged_dtype``
+is written only when rounding to it keeps the update (relative error of the exported update
+against the adapter's ``ΔW`` at most ``max_update_error``); otherwise :class:`LossyMergeError`.
+The adapter files are kept beside the merged weights in ``adapter/`` and ``config.json`` records
+``maskrl_lora`` (base dtype, merged dtype, the measured fraction of adapted entries equal to the base
+and the update's relative error, :func:`update_fidelity`). :func:`maskrl.models.load` of such a
+folder in another dtype than the merged one (``dtype=torch.bfloat16`` for an 8B model) rebuilds base
++ adapter as in training (:func:`base_plus_adapter`) instead of rounding the merged weights.
 """
 from __future__ import annotations
 
@@ -45,7 +59,13 @@ TINY_ARCHITECTURE = "MaskrlTinyDiffusionLM"
 ADAPTER_DIR = "adapter"
 
 
-def save_model(adapter: ModelAdapter, path: str | os.PathLike, merge_lora: bool = True) -> Path:
+class LossyMergeError(ValueError):
+    """A LoRA merge into the requested ``merged_dtype`` would lose the adapter's update (see
+    :func:`save_model`); the message gives the measured loss and the way out."""
+
+
+def save_model(adapter: ModelAdapter, path: str | os.PathLike, merge_lora: bool = True,
+               merged_dtype: torch.dtype | str = torch.float32, max_update_error: float = 0.01) -> Path:
     """Save a policy's weights (safetensors), config and tokenizer into ``path`` in its family's layout.
 
     See the module docstring for the layouts. :func:`maskrl.models.load` reloads every one of them
@@ -56,25 +76,35 @@ def save_model(adapter: ModelAdapter, path: str | os.PathLike, merge_lora: bool 
         path: output folder (created).
         merge_lora: peft models only: write the merged model plus the adapter files in
             ``path/adapter/`` (default); ``False`` writes only the adapter files into ``path``.
+        merged_dtype: peft models only: dtype of the merged weights. The merge is always computed in
+            float32 (module docstring); float32 (default) keeps any update. A narrower dtype
+            (``"bfloat16"``) halves the folder but is written only if it keeps the update.
+        max_update_error: peft models with a narrower ``merged_dtype`` only: the largest accepted
+            relative error ``||ΔW_exported − ΔW||_F / ||ΔW||_F`` over all adapted weights
+            (:func:`update_fidelity`); 1.0 accepts a merge that lost everything.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
+        LossyMergeError: ``merged_dtype`` cannot hold the update (the measured error and fraction of
+            unchanged entries are named; nothing is written but the adapter files).
+        ValueError: an unknown ``merged_dtype``.
         NotImplementedError: an LLaDA/Dream-family model with a setting the family's config cannot
             express (the setting is named).
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model = adapter.model
+    lora_facts = {}
     if hasattr(model, "merge_and_unload"):  # peft
         model.save_pretrained(path / ADAPTER_DIR if merge_lora else path)
         if not merge_lora:
             if adapter.tokenizer is not None:
                 adapter.tokenizer.save_pretrained(path)
             return path
-        model = copy.deepcopy(model).merge_and_unload()  # the live (training) model is not modified
-    facts = _facts(adapter)
+        model, lora_facts = merge_lora_copy(model, merged_dtype, max_update_error)
+    facts = _facts(adapter) | ({"maskrl_lora": lora_facts} if lora_facts else {})
     if adapter.family in ("llada", "dream") and type(model).__name__ in ("LlamaForCausalLM", "Qwen2ForCausalLM"):
         to_cfg = llada_export_config if adapter.family == "llada" else dream_export_config
         cfg = to_cfg(model, adapter) | facts
@@ -92,6 +122,166 @@ def save_model(adapter: ModelAdapter, path: str | os.PathLike, merge_lora: bool 
     if adapter.tokenizer is not None:
         adapter.tokenizer.save_pretrained(path)
     return path
+
+
+def _lora_layers(peft_model) -> list[tuple[str, torch.nn.Module]]:
+    """``(name, layer)`` of every LoRA layer (``peft.tuners.lora.LoraLayer``) of a peft model, names
+    as in its base model (``get_base_model().named_modules()``): the merged model's module names."""
+    from peft.tuners.lora import LoraLayer
+
+    return [(n, m) for n, m in peft_model.get_base_model().named_modules() if isinstance(m, LoraLayer)]
+
+
+def _active(layer) -> list[str]:
+    return [a for a in layer.active_adapters if a in layer.lora_A]
+
+
+def merge_lora_copy(peft_model, merged_dtype: torch.dtype | str = torch.float32,
+                    max_update_error: float = 0.01) -> tuple[torch.nn.Module, dict]:
+    """The policy's merged weights in a copy: base + ``ΔW`` computed in float32, on the CPU.
+
+    A deep copy of ``peft_model`` is moved to the CPU in float32 (base and adapter) and merged with
+    peft's ``merge_and_unload``; the copy is then cast to ``merged_dtype`` if that keeps the update
+    (:func:`update_fidelity`). ``peft_model`` itself is not modified.
+
+    Args:
+        peft_model: a ``peft.PeftModel`` with LoRA adapters (e.g. a bf16 base with float32 adapters).
+        merged_dtype: dtype of the returned weights (float32 default).
+        max_update_error: largest accepted relative error of the update when ``merged_dtype`` is
+            narrower than float32.
+
+    Returns:
+        ``(merged model, facts)``: the base model's class with merged weights, and the dict recorded
+        as ``config.json``'s ``maskrl_lora`` -- ``adapter`` (folder name), ``base_dtype``,
+        ``merged_dtype``, ``adapted_entries``, ``equal_to_base``, ``update_rel_error``.
+
+    Raises:
+        LossyMergeError: rounding to ``merged_dtype`` leaves an update error above ``max_update_error``.
+        ValueError: an unknown ``merged_dtype``, or a model without LoRA layers.
+    """
+    from maskrl.models.loading import parse_dtype
+
+    dtype = parse_dtype(merged_dtype)
+    layers = _lora_layers(peft_model)
+    if not layers:
+        raise ValueError("merge_lora_copy: the peft model has no LoRA layers")
+    base_dtype = layers[0][1].get_base_layer().weight.dtype
+    merged = copy.deepcopy(peft_model).to(device="cpu", dtype=torch.float32).merge_and_unload()
+    fidelity = update_fidelity(peft_model, merged, dtype)
+    if dtype != torch.float32:
+        if fidelity["update_rel_error"] > max_update_error:
+            raise LossyMergeError(
+                f"save_model: merging this LoRA policy into {_name(dtype)} weights would lose its update: "
+                f"{fidelity['equal_to_base']:.1%} of the {fidelity['adapted_entries']} adapted weight entries would "
+                f"equal the base, and the exported update would have relative error "
+                f"{fidelity['update_rel_error']:.3g} against the adapter's ΔW (max_update_error={max_update_error}). "
+                "Save with merged_dtype=float32 (the default), or keep the adapter alone (merge_lora=False)")
+        merged = merged.to(dtype)
+    return merged, {"adapter": ADAPTER_DIR, "base_dtype": _name(base_dtype), "merged_dtype": _name(dtype), **fidelity}
+
+
+def update_fidelity(peft_model, merged: torch.nn.Module | dict[str, torch.Tensor],
+                    dtype: torch.dtype | None = None) -> dict:
+    """How much of a LoRA adapter's update a merged model holds, over every adapted weight.
+
+    With ``W`` the live base weight, ``ΔW = Σ_active (α / r) B A`` the adapter's update (peft's
+    ``get_delta_weight``) and ``W'`` the merged weight (rounded to ``dtype`` when given), all in
+    float64:
+
+    * ``equal_to_base``: fraction of entries with ``W' == W`` (an update rounded away);
+    * ``update_rel_error``: ``sqrt(Σ ||(W' − W) − ΔW||²) / sqrt(Σ ||ΔW||²)`` (0: the update is held;
+      1: it is lost; 0 when ``ΔW`` is all zero and the weights equal);
+    * ``adapted_entries``: the number of entries compared.
+
+    Args:
+        peft_model: the live ``peft.PeftModel`` (its base weights are ``W``).
+        merged: the merged model (module names of the base model) or its ``state_dict``-like
+            mapping ``"<module>.weight" -> [out, in]`` tensor.
+        dtype: round ``W'`` to this dtype first (what saving in it would keep); ``None``: as is.
+
+    Returns:
+        ``{"adapted_entries": int, "equal_to_base": float, "update_rel_error": float}``.
+
+    Raises:
+        KeyError: ``merged`` lacks an adapted weight (named).
+    """
+    weights = merged if isinstance(merged, dict) else None
+    entries = equal = 0
+    err2 = norm2 = 0.0
+    with torch.no_grad():
+        for name, layer in _lora_layers(peft_model):
+            key = f"{name}.weight"
+            if weights is not None:
+                if key not in weights:
+                    raise KeyError(f"update_fidelity: the merged weights lack {key!r}")
+                out = weights[key]
+            else:
+                out = merged.get_submodule(name).weight
+            out = (out.to(dtype) if dtype is not None else out).detach().cpu().double()
+            base = layer.get_base_layer().weight.detach().cpu().double()
+            delta = torch.zeros_like(base)
+            for a in _active(layer):
+                delta += layer.get_delta_weight(a).detach().cpu().double()
+            entries += base.numel()
+            equal += int((out == base).sum())
+            err2 += float(((out - base) - delta).pow(2).sum())
+            norm2 += float(delta.pow(2).sum())
+    rel = (err2 / norm2) ** 0.5 if norm2 > 0 else (0.0 if err2 == 0 else float("inf"))
+    return {"adapted_entries": entries, "equal_to_base": equal / max(1, entries), "update_rel_error": rel}
+
+
+def base_plus_adapter(merged: ModelAdapter, adapter_dir: str | os.PathLike, dtype: torch.dtype,
+                      device: str | torch.device | None = None) -> ModelAdapter:
+    """A LoRA export as its training policy: base weights in ``dtype`` plus the float32 adapter.
+
+    ``merged`` is the export loaded in float32 (``W' = W + ΔW``, :func:`save_model`). The adapter in
+    ``adapter_dir`` is attached with ``peft.PeftModel.from_pretrained``; each adapted weight becomes
+    ``W' − ΔW`` (float32) and every base parameter is cast to ``dtype`` -- the training base again
+    (the float32 round trip is far inside half a bf16 step, so a bf16 base comes back bit for bit) --
+    while the LoRA matrices stay float32, as :func:`maskrl.models.apply_lora` keeps them. The forward
+    is then the live policy's: bf16 base matmuls plus the float32 LoRA branch.
+
+    Args:
+        merged: the float32 load of the export folder (CPU).
+        adapter_dir: its ``adapter/`` folder (peft's ``adapter_config.json`` + weights).
+        dtype: the base dtype to rebuild (``torch.bfloat16`` for 7-8B models).
+        device: where the result goes (``None``: CPU).
+
+    Returns:
+        A :class:`ModelAdapter` like ``merged`` whose ``model`` is a ``peft.PeftModel`` (eval mode;
+        :meth:`ModelAdapter.reference` gives the base alone).
+
+    Raises:
+        FileNotFoundError: no ``adapter_config.json`` in ``adapter_dir``.
+        NotImplementedError: an adapter with a LoRA variant (DoRA, ...) whose update is not ``ΔW``.
+    """
+    import dataclasses
+
+    from peft import PeftConfig, PeftModel
+
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"no adapter_config.json in {str(adapter_dir)!r}: the LoRA export's adapter is "
+                                "missing, so its base cannot be rebuilt; load it with dtype=float32")
+    config = PeftConfig.from_pretrained(adapter_dir)
+    if getattr(config, "use_dora", False):
+        raise NotImplementedError(f"{adapter_dir}: a DoRA adapter cannot be taken back out of merged weights")
+    model = PeftModel.from_pretrained(merged.model, adapter_dir, is_trainable=False)
+    lora_params: set[int] = set()
+    with torch.no_grad():
+        for _, layer in _lora_layers(model):
+            base = layer.get_base_layer()
+            for a in _active(layer):
+                base.weight -= layer.get_delta_weight(a).to(base.weight.dtype)
+            lora_params |= {id(p) for p in layer.parameters()} - {id(p) for p in base.parameters()}
+        for p in model.parameters():
+            p.data = p.data.to(torch.float32 if id(p) in lora_params else dtype)
+    model.to(device or "cpu").eval()
+    return dataclasses.replace(merged, model=model)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _facts(adapter: ModelAdapter) -> dict:

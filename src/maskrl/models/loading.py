@@ -118,7 +118,11 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
             or a Hugging Face Hub id, resolved with ``huggingface_hub.snapshot_download`` (only
             ``*.json``, ``*.safetensors`` and tokenizer files are fetched, never ``*.py``).
         dtype: parameter dtype (``torch.float32`` default, ``torch.bfloat16`` for 7-8B models; a
-            string such as ``"bfloat16"`` is accepted). Checkpoint tensors are cast to it.
+            string such as ``"bfloat16"`` is accepted). Checkpoint tensors are cast to it -- except
+            in a LoRA export of :func:`maskrl.models.save_model` (float32 merged weights and the
+            adapter in ``adapter/``), which in any other dtype is loaded as its training policy:
+            base weights in ``dtype`` plus the float32 adapter
+            (:func:`maskrl.models.export.base_plus_adapter`; ``model`` is then a ``peft.PeftModel``).
         device: where the weights are read to (``None``: CPU).
         tokenizer: ``None`` loads the folder's tokenizer when tokenizer files exist
             (``AutoTokenizer``, ``trust_remote_code=False``; falls back to the plain fast tokenizer
@@ -145,6 +149,13 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
     dtype = parse_dtype(dtype)
     folder = resolve(path_or_id, revision=revision)
     cfg = read_config(folder)
+    lora = cfg.get("maskrl_lora")  # a LoRA export (maskrl.models.export): float32 merged weights + adapter/
+    if isinstance(lora, dict) and lora.get("merged_dtype") == "float32" and dtype != torch.float32:
+        from maskrl.models.export import base_plus_adapter
+
+        merged = load(folder, torch.float32, "cpu", tokenizer=tokenizer, mask_id=mask_id, eos_id=eos_id,
+                      pad_id=pad_id, stop_ids=stop_ids)
+        return base_plus_adapter(merged, folder / str(lora.get("adapter", "adapter")), dtype, device)
     family = detect_family(cfg, folder)
     if tokenizer is None and family != "tiny":  # load_tiny reads its own tokenizer
         tokenizer = _load_tokenizer(folder, family)

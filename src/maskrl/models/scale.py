@@ -25,7 +25,7 @@ from maskrl.models.adapter import ModelAdapter
 
 def apply_lora(adapter: ModelAdapter, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
                target_modules: str | Sequence[str] = "all-linear",
-               adapter_dtype: torch.dtype | None = torch.float32) -> ModelAdapter:
+               adapter_dtype: torch.dtype | None = torch.float32, seed: int = 0) -> ModelAdapter:
     """Wrap the adapter's model with LoRA adapters through ``peft.get_peft_model``.
 
     Only the LoRA matrices are trainable afterwards; every base parameter is frozen. The returned
@@ -43,6 +43,9 @@ def apply_lora(adapter: ModelAdapter, rank: int = 16, alpha: float = 32.0, dropo
             the output head): for Llama/Qwen2 that is ``q/k/v/o_proj`` and ``gate/up/down_proj``.
         adapter_dtype: dtype of the trainable LoRA parameters (float32 master weights by default,
             also when the base is bf16); ``None`` leaves peft's choice.
+        seed: seeds peft's random initialisation of the LoRA ``A`` matrices (through
+            ``torch.random.fork_rng``, so the global RNG state is left untouched): the same seed gives
+            the same adapter in every process and every run.
 
     Returns:
         A new :class:`ModelAdapter` sharing every field with ``adapter`` except ``model``, now a
@@ -59,7 +62,9 @@ def apply_lora(adapter: ModelAdapter, rank: int = 16, alpha: float = 32.0, dropo
         raise ValueError(f"apply_lora: rank must be >= 1, got {rank}")
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
-    model = get_peft_model(adapter.model, config)
+    with torch.random.fork_rng(devices=[]):  # peft draws A from the global RNG: seed it, leave it as it was
+        torch.manual_seed(seed)
+        model = get_peft_model(adapter.model, config)
     if adapter_dtype is not None:
         for param in model.parameters():
             if param.requires_grad:
