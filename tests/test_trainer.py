@@ -380,3 +380,8 @@ def test_named_seeds_return_the_trainers_integers():
     assert seeds.padding_seed(0, 0, 0, 0, 0) == 2**63 - 2  # -1 mod (2^63 - 1)
     assert seeds.credit_seed(3, 0, 2, 1) == 4 * 1_000_003 + 2 * 10_007 + 1
     assert seeds.observer_seed(3, 0, 2, 1) == 4 * 1_000_003 + 2 * 10_007 + 101 + 1
+    # streams of a process that resumes without one of its own: apart from every first stream
+    firsts = {seeds.data_seed(3, r) for r in range(8)} | {seeds.rollout_seed(3, r) for r in range(8)}
+    resumed = {seeds.resumed_data_seed(3, r, s) for r in range(8) for s in range(4)}
+    resumed |= {seeds.resumed_rollout_seed(3, r, s) for r in range(8) for s in range(4)}
+    assert len(resumed) == 64 and not resumed & firsts

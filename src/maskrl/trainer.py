@@ -43,7 +43,8 @@ from maskrl.sampling import generate
 from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
 from maskrl.training import checkpoint as _ckpt
-from maskrl.training.checkpoint import TRAINER_STATE, TrainingInterrupted, latest_checkpoint, read_checkpoint_state
+from maskrl.training.checkpoint import (TRAINER_STATE, ProcessCountError, TrainingInterrupted, latest_checkpoint,
+                                        read_checkpoint_state)
 from maskrl.training.lockstep import (all_ranks_done, any_process, mean_over_processes, pad_counts, padding_row,
                                       ranks_max)
 from maskrl.training.metrics_log import MetricsLog, check_trackers, hyperparameters, tracker_kwargs
@@ -53,7 +54,7 @@ from maskrl.training.seeds import (credit_seed, data_seed, likelihood_seed, mask
                                    rollout_seed)
 from maskrl.types import LossOutput, LossTerm, Rollout
 
-__all__ = ["RLTrainer", "Batch", "TrainingInterrupted", "TRAINER_STATE", "latest_checkpoint",
+__all__ = ["RLTrainer", "Batch", "TrainingInterrupted", "ProcessCountError", "TRAINER_STATE", "latest_checkpoint",
            "read_checkpoint_state", "all_ranks_done", "ranks_max", "pad_counts", "padding_row", "split_rows",
            "mask_seed", "tracker_kwargs", "check_trackers", "hyperparameters", "TermPlan", "MicroBatch", "Padding",
            "Forward"]
@@ -552,22 +553,31 @@ class RLTrainer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | Path) -> Path:
         """Weights (safetensors), optimizer, scheduler, RNG states (accelerate) and the trainer's own
-        state (step, data/rollout generators, config) into ``path`` (:mod:`maskrl.training.checkpoint`).
-        Only the main process writes."""
+        state (step, every process's data/rollout generators, process count, config) into ``path``
+        (:mod:`maskrl.training.checkpoint`). Only the main process writes the trainer state; every
+        process must call it."""
         return _ckpt.save_checkpoint(self.acc, path, self.step_count, self.cfg, self.data_gen, self.rollout_gen)
 
-    def load_checkpoint(self, path: str | Path) -> None:
-        """Restore everything :meth:`save_checkpoint` wrote (``--resume``).
+    def load_checkpoint(self, path: str | Path, force: bool = False) -> None:
+        """Restore everything :meth:`save_checkpoint` wrote (``--resume``); each process resumes its own
+        data and rollout streams, so the run goes on as if uninterrupted.
+
+        Args:
+            path: the checkpoint folder.
+            force: resume although the checkpoint was written on another number of processes (the
+                global batch, ``train.prompts_per_step`` × processes, changes; warned).
 
         Raises:
             FileNotFoundError: when ``path`` holds no trainer state.
+            ProcessCountError: the checkpoint's process count is not this run's and ``force`` is false.
         """
         path = Path(path)
         state = read_checkpoint_state(path)
+        main, world = self.acc.is_main_process, self.acc.num_processes
+        _ckpt.check_process_count(path, state, world, self.tc.prompts_per_step, force, main)
         self.acc.load_state(str(path))
         self.step_count = int(state["step"])
         self._metrics_log.resumed_step = self.step_count  # metrics.jsonl / TensorBoard continue from here
-        self.data_gen.set_state(state["data_gen"])
-        self.rollout_gen.set_state(state["rollout_gen"])
+        _ckpt.restore_streams(state, self.acc.process_index, self.tc.seed, self.data_gen, self.rollout_gen, main, world)
         _ckpt.follow_schedule(self.scheduler, self.optimizer, self.tc, self.step_count,
-                              state.get("config", {}).get("train", {}), self.acc.is_main_process)
+                              state.get("config", {}).get("train", {}), main)

@@ -12,7 +12,9 @@ return. Change one and every recorded run changes. The streams:
   iteration, global micro-batch and loss term (:func:`mask_seed`);
 - :func:`padding_seed`: the masks of a dummy forward (several processes), a negative micro-batch;
 - :func:`credit_seed` and :func:`observer_seed`: a credit module's context and sampler observers,
-  from the seed, the module's position, the step and the process.
+  from the seed, the module's position, the step and the process;
+- :func:`resumed_data_seed` and :func:`resumed_rollout_seed`: the streams of a process that resumes
+  from a checkpoint holding none of its own.
 """
 from __future__ import annotations
 
@@ -64,3 +66,15 @@ def observer_seed(seed: int, module: int, step: int, rank: int) -> int:
     process ``rank`` (apart from the sampler's and the context's streams)."""
     return mask_seed(seed + 1 + module, step, 1, rank)
 
+
+def resumed_data_seed(seed: int, rank: int, step: int) -> int:
+    """Prompt stream of process ``rank`` resuming after step ``step`` from a checkpoint that holds no
+    stream of its own (one written on fewer processes, resumed with ``force``, or by a maskrl
+    version that saved only process 0's): a stream apart from every process's first one."""
+    return (data_seed(seed, rank) * 1_000_003 + 1 + step) % SEED_MODULUS
+
+
+def resumed_rollout_seed(seed: int, rank: int, step: int) -> int:
+    """Sampler stream of process ``rank`` resuming after step ``step`` without a saved stream (see
+    :func:`resumed_data_seed`)."""
+    return (rollout_seed(seed, rank) * 1_000_003 + 1 + step) % SEED_MODULUS
