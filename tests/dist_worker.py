@@ -14,6 +14,10 @@ the sampler-synchronisation scenario (:func:`sampling_scenario`). Results go to 
 ``python tests/dist_worker.py fsdp OUT`` -- one rank of the same launch with the trainer's model under
 FSDP2 (:func:`run_fsdp`): ``optimize`` on this rank's share, then the KV-cached sampler on the sharded
 model. Results go to ``OUT/fsdp{r}.pt``.
+
+``python tests/dist_worker.py resume OUT`` -- one rank of a launch that trains, checkpoints and
+resumes (:func:`run_resume`): the resumed run against the uninterrupted one. Results go to
+``OUT/resume{r}.pt``.
 """
 from __future__ import annotations
 
@@ -280,6 +284,91 @@ def interrupt_scenario(trainer: RLTrainer, out_dir: Path, rank: int) -> dict:
     return {"start": start, "step": None}
 
 
+# ------------------------------------------------------------------------------------------ resume
+RESUME_EXAMPLES = 8  # 2 of 8 prompts per step and process: the two ranks' streams draw different ones
+
+
+def resume_trainer(out_dir: Path) -> RLTrainer:
+    """A small run whose rows and rewards vary (``OddChars``, μ = 2), recording what each step draws on
+    this process: ``tr.drawn_prompts`` (example ids) and ``tr.drawn_completions`` (``[N, L]``)."""
+    from conftest import OddChars
+
+    cfg = RunConfig(output_dir=str(out_dir), model=dataclasses.replace(RunConfig().model, tiny=SHAPE),
+                    rollout=SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0),
+                    train=TrainConfig(prompts_per_step=2, group_size=2, inner_iterations=2, lr=1e-3, seed=5,
+                                      steps=3, save_every=0, report_to=[]))
+    policy = build_tiny(hidden_size=SHAPE.hidden_size, num_layers=SHAPE.num_layers, num_heads=SHAPE.num_heads,
+                        intermediate_size=SHAPE.intermediate_size, seed=SHAPE.seed)
+    tr = RLTrainer(cfg, policy, OddChars(), [Example(id=i, prompt=f"say a {i}", fields={})
+                                             for i in range(RESUME_EXAMPLES)])
+    tr.drawn_prompts, tr.drawn_completions = [], []
+    sample, collect = tr.sample_prompts, tr.collect
+
+    def recording_sample():
+        picked = sample()
+        tr.drawn_prompts.append([ex.id for ex in picked])
+        return picked
+
+    def recording_collect(examples=None):
+        batch = collect(examples)
+        tr.drawn_completions.append(batch.rollout.completion_ids.clone())
+        return batch
+
+    tr.sample_prompts, tr.collect = recording_sample, recording_collect
+    return tr
+
+
+def record(tr: RLTrainer, history: list[dict]) -> dict:
+    """What a run drew and produced on this process: per step the prompt ids and completions, the
+    metrics and ``metrics.jsonl``'s rows (main process) without wall-clock fields, and the weights."""
+    import json
+
+    def stable(m: dict) -> dict:
+        return {k: v for k, v in m.items() if "seconds" not in k}
+
+    path = tr.out_dir / "metrics.jsonl"
+    rows = [stable(json.loads(line)) for line in path.read_text().splitlines()] if tr.acc.is_main_process else []
+    return {"prompts": tr.drawn_prompts, "completions": tr.drawn_completions, "metrics": [stable(m) for m in history],
+            "metrics_jsonl": rows, "weights": weights(tr)}
+
+
+def run_resume(out: Path) -> None:
+    """Exact resume on several processes: an uninterrupted 3-step run (``full``); the same run stopped
+    after step 1 with a checkpoint and continued by a new trainer for steps 2-3 (``resumed``); and a
+    new trainer resumed for one step from that checkpoint rewritten in the layout of earlier maskrl
+    versions, process 0's streams only (``legacy``). Results: ``OUT/resume{r}.pt``."""
+    rank, _ = start_group()
+    full = resume_trainer(out / "resume_full")
+    init = weights(full)
+    result = {"full": record(full, full.train(progress=False, catch_signals=False)), "init": init}
+    full.close()
+    part = resume_trainer(out / "resume_part")
+    part.train(steps=1, progress=False, catch_signals=False)
+    ckpt = part.save_checkpoint(part.out_dir / "checkpoints" / "step_1")
+    part.close()
+    resumed = resume_trainer(out / "resume_part")
+    resumed.load_checkpoint(ckpt)
+    result["resumed"] = record(resumed, resumed.train(progress=False, catch_signals=False))
+    resumed.close()
+    result["checkpoint"] = str(ckpt)
+    old = out / "resume_old" / "checkpoints" / "step_1"
+    if rank == 0:
+        import shutil
+
+        shutil.copytree(ckpt, old)
+        state = torch.load(old / "trainer_state.pt", weights_only=False)
+        torch.save({k: state[k] for k in ("step", "data_gen", "rollout_gen", "config")}, old / "trainer_state.pt")
+    resumed.acc.wait_for_everyone()
+    legacy = resume_trainer(out / "resume_old")
+    legacy.load_checkpoint(old)
+    legacy.train(steps=1, progress=False, catch_signals=False)
+    legacy.close()
+    result["legacy_prompts"] = legacy.drawn_prompts
+    torch.save(result, out / f"resume{rank}.pt")
+    legacy.acc.wait_for_everyone()
+    torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
     mode, out_dir = sys.argv[1], Path(sys.argv[2])
-    {"single": run_single, "multi": run_multi, "fsdp": run_fsdp}[mode](out_dir)
+    {"single": run_single, "multi": run_multi, "fsdp": run_fsdp, "resume": run_resume}[mode](out_dir)

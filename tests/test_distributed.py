@@ -1,11 +1,12 @@
 """Multi-process training on CPU (gloo): a 2-process ``optimize`` equals the 1-process one on the same
 global batch, under DDP and under FSDP2, only the main process writes, and the sampler's rank hooks
-keep ranks' forwards in step (the KV-cached sampler also on the FSDP2-sharded model).
+keep ranks' forwards in step (the KV-cached sampler also on the FSDP2-sharded model); a resumed
+2-process run equals the uninterrupted one, and a resume on another process count is a decision.
 
 The processes are plain subprocesses with the ``torch.distributed`` environment variables set (what
 ``accelerate launch`` / ``torchrun`` set); the trainer's own ``Accelerator(cpu=True)`` starts the gloo
-group. Worker code: ``tests/dist_worker.py``. Two 2-process launches serve every test of this file:
-DDP (``multi``) and FSDP2 (``fsdp``).
+group. Worker code: ``tests/dist_worker.py``. Three 2-process launches serve every test of this file:
+DDP (``multi``), FSDP2 (``fsdp``) and train / checkpoint / resume (``resume``).
 """
 from __future__ import annotations
 
@@ -108,6 +109,13 @@ def run(single) -> Path:
 def fsdp(single) -> Path:
     _launch("fsdp", single)
     return single
+
+
+@pytest.fixture(scope="module")
+def resume(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("resume")
+    _launch("resume", out)
+    return out
 
 
 def _load(path: Path):
@@ -221,6 +229,71 @@ def test_cached_sampler_under_fsdp2_runs_equal_forwards(fsdp, cache):
         for field in ("completion_ids", "completion_mask", "commit_step", "num_steps"):
             assert torch.equal(getattr(a, field), getattr(b, field)), field
         torch.testing.assert_close(a.commit_prob, b.commit_prob, rtol=1e-5, atol=1e-6)  # float32 all-gathered weights
+
+
+def test_two_process_resume_equals_the_uninterrupted_run(resume):
+    """3 steps on 2 processes, against 1 step, a checkpoint and a new trainer resuming for steps 2-3:
+    on each rank the same prompts, completions and metrics, bit for bit, and the same weights."""
+    for r in range(WORLD):
+        got = _load(resume / f"resume{r}.pt")
+        full, res = got["full"], got["resumed"]
+        assert len(full["prompts"]) == 3 and len(res["prompts"]) == 2
+        assert res["prompts"] == full["prompts"][1:]
+        assert all(torch.equal(a, b) for a, b in zip(res["completions"], full["completions"][1:]))
+        assert res["metrics"] == full["metrics"][1:]  # exact: every float
+        assert full["weights"].keys() == res["weights"].keys()
+        assert all(torch.equal(full["weights"][k], res["weights"][k]) for k in full["weights"])
+        assert any(not torch.equal(full["weights"][k], got["init"][k]) for k in full["weights"])  # it trained
+    main = _load(resume / "resume0.pt")
+    assert [m["step"] for m in main["resumed"]["metrics_jsonl"]] == [1, 2, 3]  # step 1 from before the stop
+    assert main["resumed"]["metrics_jsonl"] == main["full"]["metrics_jsonl"]
+
+
+def test_after_a_two_process_resume_each_rank_draws_its_own_prompts(resume):
+    """Each rank's prompt and sampler streams are checkpointed as its own: after the resume the ranks
+    do not draw the same prompts and completions (they did when every rank loaded process 0's)."""
+    ranks = [_load(resume / f"resume{r}.pt") for r in range(WORLD)]
+    for run in ("full", "resumed"):
+        for a, b in zip(ranks[0][run]["prompts"], ranks[1][run]["prompts"]):
+            assert a != b, (run, a, b)
+        for a, b in zip(ranks[0][run]["completions"], ranks[1][run]["completions"]):
+            assert not torch.equal(a, b), run
+    state = torch.load(Path(ranks[0]["checkpoint"]) / "trainer_state.pt", weights_only=False)
+    assert state["num_processes"] == WORLD and len(state["streams"]) == WORLD
+    assert not torch.equal(state["streams"][0]["data_gen"], state["streams"][1]["data_gen"])
+    assert torch.equal(state["data_gen"], state["streams"][0]["data_gen"])  # process 0's, as earlier versions read
+
+
+def test_a_checkpoint_without_streams_per_process_resumes_process_0_and_re_derives_the_others(resume):
+    """The layout of earlier maskrl versions (process 0's streams only, no process count): process 0
+    resumes its streams exactly; process 1 draws from a stream of its own, not process 0's."""
+    ranks = [_load(resume / f"resume{r}.pt") for r in range(WORLD)]
+    assert ranks[0]["legacy_prompts"] == ranks[0]["full"]["prompts"][1:2]
+    assert ranks[1]["legacy_prompts"] != ranks[0]["legacy_prompts"]
+    assert ranks[1]["legacy_prompts"] != ranks[1]["full"]["prompts"][:1]  # nor its own first draw again
+
+
+def test_resuming_on_another_process_count_is_refused_unless_forced(resume, tmp_path, caplog):
+    """The 2-process checkpoint on 1 process: refused, naming both process counts and global batches;
+    with ``force`` it resumes process 0's streams, with a warning."""
+    import logging
+
+    from dist_worker import resume_trainer
+    from maskrl.trainer import ProcessCountError
+
+    ckpt = Path(_load(resume / "resume0.pt")["checkpoint"])
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    tr = resume_trainer(tmp_path / "one")
+    with pytest.raises(ProcessCountError, match=r"process count 2 -> 1: the global batch \(train.prompts_per_step x "
+                                                r"processes\) 2 x 2 = 4 -> 2 x 1 = 2 prompts per step"):
+        tr.load_checkpoint(ckpt)
+    assert tr.step_count == 0
+    with caplog.at_level(logging.WARNING, logger="maskrl.trainer"):
+        tr.load_checkpoint(ckpt, force=True)
+    assert tr.step_count == 1 and "forced: process count 2 -> 1" in caplog.text
+    assert torch.equal(tr.data_gen.get_state(), state["streams"][0]["data_gen"])
+    assert torch.equal(tr.rollout_gen.get_state(), state["streams"][0]["rollout_gen"])
+    tr.close()
 
 
 class _Counting(torch.nn.Module):

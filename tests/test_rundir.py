@@ -293,6 +293,55 @@ def test_resume_says_what_changed_refuses_meaning_changes_and_keeps_every_config
     assert main(train_args(run, "--set", "train.steps=1", "--force")) == 2  # --force only with --resume
 
 
+
+def _rewrite_state(ckpt, **fields):
+    """Rewrite a checkpoint's trainer state: ``fields`` set, a field given as ``None`` removed."""
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    for k, v in fields.items():
+        state.pop(k) if v is None else state.__setitem__(k, v)
+    torch.save(state, ckpt / "trainer_state.pt")
+
+
+def test_resume_on_another_process_count_is_refused_unless_forced_and_recorded(tmp_path, capsys):
+    """A checkpoint of 2 processes resumed on 1: the global batch would halve, so the resume is refused
+    before any model is loaded, naming both counts and global batches; ``--force`` applies it (recorded)."""
+    run = tmp_path / "run"
+    assert main(train_args(run, "--set", "train.steps=2", "--set", "train.save_every=1")) == 0
+    ckpt = run / "checkpoints" / "step_2"
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    assert state["num_processes"] == 1 and len(state["streams"]) == 1  # what a 1-process run records
+    _rewrite_state(ckpt, num_processes=2, streams=state["streams"] * 2)  # as 2 processes would have written it
+    capsys.readouterr()
+    assert main(train_args(run, "--set", "train.steps=3", "--resume")) == 2
+    err = capsys.readouterr().err
+    assert ("process count 2 -> 1: the global batch (train.prompts_per_step x processes) 2 x 2 = 4 -> 2 x 1 = 2 "
+            "prompts per step") in err and "--force" in err
+    assert steps_of(run / "metrics.jsonl") == [1, 2]
+    assert main(train_args(run, "--set", "train.steps=3", "--resume", "--force")) == 0
+    assert steps_of(run / "metrics.jsonl") == [1, 2, 3]
+    last = rundir.config_history(run)[-1]
+    assert last["forced"] and any(c.startswith("process count 2 -> 1") for c in last["changes"])
+
+
+def test_resume_of_a_checkpoint_without_a_process_count_warns_and_resumes_exactly(tmp_path, caplog):
+    """A checkpoint in the layout of earlier maskrl versions (no process count, process 0's streams at
+    the top level only) resumes with a warning, and on one process exactly: its step 3 equals the
+    uninterrupted run's."""
+    full, run = tmp_path / "full", tmp_path / "run"
+    assert main(train_args(full, "--set", "train.steps=3")) == 0
+    assert main(train_args(run, "--set", "train.steps=2", "--set", "train.save_every=2")) == 0
+    _rewrite_state(run / "checkpoints" / "step_2", num_processes=None, streams=None)
+    with caplog.at_level("WARNING", logger="maskrl.trainer"):
+        assert main(train_args(run, "--set", "train.steps=3", "--resume")) == 0
+    assert "records no process count" in caplog.text
+
+    def row(path):
+        return {k: v for k, v in json.loads(path.read_text().splitlines()[-1]).items() if "seconds" not in k}
+
+    assert row(run / "metrics.jsonl") == row(full / "metrics.jsonl")
+    a, b = weights(run / "model"), weights(full / "model")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
 def test_resume_changes_classifies_keys_and_gives_the_lr_jump():
     base = {"train": {"steps": 60, "lr": 1e-4, "lr_scheduler": "linear", "warmup_steps": 0, "inner_iterations": 1,
                       "eval_every": 10}, "eval": {"steps": 16}, "objective": {"name": "diffu_grpo", "beta": 0.04}}

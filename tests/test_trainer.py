@@ -364,3 +364,24 @@ def test_bad_train_reward_is_a_config_error(tmp_path):
 
     with pytest.raises(ConfigError, match="train.reward: unknown 'solved'; valid: task, correct"):
         _cfg(tmp_path, **{"train.reward": "solved"})
+
+
+def test_named_seeds_return_the_trainers_integers():
+    """Every stream's seed (maskrl.training.seeds) is the integer the trainer has always drawn from:
+    hand-computed from the formulas (a change here changes every recorded run)."""
+    from maskrl.training import seeds
+
+    assert seeds.data_seed(3, 1) == 3 * 7919 + 1 == 23758
+    assert seeds.rollout_seed(3, 1) == 3 * 104729 + 17 + 1 == 314205
+    # mask_seed((base + 7919 term) * 1000003 + step * 10007 + iteration * 101 + micro-batch) mod 2^63 - 1
+    assert seeds.likelihood_seed(3, 2, 1, 4, 0) == 3 * 1_000_003 + 2 * 10_007 + 101 + 4 == 3020128
+    assert seeds.likelihood_seed(3, 2, 1, 4, 1) == (3 + 7919) * 1_000_003 + 2 * 10_007 + 101 + 4
+    assert seeds.padding_seed(3, 2, 1, 0, 0) == seeds.mask_seed(3, 2, 1, -1) == 3020123
+    assert seeds.padding_seed(0, 0, 0, 0, 0) == 2**63 - 2  # -1 mod (2^63 - 1)
+    assert seeds.credit_seed(3, 0, 2, 1) == 4 * 1_000_003 + 2 * 10_007 + 1
+    assert seeds.observer_seed(3, 0, 2, 1) == 4 * 1_000_003 + 2 * 10_007 + 101 + 1
+    # streams of a process that resumes without one of its own: apart from every first stream
+    firsts = {seeds.data_seed(3, r) for r in range(8)} | {seeds.rollout_seed(3, r) for r in range(8)}
+    resumed = {seeds.resumed_data_seed(3, r, s) for r in range(8) for s in range(4)}
+    resumed |= {seeds.resumed_rollout_seed(3, r, s) for r in range(8) for s in range(4)}
+    assert len(resumed) == 64 and not resumed & firsts

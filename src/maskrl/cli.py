@@ -71,7 +71,7 @@ def cmd_train(args) -> int:
     trainer = RLTrainer(cfg, policy, task, train, prompt_fn=fmt,
                         eval_fn=training_eval_fn(cfg, task, val, fmt, lambda: trainer.policy_eval) if val else None)
     if run["checkpoint"]:
-        trainer.load_checkpoint(run["checkpoint"])
+        trainer.load_checkpoint(run["checkpoint"], force=args.force)
         print(f"resumed from {run['checkpoint']} at step {trainer.step_count}")
     elif run["event"] == "restart":  # the logs of the attempt that saved no checkpoint are replaced
         trainer.continue_logs_after(0)
@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace the run in output_dir (its checkpoints, "
                    "logs, model) instead of refusing")
     p.add_argument("--force", action="store_true", help="with --resume: accept config changes that change what "
-                   "the run trains (listed; recorded in configs.jsonl)")
+                   "the run trains, or another process count than the checkpoint's (listed; recorded in configs.jsonl)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="benchmark a model folder on a task (greedy, same sampler as training)")
@@ -444,7 +444,8 @@ def _open_model_dir(args, out: Path) -> None:
 def _open_train_run(args, cfg) -> dict:
     """``maskrl train``, before any model is loaded: lock ``output_dir``; without ``--resume`` refuse a
     folder holding another run unless ``--overwrite``; with it, refuse config changes that change what
-    the run trains unless ``--force`` (:func:`maskrl.rundir.resume_changes`; safe changes are printed).
+    the run trains unless ``--force`` (:func:`maskrl.rundir.resume_changes`, and a process count other
+    than the checkpoint's: the global batch changes; safe changes are printed).
 
     Returns:
         The keyword arguments of :func:`maskrl.rundir.record_config` but the config and step:
@@ -457,6 +458,7 @@ def _open_train_run(args, cfg) -> dict:
     """
     from maskrl import rundir
     from maskrl.trainer import latest_checkpoint, read_checkpoint_state
+    from maskrl.training.checkpoint import launched_processes, process_count_change
 
     out = Path(cfg.output_dir)
     main_proc = rundir.is_main_process()
@@ -483,6 +485,9 @@ def _open_train_run(args, cfg) -> dict:
     if main_proc and source != out.resolve():  # a new run from another run's checkpoint
         rundir.prepare_run_dir(out, overwrite=False, other="--set output_dir=DIR", command="maskrl train")
     safe, unsafe = rundir.resume_changes(old, to_dict(cfg), step)
+    world = process_count_change(state, launched_processes(), cfg.train.prompts_per_step)
+    if world:  # prompts are drawn per process: the global batch changes
+        unsafe.append(world)
     began = [r.get("init_weights_sha256") for r in rundir.config_history(source)[:1]]
     if began and began[0] and weights and began[0] != weights and old.get("model", {}).get("path") == cfg.model.path:
         unsafe.append(f"the weights at model.path {cfg.model.path} (the reference model) changed since the run "

@@ -5,7 +5,9 @@
 It runs on ``accelerate`` (CPU, one GPU, or many processes): gradient accumulation over micro-batches,
 gradient clipping, AdamW with a learning-rate schedule (``transformers.get_scheduler``), checkpoints
 (weights as safetensors, optimizer, scheduler, RNG states, step) with resume, metrics to JSONL and
-TensorBoard, and a progress bar.
+TensorBoard, and a progress bar. Its parts apart from the step live in :mod:`maskrl.training` (seeds,
+the micro-batch plan, multi-process lockstep, checkpoints and signals, the metrics log); their public
+names are re-exported here.
 
 Departures from d1's trainer, on purpose: θ_old log-probs for all μ inner iterations are computed
 before the first update (so every iteration's ratio is against the rollout policy, as in PPO);
@@ -16,11 +18,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
 import logging
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from maskrl.advantages import informative_groups
-from maskrl.config import RunConfig, to_dict
+from maskrl.config import RunConfig
 from maskrl.credit import CREDITS, CreditBatch, CreditContext, apply_credit
 from maskrl.health import NonFiniteError, NonFiniteLogits, check_rewards, collapse_message, nonfinite_rows, \
     rollout_diagnostics
@@ -42,174 +42,43 @@ from maskrl.models.scale import rl_train_mode
 from maskrl.sampling import generate
 from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
-from maskrl.types import LossTerm, Rollout
+from maskrl.training import checkpoint as _ckpt
+from maskrl.training.checkpoint import (TRAINER_STATE, ProcessCountError, TrainingInterrupted, latest_checkpoint,
+                                        read_checkpoint_state)
+from maskrl.training.lockstep import (all_ranks_done, any_process, mean_over_processes, pad_counts, padding_row,
+                                      ranks_max)
+from maskrl.training.metrics_log import MetricsLog, check_trackers, hyperparameters, tracker_kwargs
+from maskrl.training.micro_batches import (Forward, MicroBatch, Padding, TermPlan, plan_padding, plan_terms,
+                                           split_rows, theta_forwards)
+from maskrl.training.seeds import (credit_seed, data_seed, likelihood_seed, mask_seed, observer_seed, padding_seed,
+                                   rollout_seed)
+from maskrl.types import LossOutput, LossTerm, Rollout
 
+__all__ = ["RLTrainer", "Batch", "TrainingInterrupted", "ProcessCountError", "TRAINER_STATE", "latest_checkpoint",
+           "read_checkpoint_state", "all_ranks_done", "ranks_max", "pad_counts", "padding_row", "split_rows",
+           "mask_seed", "tracker_kwargs", "check_trackers", "hyperparameters", "TermPlan", "MicroBatch", "Padding",
+           "Forward"]
 
-TRAINER_STATE = "trainer_state.pt"
 log = logging.getLogger(__name__)
 
 
-class TrainingInterrupted(KeyboardInterrupt):
-    """:meth:`RLTrainer.train` stopped on SIGINT / SIGTERM at a step boundary, after saving a checkpoint.
-
-    Attributes:
-        step: the last completed RL step (the checkpoint's).
-        checkpoint: the checkpoint folder written (``<output_dir>/checkpoints/step_<step>``).
-        signum: the signal received (``signal.SIGINT`` or ``signal.SIGTERM``).
-    """
-
-    def __init__(self, step: int, checkpoint: Path, signum: int) -> None:
-        self.step, self.checkpoint, self.signum = step, checkpoint, signum
-        super().__init__(f"{signal.Signals(signum).name} after step {step}: checkpoint saved to {checkpoint}")
-
-
-def mask_seed(base: int, step: int, iteration: int, micro_batch: int, term: int = 0) -> int:
-    """Seed of the likelihood masks of (step, inner iteration, global micro-batch index, loss term).
-
-    The same seed is used for θ, θ_old and θ_ref, so their masks are identical within an inner
-    iteration; a new iteration or step gives a new mask (SPEC §1.4). Term 0 (the base objective)
-    keeps the seeds of earlier versions.
-    """
-    return ((base + 7919 * term) * 1_000_003 + step * 10_007 + iteration * 101 + micro_batch) % (2**63 - 1)
-
-
-def split_rows(rows: torch.Tensor, max_sequences: int = 0, max_rows: int = 0) -> list[slice]:
-    """Consecutive micro-batches of sequences under a sequence and a forward-row budget.
-
-    Args:
-        rows: ``[M]`` long, forward rows each sequence costs (a likelihood's ``rows()``).
-        max_sequences: at most this many sequences per micro-batch (0 = no limit).
-        max_rows: at most this many rows per micro-batch (0 = no limit); a sequence's rows are never
-            split, so a sequence over the budget forms a micro-batch of its own.
-
-    Returns:
-        Slices covering ``0..M-1`` in order (empty list for ``M = 0``).
-    """
-    out, start, used = [], 0, 0
-    for i, r in enumerate(rows.tolist()):
-        n = i - start
-        if n and ((max_sequences and n >= max_sequences) or (max_rows and used + r > max_rows)):
-            out.append(slice(start, i))
-            start, used = i, 0
-        used += r
-    if rows.numel():
-        out.append(slice(start, rows.numel()))
-    return out
-
-
-def pad_counts(work: torch.Tensor) -> torch.Tensor:
-    """Dummy forwards each process adds so that all run as many forwards per loss term.
-
-    Args:
-        work: ``[P, K]`` integer, forward micro-batches of term k on process p (after dropping those
-            with nothing to score).
-
-    Returns:
-        ``[P, K]`` long, ``max_p work[p, k] - work[p, k]``: every process then runs
-        ``max_p work[p, k]`` forwards for term k (in each of the θ_old, reference and θ passes).
-
-    Raises:
-        ValueError: ``work`` is not a 2-D integer tensor.
-    """
-    if work.dim() != 2 or work.is_floating_point() or work.dtype == torch.bool:
-        raise ValueError(f"work must be a [P, K] integer tensor, got shape {tuple(work.shape)} and dtype {work.dtype}")
-    work = work.long()
-    return work.max(0, keepdim=True).values - work
-
-
-def padding_row(term: LossTerm, base: Rollout, max_rows: int) -> tuple[Rollout, torch.Tensor]:
-    """The input of a dummy forward of ``term`` (see :meth:`RLTrainer.optimize`, multi-process).
-
-    The row is the term's first row, or ``base``'s first row when the term has none on this process
-    (a credit term that kept nothing here). Every completion position is asked for (``need`` all
-    True; every built-in estimator runs its forward whatever its masks draw), unless that costs more
-    than ``max_rows`` forward rows (the term's likelihood's ``rows()``; e.g. ``state`` at T commit
-    steps); then only position 0 is, the cheapest call the likelihood has.
-
-    Args:
-        term: the loss term (its ``rollout`` has ``M >= 0`` rows; its ``likelihood`` is asked for
-            ``rows()``).
-        base: a rollout with at least one row (the batch's, ``N`` rows), same completion length L.
-        max_rows: the forward-row budget of the dummy (the largest real micro-batch of the term).
-
-    Returns:
-        ``(rollout, need)``: a 1-row :class:`Rollout` and ``[1, L]`` bool.
-
-    Raises:
-        ValueError: ``term`` and ``base`` both have no row.
-    """
-    src = term.rollout if term.rollout.batch_size else base
-    if not src.batch_size:
-        raise ValueError(f"loss term {term.name!r}: no row for a padding forward (the term and the batch are empty)")
-    ro = src.select(slice(0, 1))
-    need = torch.ones_like(ro.completion_mask, dtype=torch.bool)  # [1, L]
-    if int(term.likelihood.rows(ro, need).sum()) > max_rows:
-        need = torch.zeros_like(need)
-        need[0, 0] = True
-    return ro, need
-
-
-def all_ranks_done(acc: Accelerator) -> Callable[[bool], bool] | None:
-    """The sampler's ``all_done`` hook over ``acc``'s processes; ``None`` on a single process.
-
-    ``all_done(finished)`` all-reduces this rank's "no row left" flag (one scalar, on ``acc.device``)
-    and returns True when every rank has finished (see :func:`maskrl.sampling.generate`). Every rank
-    must call it the same number of times (it is a collective).
-    """
-    if acc.num_processes == 1:
-        return None
-
-    def all_done(finished: bool) -> bool:
-        busy = torch.tensor([0.0 if finished else 1.0], device=acc.device)
-        return acc.reduce(busy, reduction="sum").item() == 0.0
-
-    return all_done
-
-
-def ranks_max(acc: Accelerator) -> Callable[[list[int]], list[int]] | None:
-    """The cached sampler's ``ranks_max`` hook over ``acc``'s processes; ``None`` on a single process.
-
-    ``ranks_max(values)`` gathers every rank's list of ints (one all-gather, on ``acc.device``) and
-    returns their element-wise maximum (see :func:`maskrl.sampling.generate`). Every rank must call it
-    the same number of times (it is a collective).
-    """
-    if acc.num_processes == 1:
-        return None
-
-    def fn(values: list[int]) -> list[int]:
-        t = torch.tensor([values], dtype=torch.long, device=acc.device)  # [1, k]
-        return acc.gather(t).view(acc.num_processes, -1).max(0).values.tolist()
-
-    return fn
-
-
 @dataclass(frozen=True)
-class Batch:
-    """One collected RL batch (rows of this process).
+class Batch(CreditBatch):
+    """One collected RL batch (rows of this process): the :class:`~maskrl.credit.base.CreditBatch` the
+    credit modules returned (``rollout`` ``N`` rows, ``rewards`` ``[N]``, ``advantages`` ``[N, L]``
+    float32, ``base_weight``, ``terms``, ``metrics`` as ``<module>/<key>``), plus what the trainer adds.
 
     Attributes:
-        rollout: the sampler's record, ``N`` rows.
-        rewards: ``[N]`` float32 training rewards (``train.reward``).
-        task_rewards: ``[N]`` float32, the task's own rewards (``None``: equal to ``rewards``).
-        advantages: ``[N, L]`` float32 per-token advantages of the base term (zero outside
-            ``completion_mask`` unless a credit module says otherwise).
-        completions: decoded texts, ``N``.
         loss_mask: ``[N, L]`` bool, tokens the base term trains on (``completion_mask`` unless a credit
             module narrowed it); ``None`` = ``completion_mask``.
-        base_weight: weight of the base term.
-        terms: extra loss terms from credit modules.
-        metrics: credit modules' metrics (``<module>/<key>``).
+        completions: decoded texts, ``N`` (keyword only).
+        task_rewards: ``[N]`` float32, the task's own rewards; ``rewards`` are the training rewards
+            (``train.reward``); ``None``: equal to ``rewards`` (keyword only).
     """
 
-    rollout: Rollout
-    rewards: torch.Tensor
-    advantages: torch.Tensor
-    completions: list[str]
     loss_mask: torch.Tensor | None = None
-    base_weight: float = 1.0
-    terms: tuple[LossTerm, ...] = ()
-    metrics: dict = dataclasses.field(default_factory=dict)
-    task_rewards: torch.Tensor | None = None
+    completions: list[str] = dataclasses.field(kw_only=True)
+    task_rewards: torch.Tensor | None = dataclasses.field(default=None, kw_only=True)
 
 
 class RLTrainer:
@@ -264,17 +133,15 @@ class RLTrainer:
         self.policy_eval = dataclasses.replace(policy, model=self.acc.unwrap_model(model))
         self.step_count = 0
         rank = self.acc.process_index
-        self.data_gen = torch.Generator().manual_seed(self.tc.seed * 7919 + rank)
-        self.rollout_gen = torch.Generator(device=self.device).manual_seed(self.tc.seed * 104729 + 17 + rank)
+        self.data_gen = torch.Generator().manual_seed(data_seed(self.tc.seed, rank))
+        self.rollout_gen = torch.Generator(device=self.device).manual_seed(rollout_seed(self.tc.seed, rank))
         self.all_done = all_ranks_done(self.acc)  # keeps ranks' sampler forwards in step (FSDP / ZeRO-3)
         self.ranks_max = ranks_max(self.acc)  # the same for the cached sampler
         self.out_dir = Path(cfg.output_dir)
-        self._trackers_started = False
-        self._metrics_fh = None
+        self._metrics_log = MetricsLog(self.acc)  # metrics.jsonl and trackers (main process)
         self.nonfinite_skips = 0  # steps skipped under train.on_nonfinite: skip (maskrl.health)
         self._skip_reason: str | None = None
         self._collapse_warned = False
-        self._resumed_step: int | None = None  # load_checkpoint: metrics.jsonl / TensorBoard continue from here
         self._stop_signal: int | None = None  # SIGINT / SIGTERM received during train()
 
     # ------------------------------------------------------------------ stages
@@ -341,15 +208,14 @@ class RLTrainer:
     def _any_rank(self, flag: bool) -> bool:
         """``flag`` or-ed over processes, so that every rank skips the same updates (a collective only
         under ``on_nonfinite: skip``; under ``error`` a bad value has raised already)."""
-        if self.acc.num_processes == 1 or self.tc.on_nonfinite != "skip":
+        if self.tc.on_nonfinite != "skip":
             return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        return self.acc.reduce(t, reduction="sum").item() > 0
+        return any_process(self.acc, flag)
 
     def _observer_generator(self, index: int) -> torch.Generator:
-        """CPU generator of credit module ``index``'s observers for this step's rollout: seeded from
-        (``train.seed``, index, step, process), apart from the sampler's and the context's."""
-        return torch.Generator().manual_seed(mask_seed(self.tc.seed + 1 + index, self.step_count, 1, self.acc.process_index))
+        """CPU generator of credit module ``index``'s observers for this step's rollout
+        (:func:`~maskrl.training.seeds.observer_seed`)."""
+        return torch.Generator().manual_seed(observer_seed(self.tc.seed, index, self.step_count, self.acc.process_index))
 
     def _training_reward(self, task_rewards: torch.Tensor) -> torch.Tensor:
         """``[N]`` float32 rewards the advantages are computed from (``train.reward``): the task's own
@@ -374,7 +240,7 @@ class RLTrainer:
                 raise ValueError(f"reduce op {op!r} is not 'sum' or 'mean'")
             return t if self.acc.num_processes == 1 else self.acc.reduce(t.clone(), reduction=op)
 
-        gen = torch.Generator().manual_seed(mask_seed(self.tc.seed + 1 + index, self.step_count, 0, self.acc.process_index))
+        gen = torch.Generator().manual_seed(credit_seed(self.tc.seed, index, self.step_count, self.acc.process_index))
         return CreditContext(rewards=rewards, group_ids=group_ids, sequence_advantages=adv, score=score, reduce=reduce,
                              generator=gen, policy=adapter, objective=self.objective, likelihood=self.likelihood,
                              step=self.step_count, num_processes=self.acc.num_processes)
@@ -388,13 +254,7 @@ class RLTrainer:
                         objective=self.objective, likelihood=self.likelihood)
         return [base, *batch.terms]
 
-    def _global_offset(self, count: int) -> int:
-        """Sum of ``count`` over the processes before this one (global micro-batch numbering)."""
-        if self.acc.num_processes == 1:
-            return 0
-        counts = self.acc.gather(torch.tensor([count], device=self.device)).tolist()
-        return int(sum(counts[: self.acc.process_index]))
-
+    # ------------------------------------------------------------------ optimize
     def optimize(self, batch: Batch) -> dict:
         """μ inner iterations over the loss terms of one batch; one optimizer step per iteration.
 
@@ -421,119 +281,121 @@ class RLTrainer:
         forward per call with a needed position, whatever its masks draw (a draw of ``elbo`` /
         ``spg_bounds`` that scores none of them still runs one, contributing 0;
         :mod:`maskrl.likelihood.base`, "Forwards"). On one process nothing changes.
+
+        The stages: the micro-batch plan and (several processes) the padding plan
+        (:mod:`maskrl.training.micro_batches`), the frozen θ_old / reference log-probs of every
+        iteration, then per iteration the accumulated θ backwards and the update.
         """
         mu = self.tc.inner_iterations
         terms = self.loss_terms(batch)
-        counts = []
-        for t in terms:
-            counts += [t.mask.sum().float(), torch.tensor(float(t.rollout.batch_size), device=self.device)]
-        totals = self.acc.reduce(torch.stack(counts), reduction="sum").tolist()
-        world = self.acc.num_processes
-        plans = []  # (term index, term, normaliser, [(global micro-batch, slice, rows)])
-        for ti, t in enumerate(terms):
-            agg = getattr(t.objective, "aggregation", "token_mean")
-            normalizer = (totals[2 * ti] if agg == "token_mean" else totals[2 * ti + 1]) / world
-            rows = t.likelihood.rows(t.rollout, t.mask)  # [M]
-            splits = split_rows(rows, self.tc.micro_batch_size, self.tc.max_forward_rows)
-            first = self._global_offset(len(splits))
-            work = [(first + j, sl, int(rows[sl].sum())) for j, sl in enumerate(splits)]
-            plans.append((ti, t, normalizer, [w for w in work if w[2] > 0]))  # nothing to score: no forward
-        pads = self._padding(terms, plans)  # {term index: (dummy forwards, 1-row rollout, need)}; {} on 1 process
-        n_pad = 0
-
-        def seed(ti: int, k: int, mb: int) -> int:
-            return mask_seed(self.tc.seed, self.step_count, k, mb, ti)
-
-        def pad_seed(ti: int, k: int, j: int) -> int:  # dummy forwards: seeds no real micro-batch uses
-            return mask_seed(self.tc.seed, self.step_count, k, -1 - j, ti)
-
-        old, ref = {}, {}
-        with torch.no_grad():
-            self.policy_eval.model.eval()
-            for k in range(mu):
-                for ti, t, _, work in plans:
-                    for mb, sl, _ in work:
-                        sub, need = t.rollout.select(sl), t.mask[sl]
-                        where = f" (term {t.name}, micro-batch {mb})"
-                        if mu > 1 and t.objective.uses_ratio:
-                            old[ti, k, mb] = self._loglik(t, self.policy_eval, sub, seed(ti, k, mb), need)
-                            self._check("log-probs (θ_old)", old[ti, k, mb], where)
-                        if t.objective.needs_reference:
-                            ref[ti, k, mb] = self._ref_loglik(t, sub, seed(ti, k, mb), need)
-                            self._check("log-probs (reference)", ref[ti, k, mb], where)
-                    count, pad_ro, pad_need = pads.get(ti, (0, None, None))
-                    for j in range(count):  # multi-process padding: run, discard
-                        if mu > 1 and t.objective.uses_ratio:
-                            self._loglik(t, self.policy_eval, pad_ro, pad_seed(ti, k, j), pad_need)
-                            n_pad += 1
-                        if t.objective.needs_reference:
-                            self._ref_loglik(t, pad_ro, pad_seed(ti, k, j), pad_need)
-                            n_pad += 1
+        plans = plan_terms(self.acc, terms, self.tc.micro_batch_size, self.tc.max_forward_rows)
+        plans = plan_padding(self.acc, plans, terms[0].rollout, pad_counts)  # this module's pad_counts
+        old, ref, n_pad = self._frozen_log_probs(plans, mu)
         rl_train_mode(self.policy.model, dropout=self.tc.dropout)
+        forwards = theta_forwards(plans)
         sums: dict[str, float] = {}
-        flat = []  # θ pass: (term index, term, normaliser, micro-batch, slice); slice None = dummy forward j = mb
-        for ti, t, normalizer, work in plans:
-            flat += [(ti, t, normalizer, mb, sl) for mb, sl, _ in work]
-            flat += [(ti, t, normalizer, j, None) for j in range(pads.get(ti, (0,))[0])]
         for k in range(mu):
             if k == 0 and self._any_rank(self._skip_reason is not None):  # θ_old / reference (on_nonfinite: skip)
                 self._skip_update(k, mu)
                 break
             self.optimizer.zero_grad(set_to_none=True)
-            for w, (ti, t, normalizer, mb, sl) in enumerate(flat):
-                sub, need = t.rollout.select(sl), t.mask[sl]
-                sync = w == len(flat) - 1
-                ctx = self.acc.no_sync(self.policy.model) if not sync else contextlib.nullcontext()
-                with ctx:
-                    if sl is None:  # dummy forward: every parameter takes part, zero gradient, no metrics
-                        logp = self._loglik(t, self.policy, pads[ti][1], pad_seed(ti, k, mb), pads[ti][2])
-                        self.acc.backward(0.0 * sum(v.sum() for v in tensors_of(logp).values()))
-                        n_pad += 1
-                        continue
-                    where = f" (term {t.name}, micro-batch {mb}, inner iteration {k})"
-                    logp = self._loglik(t, self.policy, sub, seed(ti, k, mb), need)
-                    self._check("log-probs (θ)", logp, where)
-                    logp_old = old.get((ti, k, mb), logp.detach())
-                    out = t.objective(logp, logp_old, ref.get((ti, k, mb)), t.advantages[sl], need,
-                                      normalizer=normalizer)
-                    if out.loss.dim() != 0:
-                        raise ValueError(f"loss term {t.name!r}: objective {type(t.objective).__name__} returned a "
-                                         f"loss of shape {tuple(out.loss.shape)}; expected a scalar")
-                    self._check("loss", out.loss.detach(), where)
-                    self.acc.backward(t.weight * out.loss)
-                for name, v in out.metrics.items():
-                    key = f"{t.name}/{name}"
-                    sums[key] = sums.get(key, 0.0) + v / mu
-            # max_norm inf: the norm without clipping, for the finiteness check
-            gn = self.acc.clip_grad_norm_(self.policy.model.parameters(), self.tc.max_grad_norm or float("inf"))
-            if self.tc.max_grad_norm > 0 and gn is not None:
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(gn) / mu
-            if gn is not None:  # (accelerate's DeepSpeed path clips inside the engine and returns None)
-                self._check("grad norm", torch.as_tensor(gn), f" (inner iteration {k})")
-            if self._any_rank(self._skip_reason is not None):
-                self._skip_update(k, mu)
+            n_pad += self._accumulate(forwards, k, old, ref, sums)
+            if not self._update(k, mu, sums):
                 break
-            self.optimizer.step()
-            self.scheduler.step()
         self.policy.model.eval()
         if self.acc.num_processes > 1:
             sums["pad_forwards"] = float(n_pad)
         return self._mean_over_processes(sums)
 
-    def _padding(self, terms: list[LossTerm], plans: list) -> dict[int, tuple[int, Rollout, torch.Tensor]]:
-        """The dummy forwards of this process per term (see :meth:`optimize`): ``{term index: (count,
-        1-row rollout, need [1, L])}`` for the terms that need some; ``{}`` on one process. One
-        all-gather of each process's micro-batch count and largest micro-batch (forward rows) per term."""
-        world = self.acc.num_processes
-        if world == 1:
-            return {}
-        local = torch.tensor([[len(work), max((r for *_, r in work), default=0)] for *_, work in plans],
-                             dtype=torch.long, device=self.device)  # [K, 2]
-        every = self.acc.gather(local[None]).view(world, len(plans), 2).cpu()  # [P, K, 2]
-        counts = pad_counts(every[..., 0])[self.acc.process_index].tolist()  # [K]
-        budget = every[..., 1].max(0).values.tolist()  # [K] largest real micro-batch of the term, any process
-        return {ti: (n, *padding_row(t, terms[0].rollout, b))
-                for (ti, t, _, _), n, b in zip(plans, counts, budget) if n > 0}
+    @torch.no_grad()
+    def _frozen_log_probs(self, plans: list[TermPlan], mu: int) -> tuple[dict, dict, int]:
+        """θ_old (``μ > 1`` and a ratio objective) and reference log-probs of every real micro-batch of
+        every inner iteration, before the first update; a term's dummy forwards run and are discarded.
+
+        Returns:
+            ``(old, ref, dummies)``: log-probs keyed ``(term index, iteration, micro-batch index)``, and
+            the dummy forwards run.
+        """
+        old, ref, n_pad = {}, {}, 0
+        self.policy_eval.model.eval()
+        for k in range(mu):
+            for p in plans:
+                t = p.term
+                wants_old, wants_ref = mu > 1 and t.objective.uses_ratio, t.objective.needs_reference
+                for mb in p.micro_batches:
+                    sub, need, key = t.rollout.select(mb.rows), t.mask[mb.rows], (p.index, k, mb.index)
+                    seed = likelihood_seed(self.tc.seed, self.step_count, k, mb.index, p.index)
+                    where = f" (term {t.name}, micro-batch {mb.index})"
+                    if wants_old:
+                        old[key] = self._loglik(t, self.policy_eval, sub, seed, need)
+                        self._check("log-probs (θ_old)", old[key], where)
+                    if wants_ref:
+                        ref[key] = self._ref_loglik(t, sub, seed, need)
+                        self._check("log-probs (reference)", ref[key], where)
+                for j in range(p.padding.count if p.padding else 0):  # several processes: run, discard
+                    seed = padding_seed(self.tc.seed, self.step_count, k, j, p.index)
+                    if wants_old:
+                        self._loglik(t, self.policy_eval, p.padding.rollout, seed, p.padding.need)
+                        n_pad += 1
+                    if wants_ref:
+                        self._ref_loglik(t, p.padding.rollout, seed, p.padding.need)
+                        n_pad += 1
+        return old, ref, n_pad
+
+    def _accumulate(self, forwards: list[Forward], k: int, old: dict, ref: dict, sums: dict[str, float]) -> int:
+        """Inner iteration ``k``'s θ forwards and backwards in order, gradients accumulating; the DDP
+        gradient sync on the last one only (``no_sync`` before). Adds each objective metric ``/ μ`` to
+        ``sums`` as ``<term>/<key>``. Returns the dummy forwards run."""
+        mu, n_pad = self.tc.inner_iterations, 0
+        for w, f in enumerate(forwards):
+            sync = w == len(forwards) - 1
+            with self.acc.no_sync(self.policy.model) if not sync else contextlib.nullcontext():
+                if f.rows is None:  # dummy forward: every parameter takes part, zero gradient, no metrics
+                    pad = f.plan.padding
+                    seed = padding_seed(self.tc.seed, self.step_count, k, f.index, f.plan.index)
+                    logp = self._loglik(f.plan.term, self.policy, pad.rollout, seed, pad.need)
+                    self.acc.backward(0.0 * sum(v.sum() for v in tensors_of(logp).values()))
+                    n_pad += 1
+                    continue
+                out = self._theta_backward(f, k, old, ref)
+            for name, v in out.metrics.items():
+                key = f"{f.plan.term.name}/{name}"
+                sums[key] = sums.get(key, 0.0) + v / mu
+        return n_pad
+
+    def _theta_backward(self, f: Forward, k: int, old: dict, ref: dict) -> LossOutput:
+        """θ's log-probs of real micro-batch ``f`` in inner iteration ``k``, its term's objective against
+        the frozen θ_old / reference ones, and the backward of ``weight · loss``; returns the output."""
+        t, key = f.plan.term, (f.plan.index, k, f.index)
+        sub, need = t.rollout.select(f.rows), t.mask[f.rows]
+        where = f" (term {t.name}, micro-batch {f.index}, inner iteration {k})"
+        seed = likelihood_seed(self.tc.seed, self.step_count, k, f.index, f.plan.index)
+        logp = self._loglik(t, self.policy, sub, seed, need)
+        self._check("log-probs (θ)", logp, where)
+        logp_old = old.get(key, logp.detach())
+        out = t.objective(logp, logp_old, ref.get(key), t.advantages[f.rows], need, normalizer=f.plan.normalizer)
+        if out.loss.dim() != 0:
+            raise ValueError(f"loss term {t.name!r}: objective {type(t.objective).__name__} returned a "
+                             f"loss of shape {tuple(out.loss.shape)}; expected a scalar")
+        self._check("loss", out.loss.detach(), where)
+        self.acc.backward(t.weight * out.loss)
+        return out
+
+    def _update(self, k: int, mu: int, sums: dict[str, float]) -> bool:
+        """Clip the accumulated gradients and step the optimizer and the schedule; False (and the rest of
+        the step's update dropped) when a non-finite value was met on any process."""
+        # max_norm inf: the norm without clipping, for the finiteness check
+        gn = self.acc.clip_grad_norm_(self.policy.model.parameters(), self.tc.max_grad_norm or float("inf"))
+        if self.tc.max_grad_norm > 0 and gn is not None:
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(gn) / mu
+        if gn is not None:  # (accelerate's DeepSpeed path clips inside the engine and returns None)
+            self._check("grad norm", torch.as_tensor(gn), f" (inner iteration {k})")
+        if self._any_rank(self._skip_reason is not None):
+            self._skip_update(k, mu)
+            return False
+        self.optimizer.step()
+        self.scheduler.step()
+        return True
 
     def _skip_update(self, k: int, mu: int) -> None:
         """Drop this step's update from inner iteration ``k`` on (``on_nonfinite: skip``); the schedule
@@ -543,14 +405,8 @@ class RLTrainer:
             self.scheduler.step()
 
     def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Average each metric over the processes (a key missing on a process counts as 0 there)."""
-        if self.acc.num_processes == 1:
-            return metrics
-        from accelerate.utils import gather_object
-
-        keys = sorted(set(k for ks in gather_object([sorted(metrics)]) for k in ks))
-        vals = torch.tensor([metrics.get(k, 0.0) for k in keys], dtype=torch.float64, device=self.device)
-        return dict(zip(keys, self.acc.reduce(vals, reduction="mean").tolist()))
+        """Average each metric over the processes (:func:`~maskrl.training.lockstep.mean_over_processes`)."""
+        return mean_over_processes(self.acc, metrics)
 
     def _loglik(self, term: LossTerm, adapter: ModelAdapter, rollout: Rollout, seed: int,
                 need: torch.Tensor) -> torch.Tensor | PerToken:
@@ -567,6 +423,7 @@ class RLTrainer:
         with self.policy_eval.reference() as ref:
             return self._loglik(term, ref, rollout, seed, need)
 
+    # ------------------------------------------------------------------ step
     def step(self) -> dict:
         """One RL step: collect a batch, optimise on it, return the step's metrics."""
         t0 = time.time()
@@ -576,7 +433,7 @@ class RLTrainer:
         t1 = time.time()
         mismatch = {}
         if self.sampler.mismatch_every and self.step_count % self.sampler.mismatch_every == 0 and self.all_done is None:
-            from maskrl.sampling import rollout_mismatch  # issue 12: before the update, against the sampling theta
+            from maskrl.sampling import rollout_mismatch  # before the update, against the sampling θ
             mismatch["rollout/mismatch"] = rollout_mismatch(self.policy_eval, batch.rollout)["mismatch"]
         if self._any_rank(self._skip_reason is not None):  # train.on_nonfinite: skip, at the rollout
             self._skip_update(0, self.tc.inner_iterations)
@@ -589,6 +446,11 @@ class RLTrainer:
         # credit modules report per-process values: averaged over processes like the loss metrics
         metrics.update(self._mean_over_processes({f"credit/{k}": v for k, v in batch.metrics.items()}))
         metrics.update(mismatch)
+        return self._finish_step(batch, metrics, lr, t0, t1)
+
+    def _finish_step(self, batch: Batch, metrics: dict, lr: float, t0: float, t1: float) -> dict:
+        """Count the step and add its reward, health and timing metrics to ``metrics`` (in this order;
+        rewards gathered over the processes); warn once when the rollouts collapse."""
         rewards = self.acc.gather(batch.rewards)
         task_rewards = rewards if batch.task_rewards is None else self.acc.gather(batch.task_rewards)
         self.step_count += 1
@@ -638,7 +500,7 @@ class RLTrainer:
         bar = tqdm(total=total, initial=self.step_count, desc="rl", dynamic_ncols=True,
                    disable=not (progress and self.acc.is_main_process))
         self._stop_signal = None
-        with self._signals_stop_at_step_end(catch_signals):
+        with _ckpt.stop_at_step_end(catch_signals, self._on_signal):
             while self.step_count < total:
                 m = self.step()
                 if self.eval_fn is not None and self.tc.eval_every and self.step_count % self.tc.eval_every == 0:
@@ -662,30 +524,11 @@ class RLTrainer:
         bar.close()
         return history
 
-    @contextlib.contextmanager
-    def _signals_stop_at_step_end(self, enabled: bool):
-        """While training: the first SIGINT / SIGTERM only sets ``_stop_signal`` (the loop then stops
-        at the end of the step); the previous handlers are back for a second signal and afterwards."""
-        if not enabled or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        sigs = [signal.SIGINT] + ([signal.SIGTERM] if hasattr(signal, "SIGTERM") else [])
-        previous = {s: signal.getsignal(s) for s in sigs}
-
-        def handler(signum, _frame):
-            self._stop_signal = signum
-            for s, h in previous.items():  # a second signal: the usual behaviour
-                signal.signal(s, h)
-            print(f"\nmaskrl: {signal.Signals(signum).name}: finishing step {self.step_count + 1}, then saving a "
-                  f"checkpoint (send it again to stop at once, without one)", file=sys.stderr, flush=True)
-
-        for s in sigs:
-            signal.signal(s, handler)
-        try:
-            yield
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
+    def _on_signal(self, signum: int) -> None:
+        """The first SIGINT / SIGTERM during :meth:`train`: remember it; the loop stops after this step."""
+        self._stop_signal = signum
+        print(f"\nmaskrl: {signal.Signals(signum).name}: finishing step {self.step_count + 1}, then saving a "
+              f"checkpoint (send it again to stop at once, without one)", file=sys.stderr, flush=True)
 
     def _signal_on_any_rank(self) -> int:
         """The signal number received on any process since :meth:`train` began (0: none); a collective
@@ -694,163 +537,53 @@ class RLTrainer:
         return self.ranks_max([signum])[0] if self.ranks_max is not None else signum
 
     def log(self, metrics: dict) -> None:
-        """Append to ``metrics.jsonl`` and send the numeric metrics to the ``train.report_to`` trackers
-        through accelerate (``init_trackers`` with the resolved config as hyper-parameters at the first
-        call, then ``Accelerator.log``); main process only. After :meth:`load_checkpoint` at step K, the
-        first call drops the rows of ``metrics.jsonl`` after step K and opens TensorBoard with
-        ``purge_step=K + 1``, so a resumed run's logs hold each step once."""
-        if not self.acc.is_main_process:
-            return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        purge = None
-        if self._metrics_fh is None:
-            if self._resumed_step is not None:  # a resumed run: no row or event of a later step is kept
-                from maskrl.rundir import truncate_metrics
-
-                truncate_metrics(self.out_dir / "metrics.jsonl", self._resumed_step)
-                purge, self._resumed_step = self._resumed_step + 1, None  # once: later rows are this run's
-            self._metrics_fh = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")
-        if not self._trackers_started and self.acc.log_with:
-            kwargs = {"tensorboard": {"purge_step": purge}} if purge is not None else {}  # SummaryWriter's
-            self.acc.init_trackers(self.tc.tracker_project, config=hyperparameters(self.cfg), init_kwargs=kwargs)
-            self._trackers_started = True
-        self._metrics_fh.write(json.dumps(metrics) + "\n")
-        self._metrics_fh.flush()
-        if self._trackers_started:
-            scalars = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}
-            self.acc.log(scalars, step=int(metrics["step"]))
+        """Append to ``<out_dir>/metrics.jsonl`` and send the numeric metrics to the ``train.report_to``
+        trackers through accelerate (``init_trackers`` with the resolved config as hyper-parameters at
+        the first call, then ``Accelerator.log``); main process only. After :meth:`load_checkpoint` at
+        step K, the first call drops the rows of ``metrics.jsonl`` after step K and opens TensorBoard
+        with ``purge_step=K + 1``, so a resumed run's logs hold each step once
+        (:class:`~maskrl.training.metrics_log.MetricsLog`)."""
+        self._metrics_log.write(metrics, self.out_dir, self.cfg, self.tc.tracker_project)
 
     def close(self) -> None:
         """Close ``metrics.jsonl`` and finish the trackers (each tracker's ``finish()``, what
         ``Accelerator.end_training`` does first; the process group is the launcher's and is left alone)."""
-        if self._metrics_fh is not None:
-            self._metrics_fh.close()
-            self._metrics_fh = None
-        if self._trackers_started:
-            for tracker in self.acc.trackers:
-                tracker.finish()
-            self._trackers_started = False
+        self._metrics_log.close()
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | Path) -> Path:
         """Weights (safetensors), optimizer, scheduler, RNG states (accelerate) and the trainer's own
-        state (step, data/rollout generators, config) into ``path``. Only the main process writes."""
-        path = Path(path)
-        self.acc.wait_for_everyone()
-        self.acc.save_state(str(path), safe_serialization=True)
-        if self.acc.is_main_process:
-            torch.save({"step": self.step_count, "data_gen": self.data_gen.get_state(),
-                        "rollout_gen": self.rollout_gen.get_state(), "config": to_dict(self.cfg)}, path / TRAINER_STATE)
-        self.acc.wait_for_everyone()
-        return path
+        state (step, every process's data/rollout generators, process count, config) into ``path``
+        (:mod:`maskrl.training.checkpoint`). Only the main process writes the trainer state; every
+        process must call it."""
+        return _ckpt.save_checkpoint(self.acc, path, self.step_count, self.cfg, self.data_gen, self.rollout_gen)
 
-    def load_checkpoint(self, path: str | Path) -> None:
-        """Restore everything :meth:`save_checkpoint` wrote (``--resume``).
+    def load_checkpoint(self, path: str | Path, force: bool = False) -> None:
+        """Restore everything :meth:`save_checkpoint` wrote (``--resume``); each process resumes its own
+        data and rollout streams, so the run goes on as if uninterrupted.
+
+        Args:
+            path: the checkpoint folder.
+            force: resume although the checkpoint was written on another number of processes (the
+                global batch, ``train.prompts_per_step`` × processes, changes; warned).
 
         Raises:
             FileNotFoundError: when ``path`` holds no trainer state.
+            ProcessCountError: the checkpoint's process count is not this run's and ``force`` is false.
         """
         path = Path(path)
         state = read_checkpoint_state(path)
+        main, world = self.acc.is_main_process, self.acc.num_processes
+        _ckpt.check_process_count(path, state, world, self.tc.prompts_per_step, force, main)
         self.acc.load_state(str(path))
         self.step_count = int(state["step"])
-        self._resumed_step = self.step_count
-        self.data_gen.set_state(state["data_gen"])
-        self.rollout_gen.set_state(state["rollout_gen"])
-        self._follow_schedule(state.get("config", {}).get("train", {}))
+        self._metrics_log.resumed_step = self.step_count  # metrics.jsonl / TensorBoard continue from here
+        _ckpt.restore_streams(state, self.acc.process_index, self.tc.seed, self.data_gen, self.rollout_gen, main, world)
+        _ckpt.follow_schedule(self.scheduler, self.optimizer, self.tc, self.step_count,
+                              state.get("config", {}).get("train", {}), main)
 
     def continue_logs_after(self, step: int) -> None:
         """Make the next :meth:`log` drop the ``metrics.jsonl`` rows after ``step`` and open TensorBoard
         with ``purge_step=step + 1``, as after :meth:`load_checkpoint` at that step (``maskrl train
         --resume`` of a run that saved no checkpoint starts it again with ``step=0``)."""
-        self._resumed_step = int(step)
-
-    def _follow_schedule(self, saved: dict) -> None:
-        """After a resume, make the learning rate that of *this* run's schedule at the restored step.
-
-        The optimizer state restores the last rate of the saved run (0.0 at the end of a ``linear``
-        schedule) and the scheduler's counter, while the schedule function is this run's (its
-        ``train.steps``, ``warmup_steps``, ``lr``, ``lr_scheduler``). Without this, the first resumed
-        step would run at the saved run's last rate (issue 13 item 3). The schedule's base rate is set
-        to this run's ``train.lr``; a change of these settings is logged.
-        """
-        inner = getattr(self.scheduler, "scheduler", self.scheduler)  # accelerate's wrapper holds it
-        inner.base_lrs = [self.tc.lr for _ in inner.base_lrs]
-        inner.last_epoch = self.step_count * self.tc.inner_iterations  # μ scheduler steps per RL step
-        for group, base, fn in zip(self.optimizer.param_groups, inner.base_lrs, inner.lr_lambdas):
-            group["initial_lr"] = base
-            group["lr"] = base * fn(inner.last_epoch)
-        changed = [f"train.{k} {saved[k]!r} -> {getattr(self.tc, k)!r}"
-                   for k in ("steps", "lr", "lr_scheduler", "warmup_steps", "inner_iterations")
-                   if k in saved and saved[k] != getattr(self.tc, k)]
-        if changed and self.acc.is_main_process:
-            log.warning("resumed at step %d with other schedule settings (%s): the learning rate follows this "
-                        "run's schedule from step %d (lr %.3g)", self.step_count, "; ".join(changed),
-                        self.step_count + 1, self.optimizer.param_groups[0]["lr"])
-
-
-def tracker_kwargs(cfg: RunConfig) -> dict:
-    """``Accelerator`` keyword arguments for the ``train.report_to`` trackers: ``log_with`` and a
-    :class:`~accelerate.utils.ProjectConfiguration` whose logging dir is ``<output_dir>/tb``
-    (TensorBoard writes ``<output_dir>/tb/<train.tracker_project>``; W&B, MLflow, ... their own places)."""
-    from accelerate.utils import ProjectConfiguration
-
-    out = Path(cfg.output_dir)
-    return {"log_with": list(cfg.train.report_to) or None,
-            "project_config": ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "tb"))}
-
-
-def check_trackers(cfg: RunConfig, acc: Accelerator) -> None:
-    """Every ``train.report_to`` tracker is active on ``acc`` (accelerate drops trackers whose package
-    is missing with only a warning; here that is an error naming the tracker).
-
-    Raises:
-        ConfigError: a requested tracker is not installed, or an accelerator passed in lacks it.
-    """
-    from maskrl.config import ConfigError
-
-    active = {str(getattr(t, "value", t)) for t in (acc.log_with or [])}
-    missing = [n for n in cfg.train.report_to if n not in active]
-    if missing:
-        raise ConfigError(f"train.report_to: tracker(s) {', '.join(missing)} not available (package not installed, "
-                          f"e.g. `pip install 'maskrl[track]'`, or an Accelerator passed without them in log_with); "
-                          f"set train.report_to to the ones you have, or []")
-
-
-def hyperparameters(cfg: RunConfig) -> dict:
-    """The resolved config flattened to ``{"train.lr": 1e-05, ...}`` with ``bool``/``int``/``float``/``str``
-    values (lists and ``None`` as text), the form every accelerate tracker accepts as hyper-parameters."""
-    flat: dict = {}
-
-    def walk(prefix: str, value) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(value, (bool, int, float, str)):
-            flat[prefix] = value
-        else:
-            flat[prefix] = json.dumps(value)
-
-    walk("", to_dict(cfg))
-    return flat
-
-
-def read_checkpoint_state(path: str | Path) -> dict:
-    """The trainer state of a checkpoint folder: ``{"step", "data_gen", "rollout_gen", "config"}``
-    (``config`` in :func:`~maskrl.config.to_dict` form: the run's config at that step).
-
-    Raises:
-        FileNotFoundError: when ``path`` holds no trainer state.
-    """
-    path = Path(path)
-    if not (path / TRAINER_STATE).is_file():
-        raise FileNotFoundError(f"{path} is not a maskrl checkpoint (no {TRAINER_STATE})")
-    return torch.load(path / TRAINER_STATE, weights_only=False)
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The complete ``checkpoints/step_K`` folder (one with its trainer state, written last) with the
-    largest K under ``run_dir``, or ``None``."""
-    ckpts = sorted((p for p in (Path(run_dir) / "checkpoints").glob("step_*")
-                    if p.name[5:].isdigit() and (p / TRAINER_STATE).is_file()), key=lambda p: int(p.name[5:]))
-    return ckpts[-1] if ckpts else None
+        self._metrics_log.resumed_step = int(step)

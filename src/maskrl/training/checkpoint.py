@@ -1,0 +1,218 @@
+"""Checkpoints, exact resume and stopping on a signal (:meth:`maskrl.trainer.RLTrainer.save_checkpoint`,
+:meth:`~maskrl.trainer.RLTrainer.load_checkpoint`, :meth:`~maskrl.trainer.RLTrainer.train`).
+
+A checkpoint is a folder ``<output_dir>/checkpoints/step_K``: accelerate's ``save_state`` (weights as
+safetensors, optimizer, scheduler, one ``random_states_<rank>.pkl`` per process) plus
+:data:`TRAINER_STATE`, written by the main process::
+
+    {"step": K,                      # RL steps done
+     "data_gen": ..., "rollout_gen": ...,   # process 0's prompt and sampler streams
+     "config": {...},                # the run's config (maskrl.config.to_dict)
+     "num_processes": P,             # processes that trained it
+     "streams": [{"data_gen", "rollout_gen"}] * P}   # every process's own streams, by rank
+
+Each process resumes its own streams, so a resumed run on P processes equals the uninterrupted one
+bit for bit. Checkpoints of earlier maskrl versions lack ``num_processes`` and ``streams`` (they hold
+process 0's streams only): their process count is unknown (a warning), process 0 resumes the saved
+streams and any other process streams re-derived from the seed, its rank and the step
+(:func:`~maskrl.training.seeds.resumed_data_seed`).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Callable
+
+import torch
+from accelerate import Accelerator
+
+from maskrl.config import RunConfig, TrainConfig, to_dict
+from maskrl.training.seeds import resumed_data_seed, resumed_rollout_seed
+
+TRAINER_STATE = "trainer_state.pt"
+log = logging.getLogger("maskrl.trainer")  # the trainer's messages, under the trainer's logger name
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """:meth:`RLTrainer.train` stopped on SIGINT / SIGTERM at a step boundary, after saving a checkpoint.
+
+    Attributes:
+        step: the last completed RL step (the checkpoint's).
+        checkpoint: the checkpoint folder written (``<output_dir>/checkpoints/step_<step>``).
+        signum: the signal received (``signal.SIGINT`` or ``signal.SIGTERM``).
+    """
+
+    def __init__(self, step: int, checkpoint: Path, signum: int) -> None:
+        self.step, self.checkpoint, self.signum = step, checkpoint, signum
+        super().__init__(f"{signal.Signals(signum).name} after step {step}: checkpoint saved to {checkpoint}")
+
+
+class ProcessCountError(ValueError):
+    """A resume on another process count than the checkpoint's, without ``force`` (the global batch,
+    ``train.prompts_per_step`` × processes, would change)."""
+
+
+# ------------------------------------------------------------------------------------ files
+def read_checkpoint_state(path: str | Path) -> dict:
+    """The trainer state of a checkpoint folder (module docstring): ``{"step", "data_gen",
+    "rollout_gen", "config"}``, and ``"num_processes"``, ``"streams"`` when a maskrl version that
+    records them wrote it (``config`` in :func:`~maskrl.config.to_dict` form: the run's config at that step).
+
+    Raises:
+        FileNotFoundError: when ``path`` holds no trainer state.
+    """
+    path = Path(path)
+    if not (path / TRAINER_STATE).is_file():
+        raise FileNotFoundError(f"{path} is not a maskrl checkpoint (no {TRAINER_STATE})")
+    return torch.load(path / TRAINER_STATE, weights_only=False)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The complete ``checkpoints/step_K`` folder (one with its trainer state, written last) with the
+    largest K under ``run_dir``, or ``None``."""
+    ckpts = sorted((p for p in (Path(run_dir) / "checkpoints").glob("step_*")
+                    if p.name[5:].isdigit() and (p / TRAINER_STATE).is_file()), key=lambda p: int(p.name[5:]))
+    return ckpts[-1] if ckpts else None
+
+
+def save_checkpoint(acc: Accelerator, path: str | Path, step: int, cfg: RunConfig, data_gen: torch.Generator,
+                    rollout_gen: torch.Generator) -> Path:
+    """Write the checkpoint folder ``path`` (module docstring) on every process: accelerate's state, then
+    :data:`TRAINER_STATE` by the main process with every process's ``data_gen`` / ``rollout_gen`` state
+    (one object all-gather on several processes). Returns ``path``."""
+    path = Path(path)
+    acc.wait_for_everyone()
+    acc.save_state(str(path), safe_serialization=True)
+    own = {"data_gen": data_gen.get_state(), "rollout_gen": rollout_gen.get_state()}
+    if acc.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        streams = gather_object([own])  # [P] by rank
+    else:
+        streams = [own]
+    if acc.is_main_process:
+        torch.save({"step": step, "data_gen": own["data_gen"], "rollout_gen": own["rollout_gen"], "config": to_dict(cfg),
+                    "num_processes": acc.num_processes, "streams": streams}, path / TRAINER_STATE)
+    acc.wait_for_everyone()
+    return path
+
+
+# ------------------------------------------------------------------------------------ resume
+def launched_processes() -> int:
+    """Processes of this launch before any ``Accelerator`` exists: ``WORLD_SIZE`` as ``torchrun`` /
+    ``accelerate launch`` set it, else 1 (what ``maskrl train`` checks before loading a model)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def process_count_change(state: dict, num_processes: int, prompts_per_step: int) -> str | None:
+    """What resuming ``state`` (:func:`read_checkpoint_state`) on ``num_processes`` processes with
+    ``train.prompts_per_step = prompts_per_step`` changes, as one line naming both process counts and
+    global batches; ``None`` when the count is the same or the checkpoint does not record it."""
+    old = state.get("num_processes")
+    if old is None or int(old) == num_processes:
+        return None
+    old = int(old)
+    per_old = int(state.get("config", {}).get("train", {}).get("prompts_per_step", prompts_per_step))
+    return (f"process count {old} -> {num_processes}: the global batch (train.prompts_per_step x processes) "
+            f"{per_old} x {old} = {per_old * old} -> {prompts_per_step} x {num_processes} = "
+            f"{prompts_per_step * num_processes} prompts per step")
+
+
+def check_process_count(path: Path, state: dict, num_processes: int, prompts_per_step: int, force: bool,
+                        main_process: bool = True) -> None:
+    """Refuse a resume on another process count unless ``force``; warn (main process) when forced and
+    when the checkpoint records no count.
+
+    Raises:
+        ProcessCountError: the counts differ and ``force`` is false; the message names both counts and
+            global batches.
+    """
+    change = process_count_change(state, num_processes, prompts_per_step)
+    step = int(state["step"])
+    if change and not force:
+        raise ProcessCountError(f"resuming {path} (step {step}): {change}. Launch {state['num_processes']} processes, "
+                                f"or pass force=True (maskrl train --force) to go on with the new global batch")
+    if not main_process:
+        return
+    if change:
+        log.warning("resuming %s (step %d) forced: %s", path, step, change)
+    if state.get("num_processes") is None:
+        log.warning("checkpoint %s records no process count (an earlier maskrl version wrote it): the global "
+                    "batch cannot be checked (now %d process(es) x train.prompts_per_step %d)", path, num_processes,
+                    prompts_per_step)
+
+
+def restore_streams(state: dict, rank: int, seed: int, data_gen: torch.Generator, rollout_gen: torch.Generator,
+                    main_process: bool = True, num_processes: int = 1) -> None:
+    """Set process ``rank``'s prompt and sampler streams from ``state`` (its own saved ones; process 0's
+    alone in a checkpoint of an earlier version), or, for a process the checkpoint holds none for,
+    re-derive them from ``seed``, ``rank`` and the step (:func:`~maskrl.training.seeds.resumed_data_seed`,
+    warned on the main process)."""
+    streams = state.get("streams") or [{"data_gen": state["data_gen"], "rollout_gen": state["rollout_gen"]}]
+    step = int(state["step"])
+    if rank < len(streams):
+        data_gen.set_state(streams[rank]["data_gen"])
+        rollout_gen.set_state(streams[rank]["rollout_gen"])
+    else:
+        data_gen.manual_seed(resumed_data_seed(seed, rank, step))
+        rollout_gen.manual_seed(resumed_rollout_seed(seed, rank, step))
+    if main_process and num_processes > len(streams):
+        log.warning("the checkpoint holds the prompt and sampler streams of %d process(es); processes %d..%d draw "
+                    "from streams re-derived from train.seed, their rank and step %d", len(streams), len(streams),
+                    num_processes - 1, step)
+
+
+def follow_schedule(scheduler, optimizer: torch.optim.Optimizer, tc: TrainConfig, step: int, saved: dict,
+                    main_process: bool = True) -> None:
+    """After a resume at ``step``, make the learning rate that of *this* run's schedule there.
+
+    The optimizer state restores the last rate of the saved run (0.0 at the end of a ``linear``
+    schedule) and the scheduler's counter, while the schedule function is this run's (``tc``: its
+    ``train.steps``, ``warmup_steps``, ``lr``, ``lr_scheduler``). Without this, the first resumed
+    step would run at the saved run's last rate. The schedule's base rate is set to this run's
+    ``train.lr``; a change of these settings against ``saved`` (the checkpoint's ``train`` section)
+    is logged.
+    """
+    inner = getattr(scheduler, "scheduler", scheduler)  # accelerate's wrapper holds it
+    inner.base_lrs = [tc.lr for _ in inner.base_lrs]
+    inner.last_epoch = step * tc.inner_iterations  # μ scheduler steps per RL step
+    for group, base, fn in zip(optimizer.param_groups, inner.base_lrs, inner.lr_lambdas):
+        group["initial_lr"] = base
+        group["lr"] = base * fn(inner.last_epoch)
+    changed = [f"train.{k} {saved[k]!r} -> {getattr(tc, k)!r}"
+               for k in ("steps", "lr", "lr_scheduler", "warmup_steps", "inner_iterations")
+               if k in saved and saved[k] != getattr(tc, k)]
+    if changed and main_process:
+        log.warning("resumed at step %d with other schedule settings (%s): the learning rate follows this "
+                    "run's schedule from step %d (lr %.3g)", step, "; ".join(changed), step + 1,
+                    optimizer.param_groups[0]["lr"])
+
+
+# ------------------------------------------------------------------------------------ signals
+@contextlib.contextmanager
+def stop_at_step_end(enabled: bool, on_signal: Callable[[int], None]):
+    """While inside: the first SIGINT / SIGTERM only calls ``on_signal(signum)`` (the training loop then
+    stops at the end of its step); the previous handlers are back for a second signal and afterwards.
+    Does nothing when not ``enabled`` or off the main thread (Python delivers signals there only)."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = [signal.SIGINT] + ([signal.SIGTERM] if hasattr(signal, "SIGTERM") else [])
+    previous = {s: signal.getsignal(s) for s in sigs}
+
+    def handler(signum, _frame):
+        for s, h in previous.items():  # a second signal: the usual behaviour
+            signal.signal(s, h)
+        on_signal(signum)
+
+    for s in sigs:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
