@@ -653,7 +653,7 @@ class ActivationModel:
         sampler's proposal peak) for ``scored`` positions, at the narrowest width (the [M, V] tensors
         dominate; the [M, d] input is added at full width)."""
         from maskrl.models.adapter import token_log_probs
-        from maskrl.sampling import _propose  # the sampler's own candidate draw
+        from maskrl.sampling import propose as _propose  # the sampler's own candidate draw
 
         ad = self._adapter(self.widths[0], 1)
         head = ad.model.get_output_embeddings()

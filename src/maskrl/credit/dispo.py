@@ -45,6 +45,7 @@ import torch
 from maskrl.credit.base import CreditBatch, CreditContext, CreditModule
 from maskrl.likelihood.state import State
 from maskrl.objectives.diffu_grpo import DiffuGRPO
+from maskrl.sampling.commit import gumbel_max
 from maskrl.types import LossTerm
 
 TIMINGS = ("late", "uniform", "early")
@@ -85,7 +86,8 @@ def draw_fillings(logits: torch.Tensor, z: int, temperature: float, generator: t
         logits: ``[M, V]`` (the ``[M]`` token's logit already −inf).
         z: Z.
         temperature: τ; 0 gives the argmax Z times.
-        generator: CPU generator for the Gumbel noise (float64, drawn ``chunk`` rows at a time).
+        generator: CPU generator for the Gumbel noise (float64, drawn ``chunk`` rows at a time, Z
+            draws per chunk, by the sampler's :func:`~maskrl.sampling.commit.gumbel_max`).
 
     Returns:
         ``(tokens [Z, M] long, logp [Z, M] float32)`` with ``logp = log softmax(logits)[token]``
@@ -98,11 +100,7 @@ def draw_fillings(logits: torch.Tensor, z: int, temperature: float, generator: t
         part = logits[a:a + chunk]
         lsm = torch.log_softmax(part.float(), -1)
         for k in range(z):
-            if temperature == 0:
-                tok = part.argmax(-1)
-            else:
-                u = torch.rand(part.shape, generator=generator, dtype=torch.float64).to(part.device)
-                tok = (part.double() / temperature - torch.log(-torch.log(u))).argmax(-1)
+            tok = gumbel_max(part, temperature, generator)  # the sampler's own draw
             tokens[k, a:a + chunk] = tok
             logp[k, a:a + chunk] = lsm.gather(-1, tok[:, None]).squeeze(-1)
     return tokens, logp

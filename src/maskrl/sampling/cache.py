@@ -1,0 +1,299 @@
+"""Which positions each sampler step forwards: no cache, or Fast-dLLM's prefix / dual key/value caches
+(Wu et al. 2025, "Fast-dLLM", §3.1-3.2; SPEC §1.2), and the output layer on the positions needed.
+
+The output layer runs only on the positions a step can commit (the current block) plus the positions
+observers ask for (:attr:`~maskrl.sampling.StepObserver.logit_scope`); no ``[N, L, V]`` tensor is
+built.
+
+``SamplerConfig.cache``:
+
+- ``"none"``: every step is one full forward of every decoding row (for 2-D-attention models and
+  classifier-free guidance, the model's own full logits).
+- ``"prefix"`` / ``"dual"``: at each block start (per row: threshold rows reach their next block at
+  different steps, and each row is refreshed at its own block start) one full forward of that row
+  fills its cache and gives that step's logits, so the first step of every block is exact. The
+  block's later steps run, against that cache, the block and everything right of it (``prefix``: one
+  forward per distinct block start, whose windows have equal widths) or the block alone (``dual``:
+  one forward for all those rows). For Dream-style shifted models the query also holds the position
+  left of the block, whose hidden state predicts the block's first token. Within a step every row's
+  computation depends on that row only, so batch and single decoding agree. Not supported with
+  ``cfg_scale > 0`` (``ValueError``).
+
+One forward-count rule (:func:`plan_forwards`) decides, before any forward of a step, which decoder
+forwards run, which completion positions each row's forward computes (its *window*), and which rows'
+observer views need one extra full forward (asked beyond the window, or an ``exact_logits`` observer
+reading a cached row). The step runs exactly that plan, and the rank lockstep
+(:class:`~maskrl.sampling.lockstep.RankLockstep`) sends the same counts to the other ranks
+(:func:`cached_forward_counts`): on several ranks the forwards per step vary with the rows' block
+starts, and every rank pads to the maximum.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from maskrl.models.adapter import ModelAdapter
+from maskrl.sampling.config import SamplerConfig
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One decoder forward of a step: ``rows [g]`` long (indices into the step's ``n`` rows) and
+    whether it is a full forward of those rows (``window=False``) or a window forward against the
+    cache (``window=True``; the rows of one window forward share their window width)."""
+
+    rows: torch.Tensor
+    window: bool
+
+
+@dataclass(frozen=True)
+class StepForwards:
+    """The plan of one step (:func:`plan_forwards`).
+
+    Attributes:
+        forwards: the decoder forwards, in the order they run.
+        full: ``[n]`` bool, rows whose step is a full forward (their logits are exact).
+        lo, hi: ``[n]`` long, the completion positions ``[lo, hi)`` each row's forward computes.
+        inside: ``[n]`` bool, rows whose observer requests lie in their window; ``None`` when no
+            observer asks beyond the block.
+        redo: ``[n]`` bool, rows whose observer view needs one extra full forward; ``None`` without
+            observers.
+    """
+
+    forwards: list[Forward]
+    full: torch.Tensor
+    lo: torch.Tensor
+    hi: torch.Tensor
+    inside: torch.Tensor | None
+    redo: torch.Tensor | None
+
+    @property
+    def decoder_forwards(self) -> int:
+        """Decoder forwards before the step's output layer."""
+        return len(self.forwards)
+
+    @property
+    def extra_forward(self) -> int:
+        """1 if the observers' extra full forward runs at this step, else 0."""
+        return int(bool(self.redo.any())) if self.redo is not None else 0
+
+
+def plan_forwards(cache: str, block_length: int, refresh: torch.Tensor, start: torch.Tensor, L: int,
+                  requested: torch.Tensor | None = None, wants_exact: torch.Tensor | None = None) -> StepForwards:
+    """The forwards one sampler step runs, their windows, and the rows whose view needs an extra
+    full forward (module docstring).
+
+    Args:
+        cache: ``"none"``, ``"prefix"`` or ``"dual"``.
+        block_length: b.
+        refresh: ``[n]`` bool, rows at their block's first step (with a cache, a full forward fills
+            the row's cache there); ignored with ``cache="none"``, where every row is a full forward.
+        start: ``[n]`` long, each row's block start in the completion.
+        L: completion length.
+        requested: ``[n, L]`` bool positions observers ask for (``None``: none beyond the block).
+        wants_exact: ``[n]`` bool rows an ``exact_logits`` observer reads (``None``: no observers).
+
+    Returns:
+        A :class:`StepForwards`: with ``cache="none"`` one full forward of every row; else one full
+        forward of the refreshing rows, then one window forward of the others (dual) or one per
+        distinct block start, ascending (prefix).
+    """
+    n = start.shape[0]
+    every = torch.arange(n, device=start.device)
+    if cache == "none":
+        full = torch.ones(n, dtype=torch.bool, device=start.device)
+        forwards = [Forward(every, window=False)]
+    else:
+        full = refresh
+        forwards = [Forward(refresh.nonzero().squeeze(-1), window=False)] if refresh.any() else []
+        rest = (~refresh).nonzero().squeeze(-1)
+        if rest.numel():
+            if cache == "dual":
+                forwards.append(Forward(rest, window=True))
+            else:
+                forwards += [Forward(rest[start[rest] == s], window=True) for s in start[rest].unique()]
+    lo = torch.where(full, 0, start)
+    hi = torch.where(full, L, start + block_length) if cache == "dual" else torch.full_like(start, L)
+    inside = redo = None
+    if requested is not None:
+        pos = torch.arange(L, device=start.device)
+        window = (pos[None, :] >= lo[:, None]) & (pos[None, :] < hi[:, None])  # [n, L]
+        inside = ~(requested & ~window).any(-1)
+    if wants_exact is not None:
+        redo = wants_exact & ~full
+        if inside is not None:
+            redo = redo | ~inside
+    elif inside is not None:
+        redo = ~inside
+    return StepForwards(forwards, full, lo, hi, inside, redo)
+
+
+def cached_forward_counts(config: SamplerConfig, refresh: torch.Tensor, start: torch.Tensor,
+                          requested: torch.Tensor | None, L: int,
+                          wants_exact: torch.Tensor | None = None) -> tuple[int, int]:
+    """Forwards one cached sampler step runs (what :func:`~maskrl.sampling.generate` sends to
+    ``ranks_max``), by the one rule :func:`plan_forwards`.
+
+    Args:
+        config: the sampler (``cache`` ``prefix`` or ``dual``).
+        refresh: ``[n]`` bool, rows at their block's first step (a full forward fills the cache).
+        start: ``[n]`` long, each row's block start in the completion.
+        requested: ``[n, L]`` bool positions observers asked for, or ``None``.
+        L: completion length.
+        wants_exact: ``[n]`` bool rows an ``exact_logits`` observer reads, or ``None``.
+
+    Returns:
+        ``(decoder forwards before the output layer, 1 if the observers' extra full forward runs, else
+        0)``: one full forward when a row refreshes; then one window forward for the other rows (dual)
+        or one per distinct block start (prefix). The extra forward runs when a row's requests leave
+        its window, or an exact-logits observer reads a cached (non-refresh) row.
+    """
+    plan = plan_forwards(config.cache, config.block_length, refresh, start, L, requested, wants_exact)
+    return plan.decoder_forwards, plan.extra_forward
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """What one forward gave for ``rows [g]`` (indices into the step's rows): hidden states
+    ``hidden [g, W, d]`` over columns ``[w0, w0 + W)`` (``w0 [g]`` long), or, for models without a
+    decoder forward, the completion logits ``logits [g, L, V]``."""
+
+    rows: torch.Tensor
+    hidden: torch.Tensor | None = None
+    w0: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+
+class KVCache:
+    """Runs a step's :class:`StepForwards` for one :func:`~maskrl.sampling.generate` call, holding the
+    rows' cached keys/values (per layer ``[N, H, S, D]``, filled at each row's block start).
+
+    Args:
+        adapter: the model.
+        config: the sampler settings (``cache``, ``cfg_scale``).
+        n_rows: N, rows of the whole batch.
+        p_len: prompt columns P.
+        pos_ids: ``[N, P + L]`` RoPE positions of the batch (``None`` for 2-D-attention models).
+    """
+
+    def __init__(self, adapter: ModelAdapter, config: SamplerConfig, n_rows: int, p_len: int,
+                 pos_ids: torch.Tensor | None) -> None:
+        self.adapter, self.config, self.n_rows, self.p_len, self.pos_ids = adapter, config, n_rows, p_len, pos_ids
+        self.shift = 1 if adapter.shift else 0
+        self.store: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def run(self, plan: StepForwards, rows: torch.Tensor, xr: torch.Tensor, ar: torch.Tensor,
+            start: torch.Tensor) -> list[Hidden]:
+        """The plan's forwards, in order, for the step's ``rows [n]`` (batch indices) with pre-step
+        tokens ``xr [n, S]``, key validity ``ar [n, S]`` and block starts ``start [n]``."""
+        return [self._window(f.rows, rows, xr, ar, start) if f.window else self._full(f.rows, rows, xr, ar)
+                for f in plan.forwards]
+
+    def _full(self, loc, rows, xr, ar) -> Hidden:
+        ad, cached = self.adapter, self.config.cache != "none"
+        if not ad.supports_cache or self.config.cfg_scale > 0:  # logits of the whole sequence
+            return Hidden(loc, logits=full_logits(ad, xr[loc], ar[loc], self.p_len, self.config.cfg_scale))
+        h, kv = ad.decoder_forward(xr[loc], ar[loc], ad.position_ids(ar[loc]), return_kv=cached)
+        if cached:
+            if self.store is None:
+                self.store = [(torch.zeros((self.n_rows, *k.shape[1:]), dtype=k.dtype, device=k.device),
+                               torch.zeros((self.n_rows, *v.shape[1:]), dtype=v.dtype, device=v.device)) for k, v in kv]
+            for (k_all, v_all), (k, v) in zip(self.store, kv):
+                k_all[rows[loc]] = k
+                v_all[rows[loc]] = v
+        return Hidden(loc, h, torch.zeros(len(loc), dtype=torch.long, device=h.device))
+
+    def _window(self, loc, rows, xr, ar, start) -> Hidden:
+        w0 = self.p_len + start[loc] - self.shift  # [g]
+        width = self.config.block_length + self.shift if self.config.cache == "dual" else xr.shape[1] - int(w0[0])
+        h = window_hidden(self.adapter, self.store, xr[loc], ar[loc], self.pos_ids[rows[loc]], rows[loc], w0, width)
+        return Hidden(loc, h, w0)
+
+
+def full_logits(adapter: ModelAdapter, xr: torch.Tensor, ar: torch.Tensor, p_len: int, cfg_scale: float) -> torch.Tensor:
+    """``[n, L, V]`` completion logits of full forwards of ``xr [n, P + L]`` (with classifier-free
+    guidance when ``cfg_scale > 0``: the unconditional pass masks the prompt); used for models without
+    :meth:`~maskrl.models.adapter.ModelAdapter.decoder_forward` (2-D attention) and for guidance."""
+    logits = adapter.logits(xr, ar)
+    if cfg_scale > 0:
+        uncond = xr.clone()
+        uncond[:, :p_len] = torch.where(ar[:, :p_len], adapter.mask_id, uncond[:, :p_len])
+        un = adapter.logits(uncond, ar)
+        logits = un + (cfg_scale + 1) * (logits - un)
+    return logits[:, p_len:]
+
+
+def window_hidden(adapter: ModelAdapter, kv_store: Sequence[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor,
+                  attn: torch.Tensor, pos_ids: torch.Tensor, store_rows: torch.Tensor, w0: torch.Tensor,
+                  width: int) -> torch.Tensor:
+    """Hidden states of a window of columns recomputed against the cached keys/values of all others
+    (Fast-dLLM prefix cache: window = block and everything right of it; dual cache: window = block).
+
+    Args:
+        adapter: a model with :attr:`ModelAdapter.supports_cache`.
+        kv_store: per layer ``(keys, values)``, each ``[N_all, H, S, D]``, filled by a full forward.
+        x, attn, pos_ids: ``[g, S]`` current tokens, key validity (bool) and RoPE positions of the rows.
+        store_rows: ``[g]`` long, the rows' indices into ``kv_store``.
+        w0: ``[g]`` long, first column of each row's window; width: window length ``W``.
+
+    Returns:
+        ``[g, W, d]`` hidden states of columns ``w0 .. w0 + W - 1`` (input of the output layer).
+
+    Raises:
+        ValueError: when a window leaves the ``S`` columns.
+    """
+    g, n_cols = x.shape
+    cols = torch.arange(n_cols, device=x.device)
+    wcols = w0[:, None] + torch.arange(width, device=x.device)  # [g, W]
+    if bool((w0 < 0).any()) or bool((w0 + width > n_cols).any()):
+        raise ValueError(f"window [w0, w0 + {width}) leaves the {n_cols} columns")
+    in_win = (cols[None, :] >= w0[:, None]) & (cols[None, :] < w0[:, None] + width)
+    keep = cols.expand(g, -1)[~in_win].view(g, n_cols - width)  # [g, S - W], ascending
+    kidx = keep[:, None, :, None]
+    past = []
+    for k_all, v_all in kv_store:
+        idx = kidx.expand(-1, k_all.shape[1], -1, k_all.shape[-1])
+        past.append((k_all[store_rows].gather(2, idx), v_all[store_rows].gather(2, idx)))
+    key_mask = torch.cat([attn.gather(1, keep), attn.gather(1, wcols)], 1).bool()
+    h, _ = adapter.decoder_forward(x.gather(1, wcols), key_mask, pos_ids.gather(1, wcols), past=past)
+    return h
+
+
+def head_at(adapter: ModelAdapter, parts: Sequence[Hidden], cover: torch.Tensor, p_len: int) -> torch.Tensor:
+    """Logits at the covered completion positions, flat ``[cover.sum(), V]`` in row-major order.
+
+    Args:
+        adapter: the model (its :meth:`~maskrl.models.adapter.ModelAdapter.head` and ``shift``).
+        parts: the step's forwards (:class:`Hidden`), together covering every row of ``cover``.
+        cover: ``[n, L]`` bool, the positions whose logits are wanted.
+        p_len: prompt columns P.
+
+    The output layer runs once, on the gathered hidden states only (models without a decoder forward
+    give their logits whole, and those are gathered instead).
+    """
+    n, L = cover.shape
+    shift = 1 if adapter.shift else 0
+    fidx = cover.flatten().long().cumsum(0).view(n, L) - 1
+    m = int(cover.sum())
+    hs, his, ls, lis = [], [], [], []
+    for part in parts:
+        rr, pp = cover[part.rows].nonzero(as_tuple=True)
+        if part.hidden is not None:
+            col = p_len + pp - shift - part.w0[rr]
+            hs.append(part.hidden[rr, col])
+            his.append(fidx[part.rows[rr], pp])
+        else:
+            ls.append(part.logits[rr, pp])
+            lis.append(fidx[part.rows[rr], pp])
+    if ls and not hs:
+        out = torch.cat(ls)
+        return out[torch.cat(lis).argsort()]
+    hidden = torch.cat(hs)
+    order = torch.cat(his)
+    if bool((order[1:] > order[:-1]).all()) or len(order) <= 1:
+        return adapter.head(hidden)
+    flat_h = hidden.new_empty((m, hidden.shape[-1]))
+    flat_h[order] = hidden
+    return adapter.head(flat_h)

@@ -1,0 +1,107 @@
+"""The commit rule as pure functions (SPEC §1.2): which ids may be candidates, the candidate draw
+(Gumbel-max in float64), the confidence ranking, and the fixed / threshold selection.
+
+One step of the sampler is, on the ``[n, b]`` positions of each row's current block::
+
+    logits = candidate_logits(head_output, mask_id)          # ids that can never be committed: -inf
+    cand, prob = propose(logits, temperature, generator)     # x̂_i and c_i = softmax(logits)[x̂_i]
+    score = commit_scores(prob, eligible, remasking, generator, stop)
+    rank = rank_positions(score)
+    take = select_fixed(rank, k, eligible)  or  select_threshold(rank, prob, threshold, eligible)
+
+DiSPO's branch fillings (SPEC §4) draw with the same :func:`gumbel_max`.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def candidate_logits(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """Remove the ids that are never valid outputs from ``logits [..., V]`` (in place, returned): the
+    ``[M]`` token's logit becomes ``-inf``, so neither the draw nor the confidence ever sees it."""
+    logits[..., mask_id] = float("-inf")
+    return logits
+
+
+def gumbel_max(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """One sample per row of ``softmax(logits / τ)`` by the Gumbel-max trick in float64 (SPEC §1.2).
+
+    The uniforms ``u [*logits.shape]`` float64 are drawn from ``generator`` on the generator's own
+    device (then moved to the logits'), and ``argmax(logits / τ - log(-log u))`` is taken. ``τ = 0``
+    draws nothing and returns the argmax.
+
+    Args:
+        logits: ``[..., V]`` any float dtype (ids that must not be drawn already ``-inf``).
+        temperature: τ >= 0.
+        generator: the source of the noise (``None``: torch's global generator).
+
+    Returns:
+        ``[...]`` long token ids.
+    """
+    if temperature == 0:
+        return logits.argmax(-1)
+    device = generator.device if generator is not None else logits.device
+    u = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=device).to(logits.device)
+    return (logits.double() / temperature - torch.log(-torch.log(u))).argmax(-1)
+
+
+def propose(logits: torch.Tensor, temperature: float,
+            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidate tokens and their noise-free probabilities (SPEC §1.2).
+
+    Args:
+        logits: ``[n, b, V]`` (or any ``[..., V]``) candidate logits (:func:`candidate_logits`).
+        temperature: τ of the draw (:func:`gumbel_max`); 0 = argmax.
+        generator: source of the Gumbel noise.
+
+    Returns:
+        ``(tokens [n, b] long, prob [n, b] float32)`` with ``prob = softmax(logits)[token]`` (no
+        temperature).
+    """
+    tokens = gumbel_max(logits, temperature, generator)
+    prob = torch.softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    return tokens, prob
+
+
+def commit_scores(prob: torch.Tensor, eligible: torch.Tensor, remasking: str, generator: torch.Generator | None,
+                  stop: torch.Tensor | None = None) -> torch.Tensor:
+    """The score positions are ranked by (SPEC §1.2).
+
+    Args:
+        prob: ``[n, b]`` float32 confidences of the candidates.
+        eligible: ``[n, b]`` bool, positions still holding ``[M]`` (the others can never be committed).
+        remasking: ``"low_confidence"`` (score = confidence) or ``"random"`` (score ~ U(0, 1), drawn
+            from ``generator`` with ``prob``'s shape).
+        generator: source of the random scores.
+        stop: ``[n, b]`` bool, candidates that end a completion, ranked after every other candidate
+            (``suppress_eos``); ``None``: no such demotion.
+
+    Returns:
+        ``[n, b]`` float32 scores; ``-inf`` where not eligible.
+    """
+    if remasking == "random":
+        score = torch.rand(prob.shape, generator=generator, device=prob.device)
+    else:
+        score = prob.clone()
+    if stop is not None:
+        score = torch.where(stop, score - 2.0, score)  # scores lie in [0, 1]: every stop ranks last
+    return score.masked_fill(~eligible, float("-inf"))
+
+
+def rank_positions(score: torch.Tensor) -> torch.Tensor:
+    """``[n, b]`` long rank of each position by descending ``score [n, b]`` (0 = best; ties keep the
+    left-to-right order)."""
+    order = score.argsort(dim=-1, descending=True, stable=True)
+    offsets = torch.arange(score.shape[-1], device=score.device)
+    return torch.empty_like(order).scatter_(1, order, offsets.expand_as(order))
+
+
+def select_fixed(rank: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    """Fixed schedule: commit the ``k [n]`` best-ranked eligible positions of each row; ``[n, b]`` bool."""
+    return (rank < k[:, None]) & eligible
+
+
+def select_threshold(rank: torch.Tensor, prob: torch.Tensor, threshold: float, eligible: torch.Tensor) -> torch.Tensor:
+    """Threshold schedule (Fast-dLLM): commit the best-ranked position plus every eligible one with
+    confidence ``prob >= threshold``; ``[n, b]`` bool."""
+    return ((rank == 0) | (prob >= threshold)) & eligible

@@ -1,0 +1,102 @@
+"""The sampler's settings (SPEC §1.2): :class:`SamplerConfig` and the names of its choices."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULES = ("fixed", "threshold")
+REMASKING = ("low_confidence", "random")
+CACHES = ("none", "prefix", "dual")
+OBSERVER_LOGITS = ("exact", "refuse")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Sampler settings (SPEC §1.2).
+
+    Attributes:
+        gen_length: completion length L in tokens.
+        block_length: block size b; ``gen_length`` must be a multiple of it.
+        steps: total denoising steps T for the fixed schedule; must be a multiple of ``L/b``.
+        temperature: τ of the Gumbel-max candidate draw; 0 = argmax (greedy).
+        schedule: ``"fixed"`` (top-k_j per step) or ``"threshold"`` (Fast-dLLM).
+        threshold: confidence threshold of the threshold schedule.
+        remasking: ``"low_confidence"`` (commit the most confident) or ``"random"``.
+        cfg_scale: classifier-free guidance scale (0 = off); the unconditional pass masks the prompt.
+        suppress_eos: commit eos candidates after every other candidate of the block.
+        cache: ``"none"`` (every step is a full forward; the exact behaviour of maskrl <= 0.x, bit for
+            bit), ``"prefix"`` or ``"dual"`` (Fast-dLLM key/value caches, refreshed at every block
+            start; see :mod:`maskrl.sampling.cache`). Needs ``cfg_scale == 0`` and a 4-D-mask model.
+        mismatch_every: trainer only: every this many RL steps log ``rollout/mismatch``, the mean
+            ``|log commit_prob - log p_theta|`` over committed tokens with p_theta from a full forward
+            at each commit state (:func:`~maskrl.sampling.rollout_mismatch`); 0 = never. Costs one
+            forward per distinct commit step of the batch.
+        observer_logits: **[choice]** what a cache does to observers that declare ``exact_logits``
+            (DPS, DiSPO, RLDF/DTCA's commit probabilities): ``"exact"`` (default) -- at every step
+            where such an observer reads a row whose step ran against the cache, the sampler runs one
+            extra full forward of that row at the pre-step state and the observer's view comes from
+            it (the commits still use the cached logits, so the trajectory is the cached one);
+            ``"refuse"`` -- :func:`~maskrl.sampling.generate` (and the trainer's config check)
+            raises instead. Ignored with ``cache="none"``, where every step is a full forward. Cost
+            of ``"exact"``: an observer that reads every step (DPS, RLDF/DTCA under a cache) adds a
+            full forward to every cached step, so rollouts cost more than with ``cache="none"``;
+            DiSPO adds one per branched row (plus the last block's steps under the threshold
+            schedule).
+
+    Raises:
+        ValueError: naming the field, on any setting outside its range or choices (in
+            ``__post_init__``).
+    """
+
+    gen_length: int = 256
+    block_length: int = 32
+    steps: int = 128
+    temperature: float = 0.0
+    schedule: str = "fixed"
+    threshold: float = 0.9
+    remasking: str = "low_confidence"
+    cfg_scale: float = 0.0
+    suppress_eos: bool = False
+    cache: str = "none"
+    mismatch_every: int = 0
+    observer_logits: str = "exact"
+
+    def __post_init__(self) -> None:
+        if self.gen_length <= 0 or self.block_length <= 0:
+            raise ValueError(f"gen_length (={self.gen_length}) and block_length (={self.block_length}) must be positive")
+        if self.gen_length % self.block_length:
+            raise ValueError(f"gen_length (={self.gen_length}) must be a multiple of block_length (={self.block_length})")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule {self.schedule!r} is not one of {SCHEDULES}")
+        if self.remasking not in REMASKING:
+            raise ValueError(f"remasking {self.remasking!r} is not one of {REMASKING}")
+        if self.schedule == "fixed" and (self.steps <= 0 or self.steps % self.num_blocks):
+            raise ValueError(f"steps (={self.steps}) must be a positive multiple of the number of blocks "
+                             f"gen_length/block_length = {self.num_blocks}")
+        if self.schedule == "fixed" and self.steps > self.gen_length:
+            raise ValueError(f"steps (={self.steps}) must be <= gen_length (={self.gen_length}): each step commits "
+                             "at least one token, so more steps than tokens cannot run")
+        if self.temperature < 0:
+            raise ValueError(f"temperature (={self.temperature}) must be >= 0")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold (={self.threshold}) must lie in (0, 1]")
+        if self.cache not in CACHES:
+            raise ValueError(f"cache {self.cache!r} is not one of {CACHES}")
+        if self.cache != "none" and self.cfg_scale > 0:
+            raise ValueError(f"cache={self.cache!r} needs cfg_scale == 0 (got {self.cfg_scale}): the unconditional "
+                             "pass would need its own cache; use cache='none' with classifier-free guidance")
+        if self.mismatch_every < 0:
+            raise ValueError(f"mismatch_every (={self.mismatch_every}) must be >= 0")
+        if self.observer_logits not in OBSERVER_LOGITS:
+            raise ValueError(f"observer_logits {self.observer_logits!r} is not one of {OBSERVER_LOGITS}")
+
+    @property
+    def num_blocks(self) -> int:
+        """``L/b``, the number of blocks decoded left to right."""
+        return self.gen_length // self.block_length
+
+    def commits_per_step(self) -> list[int]:
+        """Fixed schedule: tokens committed at each step of a block, ``k_j`` (SPEC §1.2): the block's
+        ``b`` masks split evenly over its ``steps/(L/b)`` steps, remainder to the earliest steps."""
+        spb = self.steps // self.num_blocks
+        base, rem = divmod(self.block_length, spb)
+        return [base + (1 if j < rem else 0) for j in range(spb)]

@@ -1,0 +1,243 @@
+"""The sampler's loop (SPEC §1.2): :func:`generate` denoises a batch block by block, one step at a time,
+as a sequence of named stages (what to forward, the forwards, the output layer, the commit rule, the
+write-back, the observers' view, the block advance), with the rank lockstep around them.
+
+Departures from the reference implementations, on purpose:
+
+- the ``[M]`` token's own logit is excluded from candidates (it is never a valid output);
+- Gumbel noise is drawn only for the current block's positions (float64), so memory is ``N·b·V``
+  per step rather than ``N·L·V``;
+- in threshold mode each row advances through its blocks independently, so a row's trajectory is the
+  same whether it is decoded alone or in a batch; ``steps`` is ignored there (a block ends when it
+  has no masks, at most ``block_length`` steps).
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Sequence
+
+import torch
+
+from maskrl.models.adapter import ModelAdapter
+from maskrl.sampling.cache import KVCache, head_at, plan_forwards
+from maskrl.sampling.commit import (candidate_logits, commit_scores, propose, rank_positions, select_fixed,
+                                    select_threshold)
+from maskrl.sampling.config import SamplerConfig
+from maskrl.sampling.lockstep import IDLE, STOP, RankLockstep
+from maskrl.sampling.view import StepObserver, StepRows, exact_observers, observer_view, requested_positions
+from maskrl.types import Rollout
+
+
+class Denoising:
+    """The batch being denoised by one :func:`generate` call, and its per-position record.
+
+    Attributes:
+        x: ``[N, P + L]`` long, prompt then completion (``[M]`` where not yet committed).
+        attn: ``[N, P + L]`` bool key validity; pos_ids: ``[N, P + L]`` RoPE positions (``None`` for
+            2-D-attention models).
+        commit_step: ``[N, L]`` long (-1 until committed); commit_prob: ``[N, L]`` float32.
+        num_steps: ``[N]`` long steps each row took; block: ``[N]`` current block per row;
+        block_step: ``[N]`` steps spent in it.
+    """
+
+    def __init__(self, adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 config: SamplerConfig) -> None:
+        self.adapter, self.config = adapter, config
+        device = self.device = adapter.device
+        self.n_rows, self.p_len = prompt_ids.shape
+        L, self.L, self.b = config.gen_length, config.gen_length, config.block_length
+        self.x = torch.cat([prompt_ids.to(device), torch.full((self.n_rows, L), adapter.mask_id, dtype=torch.long,
+                                                              device=device)], 1)
+        self.attn = torch.cat([prompt_mask.to(device).bool(), torch.ones((self.n_rows, L), dtype=torch.bool,
+                                                                         device=device)], 1)
+        self.pos_ids = adapter.position_ids(self.attn) if adapter.supports_cache else None  # [N, S]
+        self.commit_step = torch.full((self.n_rows, L), -1, dtype=torch.long, device=device)
+        self.commit_prob = torch.zeros((self.n_rows, L), dtype=torch.float32, device=device)
+        self.num_steps = torch.zeros(self.n_rows, dtype=torch.long, device=device)
+        self.block = torch.zeros(self.n_rows, dtype=torch.long, device=device)
+        self.block_step = torch.zeros(self.n_rows, dtype=torch.long, device=device)
+        self.k_sched = torch.tensor(config.commits_per_step() if config.schedule == "fixed" else [0], device=device)
+        self.offsets = torch.arange(self.b, device=device)
+        self.positions = torch.arange(L, device=device)
+
+    def unfinished(self) -> torch.Tensor:
+        """``[n]`` long rows with a block left."""
+        return (self.block < self.config.num_blocks).nonzero().squeeze(-1)
+
+    def rows_at(self, step: int, rows: torch.Tensor, observers: Sequence[StepObserver]) -> StepRows:
+        """The pre-step state of ``rows``, and what the observers ask for at this step."""
+        xr, ar = self.x[rows], self.attn[rows]
+        masked = xr[:, self.p_len:] == self.adapter.mask_id  # [n, L]
+        start = self.block[rows] * self.b  # [n]
+        pos = start[:, None] + self.offsets  # [n, b]
+        in_block = (self.positions[None, :] >= start[:, None]) & (self.positions[None, :] < start[:, None] + self.b)
+        requested, wants_exact = (requested_positions(observers, step, rows, masked, in_block, start) if observers
+                                  else (None, None))
+        return StepRows(step, rows, xr, ar, masked, start, pos, in_block, requested, wants_exact)
+
+    def commits(self, st: StepRows, logits: torch.Tensor, cover: torch.Tensor,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The commit rule (:mod:`maskrl.sampling.commit`) on the block's ``[n, b]`` positions, from the
+        step's candidate logits ``[cover.sum(), V]``: ``(take [n, b] bool, cand [n, b] long, prob [n, b])``."""
+        config, n = self.config, st.rows.numel()
+        fidx = cover.flatten().long().cumsum(0).view(n, self.L) - 1  # [n, L] row in logits
+        cand, prob = propose(logits[fidx.gather(1, st.pos)], config.temperature, generator)  # [n, b]
+        eligible = st.masked.gather(1, st.pos)  # [n, b]
+        stop = self.adapter.is_stop(cand) if config.suppress_eos else None
+        rank = rank_positions(commit_scores(prob, eligible, config.remasking, generator, stop))
+        if config.schedule == "fixed":
+            k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
+            return select_fixed(rank, k, eligible), cand, prob
+        return select_threshold(rank, prob, config.threshold, eligible), cand, prob
+
+    def write(self, st: StepRows, take: torch.Tensor, cand: torch.Tensor,
+              prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the commits into the batch: ``(committed [n, L] bool, completion after the step [n, L])``."""
+        rows, pos, p_len = st.rows, st.pos, self.p_len
+        comp = st.xr[:, p_len:]
+        committed = torch.zeros_like(st.masked).scatter_(1, pos, take)  # [n, L]
+        tokens = comp.scatter(1, pos, torch.where(take, cand, comp.gather(1, pos)))
+        self.x[rows, p_len:] = tokens
+        self.commit_step[rows] = torch.where(committed, st.index, self.commit_step[rows])
+        self.commit_prob[rows] = self.commit_prob[rows].scatter(
+            1, pos, torch.where(take, prob, self.commit_prob[rows].gather(1, pos)))
+        return committed, tokens
+
+    def advance(self, st: StepRows, tokens: torch.Tensor) -> None:
+        """Count the step, and move each row whose block is done (no mask left, or the fixed schedule's
+        steps spent) to its next block."""
+        rows = st.rows
+        self.block_step[rows] += 1
+        block_done = ~((tokens == self.adapter.mask_id) & st.in_block).any(-1)
+        if self.config.schedule == "fixed":
+            block_done = block_done | (self.block_step[rows] >= len(self.k_sched))
+        finished_rows = rows[block_done]
+        self.block[finished_rows] += 1
+        self.block_step[finished_rows] = 0
+        self.num_steps[rows] = st.index + 1
+
+    def rollout(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_ids: torch.Tensor | None,
+                observers: Sequence[StepObserver]) -> Rollout:
+        """The :class:`~maskrl.types.Rollout` of the finished batch, with the observers' statistics."""
+        completion = self.x[:, self.p_len:]
+        if (self.commit_step < 0).any():  # pragma: no cover - guarded by the schedule arithmetic
+            raise RuntimeError("sampler finished with uncommitted positions")
+        completion_mask = self.adapter.completion_mask(completion)  # up to and including the first stop token
+        stats: dict[str, torch.Tensor] = {}
+        for obs in observers:
+            stats.update(obs.result())
+        device = self.device
+        return Rollout(
+            prompt_ids=prompt_ids.to(device), prompt_mask=prompt_mask.to(device).bool(), completion_ids=completion,
+            completion_mask=completion_mask, commit_step=self.commit_step, commit_prob=self.commit_prob,
+            num_steps=self.num_steps, group_ids=(group_ids if group_ids is not None else torch.arange(self.n_rows)).to(device),
+            sampler=self.config, step_stats=stats,
+        )
+
+
+def _check_call(adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, config: SamplerConfig,
+                generator: torch.Generator | None, observers: Sequence[StepObserver],
+                all_done: Callable | None, ranks_max: Callable | None) -> None:
+    """The errors :func:`generate` raises before it starts (see its docstring)."""
+    if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
+        raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)} must be equal [N, P]")
+    if generator is None and (config.temperature > 0 or config.remasking == "random"):
+        raise ValueError("generator is required when temperature > 0 or remasking == 'random'")
+    cached = config.cache != "none"
+    if cached and not adapter.supports_cache:
+        raise ValueError(f"cache={config.cache!r} needs a decoder model with the 4-D mask (attention='4d'); "
+                         f"this adapter has attention={adapter.attention!r}: use cache='none'")
+    if cached and all_done is not None and ranks_max is None:
+        raise ValueError(f"cache={config.cache!r} with all_done (several processes) needs ranks_max: the number of "
+                         "forwards per step varies with the rows' block starts (maskrl.trainer.ranks_max)")
+    needs_exact = exact_observers(observers) if cached and config.observer_logits == "refuse" else []
+    if needs_exact:
+        raise ValueError(f"cache={config.cache!r} with observer_logits='refuse': the observers "
+                         f"{needs_exact} need theta's exact logits, which a cached step does not "
+                         "compute; use cache='none', or observer_logits='exact' (one extra full forward per cached "
+                         "step they read)")
+    if cached and adapter.shift and prompt_ids.shape[1] == 0:
+        raise ValueError("a shifted (Dream-style) model with a cache needs at least one prompt column")
+
+
+@torch.no_grad()
+def generate(
+    adapter: ModelAdapter,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    config: SamplerConfig,
+    generator: torch.Generator | None = None,
+    observers: Sequence[StepObserver] = (),
+    group_ids: torch.Tensor | None = None,
+    all_done: Callable[[bool], bool] | None = None,
+    ranks_max: Callable[[list[int]], list[int]] | None = None,
+) -> Rollout:
+    """Denoise ``[prompt ; [M]×L]`` into completions (SPEC §1.2; the package docstring says what is
+    recorded, :mod:`maskrl.sampling.cache` which positions each step forwards).
+
+    Args:
+        adapter: the model.
+        prompt_ids: ``[N, P]`` long, left-padded.
+        prompt_mask: ``[N, P]`` bool, True on real prompt tokens.
+        config: sampler settings.
+        generator: ``torch.Generator`` on the model's device for the Gumbel draws and random
+            remasking; required when ``temperature > 0`` or ``remasking == "random"``.
+        observers: per-step statistic collectors (DPS's log-prob sums, DiSPO's branch fillings),
+            called once per step with a :class:`~maskrl.sampling.StepView` of what the sampler
+            computed anyway; their ``result()`` fills ``Rollout.step_stats``. Each may declare the
+            logits it needs (:class:`~maskrl.sampling.StepObserver`); the output layer runs only on the
+            current block plus those positions, and nothing extra is computed when none asks.
+        group_ids: ``[N]`` long; defaults to ``arange(N)``.
+        all_done: rank synchronisation for sharded models (FSDP / ZeRO-3, where every forward is a
+            collective): called once per loop iteration with "this rank has no row left", it must
+            return True only when that holds on every rank (an all-reduce); a finished rank runs
+            dummy forwards on its last state until then. ``None`` (default): stop when this rank's
+            rows finish.
+        ranks_max: the same for the cached sampler (``cache != "none"``; ``all_done`` is then not
+            called), whose forwards per step vary with the rows' block starts: ``ranks_max(values)``
+            returns the element-wise maximum of a list of ints over ranks (one collective per loop
+            iteration, before any forward), and every rank pads to the maxima with dummy forwards
+            of one row (:class:`~maskrl.sampling.lockstep.RankLockstep`). Either hook leaves the
+            Rollout unchanged.
+
+    Returns:
+        A :class:`Rollout` (``commit_step``/``commit_prob`` ``[N, L]``, ``num_steps`` ``[N]``).
+
+    Raises:
+        ValueError: on mismatched shapes or a missing generator; with ``config.cache != "none"``: a
+            model without a decoder forward (``attention="2d"``), ``all_done`` given without
+            ``ranks_max``, a shifted model with no prompt column, or (``observer_logits="refuse"``)
+            observers that need exact logits.
+    """
+    _check_call(adapter, prompt_ids, prompt_mask, config, generator, observers, all_done, ranks_max)
+    dec = Denoising(adapter, prompt_ids, prompt_mask, config)
+    cache = KVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids)
+    lock = RankLockstep(adapter, config.cache != "none", config.cfg_scale, all_done, ranks_max)
+    to_candidates = partial(candidate_logits, mask_id=adapter.mask_id)
+    step = 0
+    while True:
+        rows = dec.unfinished()  # [n]
+        action = lock.wait(rows.numel() == 0, dec.x, dec.attn)
+        if action == STOP:
+            break
+        if action == IDLE:
+            continue
+        st = dec.rows_at(step, rows, observers)
+        plan = plan_forwards(config.cache, dec.b, dec.block_step[rows] == 0, st.start, dec.L, st.requested,
+                             st.wants_exact)
+        lock.share(plan)
+        parts = cache.run(plan, rows, st.xr, st.ar, st.start)  # the decoder forwards
+        lock.pad_decoders(st.xr, st.ar)
+        cover = st.cover(plan.inside)  # [n, L]
+        logits = to_candidates(head_at(adapter, parts, cover, dec.p_len))  # [cover.sum(), V]: one output layer
+        take, cand, prob = dec.commits(st, logits, cover, generator)
+        committed, tokens = dec.write(st, take, cand, prob)
+        if observers:
+            view = observer_view(adapter, st, plan, logits, cover, committed, tokens, dec.p_len, dec.pos_ids,
+                                 dec.b, to_candidates)
+            for obs in observers:
+                obs.on_step(view)
+        lock.pad_extra(st.xr, st.ar)
+        dec.advance(st, tokens)
+        step += 1
+    return dec.rollout(prompt_ids, prompt_mask, group_ids, observers)
