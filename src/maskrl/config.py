@@ -743,8 +743,9 @@ def _check_ranges(cfg: "RunConfig") -> None:
         if get(key) < least:
             raise ConfigError(f"{key}: must be >= {least}, got {get(key)!r}: {why}")
     r = cfg.rollout
-    if r.temperature == 0 and r.remasking == "low_confidence" and not cfg.credit:
-        raise ConfigError("rollout.temperature: 0 with rollout.remasking: low_confidence makes the G completions of "
+    if (r.temperature == 0 and r.remasking in ("low_confidence", "maskgit_plus", "topk_margin", "entropy")
+            and r.alg_temp == 0 and not cfg.credit):
+        raise ConfigError(f"rollout.temperature: 0 with rollout.remasking: {r.remasking} makes the G completions of "
                           "a prompt identical, so every group-relative advantage (SPEC §1.3) and every gradient is 0; "
                           "sample the rollouts (e.g. rollout.temperature: 0.9) or use rollout.remasking: random")
     for key in _POSITIVE:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULES = ("fixed", "threshold")
-REMASKING = ("low_confidence", "random")
+SCHEDULES = ("fixed", "threshold", "dream")
+REMASKING = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy", "origin")
 CACHES = ("none", "prefix", "dual")
 OBSERVER_LOGITS = ("exact", "refuse")
 
@@ -18,9 +18,19 @@ class SamplerConfig:
         block_length: block size b; ``gen_length`` must be a multiple of it.
         steps: total denoising steps T for the fixed schedule; must be a multiple of ``L/b``.
         temperature: τ of the Gumbel-max candidate draw; 0 = argmax (greedy).
-        schedule: ``"fixed"`` (top-k_j per step) or ``"threshold"`` (Fast-dLLM).
+        schedule: ``"fixed"`` (top-k_j per step), ``"threshold"`` (Fast-dLLM) or ``"dream"`` (Dream's
+            ``int(m · (1 - s/t))`` per step inside each block, :mod:`maskrl.sampling.dream`).
         threshold: confidence threshold of the threshold schedule.
-        remasking: ``"low_confidence"`` (commit the most confident) or ``"random"``.
+        remasking: ``"low_confidence"`` (commit the most confident) or ``"random"`` (LLaDA), or one of
+            Dream's algorithms: ``"maskgit_plus"`` (top-1 probability), ``"topk_margin"`` (top-1 minus
+            top-2), ``"entropy"`` (negative entropy), each from Dream's softmax with ``[M]`` kept in,
+            or ``"origin"`` (each mask revealed with probability ``1 - s/t``; needs
+            ``schedule="dream"``). Dream's algorithms need ``schedule`` ``"fixed"`` or ``"dream"``.
+        top_k: keep the ``top_k`` largest logits before Dream's softmax and the candidate draw
+            (``None``: off; Dream's README call inherits 50 from transformers' generation defaults).
+        top_p: nucleus filter before the softmax and the draw (1.0: off).
+        alg_temp: Dream's ``alg_temp``: > 0 draws the committed positions from
+            ``softmax(confidence / alg_temp)`` instead of taking the most confident (0: top-k).
         cfg_scale: classifier-free guidance scale (0 = off); the unconditional pass masks the prompt.
         suppress_eos: commit eos candidates after every other candidate of the block.
         cache: ``"none"`` (every step is a full forward; the exact behaviour of maskrl <= 0.x, bit for
@@ -59,6 +69,9 @@ class SamplerConfig:
     cache: str = "none"
     mismatch_every: int = 0
     observer_logits: str = "exact"
+    top_k: int | None = None
+    top_p: float = 1.0
+    alg_temp: float = 0.0
 
     def __post_init__(self) -> None:
         if self.gen_length <= 0 or self.block_length <= 0:
@@ -69,12 +82,32 @@ class SamplerConfig:
             raise ValueError(f"schedule {self.schedule!r} is not one of {SCHEDULES}")
         if self.remasking not in REMASKING:
             raise ValueError(f"remasking {self.remasking!r} is not one of {REMASKING}")
-        if self.schedule == "fixed" and (self.steps <= 0 or self.steps % self.num_blocks):
+        if self.schedule in ("fixed", "dream") and (self.steps <= 0 or self.steps % self.num_blocks):
             raise ValueError(f"steps (={self.steps}) must be a positive multiple of the number of blocks "
                              f"gen_length/block_length = {self.num_blocks}")
         if self.schedule == "fixed" and self.steps > self.gen_length:
             raise ValueError(f"steps (={self.steps}) must be <= gen_length (={self.gen_length}): each step commits "
                              "at least one token, so more steps than tokens cannot run")
+        if self.remasking == "origin" and self.schedule != "dream":
+            raise ValueError(f"remasking 'origin' reveals each mask with Dream's probability 1 - s/t and needs "
+                             f"schedule 'dream' (got schedule {self.schedule!r})")
+        if self.remasking in REMASKING[2:] and self.schedule == "threshold":
+            raise ValueError(f"remasking {self.remasking!r} (Dream's confidence) needs schedule 'fixed' or 'dream'; "
+                             "the threshold schedule compares the candidate's probability (use remasking "
+                             "'low_confidence')")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
+                                       or self.top_k < 2):
+            raise ValueError(f"top_k (={self.top_k!r}) must be an integer >= 2 (topk_margin needs two ids) or None")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p (={self.top_p}) must lie in (0, 1]")
+        if self.schedule == "threshold" and (self.top_k is not None or self.top_p < 1.0 or self.alg_temp > 0):
+            raise ValueError("top_k / top_p / alg_temp are Dream's sampling options and need schedule 'fixed' or "
+                             "'dream' (the threshold schedule compares unfiltered probabilities)")
+        if self.alg_temp < 0:
+            raise ValueError(f"alg_temp (={self.alg_temp}) must be >= 0")
+        if self.alg_temp > 0 and self.remasking in ("random", "origin"):
+            raise ValueError(f"alg_temp (={self.alg_temp}) samples positions by confidence; remasking "
+                             f"{self.remasking!r} has none")
         if self.temperature < 0:
             raise ValueError(f"temperature (={self.temperature}) must be >= 0")
         if not 0.0 < self.threshold <= 1.0:
@@ -93,6 +126,13 @@ class SamplerConfig:
     def num_blocks(self) -> int:
         """``L/b``, the number of blocks decoded left to right."""
         return self.gen_length // self.block_length
+
+    @property
+    def dream_rule(self) -> bool:
+        """True when a step goes through :func:`maskrl.sampling.dream.dream_step` (Dream's schedule,
+        one of Dream's algorithms, ``top_k``/``top_p`` or ``alg_temp``); False keeps LLaDA's rule."""
+        return (self.schedule == "dream" or self.remasking in REMASKING[2:] or self.top_k is not None
+                or self.top_p < 1.0 or self.alg_temp > 0)
 
     def commits_per_step(self) -> list[int]:
         """Fixed schedule: tokens committed at each step of a block, ``k_j`` (SPEC §1.2): the block's

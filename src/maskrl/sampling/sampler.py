@@ -23,6 +23,7 @@ from maskrl.sampling.cache import KVCache, head_at, plan_forwards
 from maskrl.sampling.commit import (candidate_logits, commit_scores, propose, rank_positions, select_fixed,
                                     select_threshold)
 from maskrl.sampling.config import SamplerConfig
+from maskrl.sampling.dream import dream_commit_counts, dream_reveal_prob, dream_step, dream_timesteps
 from maskrl.sampling.lockstep import IDLE, STOP, RankLockstep
 from maskrl.sampling.view import StepObserver, StepRows, exact_observers, observer_view, requested_positions
 from maskrl.types import Rollout
@@ -57,6 +58,10 @@ class Denoising:
         self.block = torch.zeros(self.n_rows, dtype=torch.long, device=device)
         self.block_step = torch.zeros(self.n_rows, dtype=torch.long, device=device)
         self.k_sched = torch.tensor(config.commits_per_step() if config.schedule == "fixed" else [0], device=device)
+        if config.schedule == "dream":  # the block's step count; k comes from Dream's time grid
+            spb = config.steps // config.num_blocks
+            self.k_sched = torch.zeros(spb, dtype=torch.long, device=device)
+            self.timesteps = dream_timesteps(spb, device=device)
         self.offsets = torch.arange(self.b, device=device)
         self.positions = torch.arange(L, device=device)
 
@@ -76,11 +81,16 @@ class Denoising:
         return StepRows(step, rows, xr, ar, masked, start, pos, in_block, requested, wants_exact)
 
     def commits(self, st: StepRows, logits: torch.Tensor, cover: torch.Tensor,
-                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The commit rule (:mod:`maskrl.sampling.commit`) on the block's ``[n, b]`` positions, from the
-        step's candidate logits ``[cover.sum(), V]``: ``(take [n, b] bool, cand [n, b] long, prob [n, b])``."""
+                generator: torch.Generator | None,
+                mask_logit: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The commit rule (:mod:`maskrl.sampling.commit`, or :mod:`maskrl.sampling.dream` when
+        ``config.dream_rule``) on the block's ``[n, b]`` positions, from the step's candidate logits
+        ``[cover.sum(), V]`` (and the ``[M]`` column ``[cover.sum()]`` before its removal, for Dream's
+        confidences): ``(take [n, b] bool, cand [n, b] long, prob [n, b])``."""
         config, n = self.config, st.rows.numel()
         fidx = cover.flatten().long().cumsum(0).view(n, self.L) - 1  # [n, L] row in logits
+        if config.dream_rule:
+            return self._dream_commits(st, logits, fidx, generator, mask_logit)
         cand, prob = propose(logits[fidx.gather(1, st.pos)], config.temperature, generator)  # [n, b]
         eligible = st.masked.gather(1, st.pos)  # [n, b]
         stop = self.adapter.is_stop(cand) if config.suppress_eos else None
@@ -89,6 +99,23 @@ class Denoising:
             k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
             return select_fixed(rank, k, eligible), cand, prob
         return select_threshold(rank, prob, config.threshold, eligible), cand, prob
+
+    def _dream_commits(self, st: StepRows, logits: torch.Tensor, fidx: torch.Tensor, generator: torch.Generator | None,
+                       mask_logit: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Dream's rule (:func:`~maskrl.sampling.dream.dream_step`) on the block's positions."""
+        config = self.config
+        at = fidx.gather(1, st.pos)  # [n, b]
+        eligible = st.masked.gather(1, st.pos)  # [n, b]
+        j = self.block_step[st.rows]
+        if config.schedule == "dream":
+            k = dream_commit_counts(eligible.sum(-1), self.timesteps, j)
+            p_reveal = dream_reveal_prob(self.timesteps, j)
+        else:
+            k, p_reveal = self.k_sched[j.clamp(max=len(self.k_sched) - 1)], None
+        return dream_step(logits[at], mask_logit[at] if mask_logit is not None else None, self.adapter.mask_id,
+                          eligible, self.adapter.is_stop if config.suppress_eos else None,
+                          remasking=config.remasking, temperature=config.temperature, top_k=config.top_k,
+                          top_p=config.top_p, alg_temp=config.alg_temp, k=k, p_reveal=p_reveal, generator=generator)
 
     def write(self, st: StepRows, take: torch.Tensor, cand: torch.Tensor,
               prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,12 +132,14 @@ class Denoising:
 
     def advance(self, st: StepRows, tokens: torch.Tensor) -> None:
         """Count the step, and move each row whose block is done (no mask left, or the fixed schedule's
-        steps spent) to its next block."""
+        steps spent; Dream's schedule: its steps spent) to its next block."""
         rows = st.rows
         self.block_step[rows] += 1
         block_done = ~((tokens == self.adapter.mask_id) & st.in_block).any(-1)
         if self.config.schedule == "fixed":
             block_done = block_done | (self.block_step[rows] >= len(self.k_sched))
+        elif self.config.schedule == "dream":  # Dream runs every step of its grid, even one left with no mask
+            block_done = self.block_step[rows] >= len(self.k_sched)
         finished_rows = rows[block_done]
         self.block[finished_rows] += 1
         self.block_step[finished_rows] = 0
@@ -141,8 +170,8 @@ def _check_call(adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: to
     """The errors :func:`generate` raises before it starts (see its docstring)."""
     if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
         raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)} must be equal [N, P]")
-    if generator is None and (config.temperature > 0 or config.remasking == "random"):
-        raise ValueError("generator is required when temperature > 0 or remasking == 'random'")
+    if generator is None and (config.temperature > 0 or config.remasking in ("random", "origin") or config.alg_temp > 0):
+        raise ValueError("generator is required when temperature > 0, alg_temp > 0 or remasking is 'random' or 'origin'")
     cached = config.cache != "none"
     if cached and not adapter.supports_cache:
         raise ValueError(f"cache={config.cache!r} needs a decoder model with the 4-D mask (attention='4d'); "
@@ -229,8 +258,10 @@ def generate(
         parts = cache.run(plan, rows, st.xr, st.ar, st.start)  # the decoder forwards
         lock.pad_decoders(st.xr, st.ar)
         cover = st.cover(plan.inside)  # [n, L]
-        logits = to_candidates(head_at(adapter, parts, cover, dec.p_len))  # [cover.sum(), V]: one output layer
-        take, cand, prob = dec.commits(st, logits, cover, generator)
+        head = head_at(adapter, parts, cover, dec.p_len)  # [cover.sum(), V]: one output layer
+        mask_logit = head[:, adapter.mask_id].clone() if config.dream_rule else None  # Dream's softmax keeps [M]
+        logits = to_candidates(head)
+        take, cand, prob = dec.commits(st, logits, cover, generator, mask_logit)
         committed, tokens = dec.write(st, take, cand, prob)
         if observers:
             view = observer_view(adapter, st, plan, logits, cover, committed, tokens, dec.p_len, dec.pos_ids,
