@@ -274,3 +274,44 @@ def test_config_errors_name_the_field(kw, field):
 def test_defaults_keep_llada_rule():
     assert not SamplerConfig().dream_rule
     assert SamplerConfig(schedule="dream").dream_rule
+
+
+@pytest.mark.parametrize("alg", ["entropy", "origin"])
+def test_trainer_step_with_state_likelihood_on_dream_rollouts(tmp_path, dream, alg):
+    """A Dream-style model sampled with Dream's rule: the state likelihood's rows are the rollout's commit
+    states (one per row and commit step, later commits masked), and a full RL step runs to finite metrics."""
+    import copy
+
+    from conftest import OddChars
+    from conftest import small_cfg
+    from maskrl.tasks.base import Example
+    from maskrl.trainer import RLTrainer
+
+    cfg = small_cfg(tmp_path, **{"likelihood.name": "state", "rollout.schedule": "dream", "rollout.remasking": alg,
+                                 "rollout.top_k": 50, "likelihood.p_mask_prompt": 0.0, "train.inner_iterations": 1})
+    tr = RLTrainer(cfg, copy.deepcopy(dream), OddChars(), [Example(id=i, prompt=f"say a {i}") for i in range(6)])
+    batch = tr.collect()
+    ro = batch.rollout
+    assert ro.sampler.schedule == "dream" and ro.sampler.remasking == alg
+    assert (ro.commit_step >= 0).all() and ((ro.commit_prob > 0) & (ro.commit_prob <= 1)).all()
+    seen = []
+    real = tr.policy._raw_logits
+    tr.policy._raw_logits = lambda ids, mask=None: (seen.append(ids.clone()), real(ids, mask))[1]
+    metrics = tr.optimize(batch)
+    tr.policy._raw_logits = real
+    P = ro.prompt_ids.shape[1]
+    states = torch.cat(seen)[:, P:]
+    expect = [torch.where(ro.commit_step[r] >= s, dream.mask_id, ro.completion_ids[r])
+              for r in range(ro.batch_size) for s in sorted(set(ro.commit_step[r].tolist()))]
+    assert states.shape[0] == len(expect)
+    got = {tuple(row.tolist()) for row in states}
+    assert got == {tuple(e.tolist()) for e in expect}
+    assert all(math.isfinite(float(v)) for v in _flat(metrics))
+
+
+def _flat(d):
+    for v in d.values():
+        if isinstance(v, dict):
+            yield from _flat(v)
+        elif isinstance(v, (int, float)) or (torch.is_tensor(v) and v.numel() == 1):
+            yield v
