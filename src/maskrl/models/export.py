@@ -187,7 +187,7 @@ def dream_export_config(model, adapter: ModelAdapter) -> dict:
 
 def _state_dict(model, family: str) -> dict[str, torch.Tensor]:
     """The model's tensors under the family's checkpoint names (tied output layer left out)."""
-    from maskrl.models.loading import llada_to_checkpoint
+    from maskrl.models.names import llada_to_checkpoint
 
     state = model.state_dict()
     if _tied(model.config):
