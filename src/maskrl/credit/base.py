@@ -23,7 +23,12 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
+from maskrl.registry import Registry
 from maskrl.types import LossTerm, Rollout
+
+#: the registered credit modules (``credit: [{name: ...}]``); each built-in registers itself in its own
+#: file, a user's module in the user's package (``plugins:``)
+CREDITS: Registry = Registry("credit module")
 
 
 @dataclass(frozen=True)

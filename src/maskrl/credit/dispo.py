@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from maskrl.credit.base import CreditBatch, CreditContext, CreditModule
+from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
 from maskrl.likelihood.state import State
 from maskrl.objectives.diffu_grpo import DiffuGRPO
 from maskrl.types import LossTerm
@@ -231,6 +231,7 @@ def time_bins(frac: torch.Tensor) -> torch.Tensor:
     return (frac >= 1 / 3).long() + (frac >= 2 / 3).long()
 
 
+@CREDITS.register("dispo")
 @dataclass(frozen=True)
 class DiSPO(CreditModule):
     """Registered as ``dispo`` (SPEC §4): branch-and-score at one intermediate state per trajectory,

@@ -31,7 +31,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from maskrl.credit.base import CreditBatch, CreditContext, CreditModule
+from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
 from maskrl.credit.rldf import (check_state_likelihood, check_step_sampling, chosen_pairs, commit_observers,
                                 commit_probs, filter_metrics, replace_base, sample_steps, step_surprise, steps_term)
 
@@ -220,6 +220,7 @@ def token_weights(classes: Sequence[Sequence[str]], table: Mapping[str, float], 
 
 
 # ---------------------------------------------------------------------------------------------- module
+@CREDITS.register("dtca")
 @dataclass(frozen=True)
 class DTCA(CreditModule):
     """Registered as ``dtca`` (SPEC §3): RLDF's state term with DTCA's step selection, in-step POS
