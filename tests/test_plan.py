@@ -178,3 +178,49 @@ def test_maskrl_plan_runs_on_every_small_recipe(path, tmp_path, capsys):
     assert plan["memory_gib"]["peak"] > plan["memory_gib"]["static_total"] > 0
     assert plan["work"]["flops"] > 0 and plan["work"]["by_phase_term"]["rollout"]["forwards"] > 0
     assert "PEAK" in capsys.readouterr().out
+
+
+def test_the_planner_asks_each_credit_module_for_its_worst_case(tmp_path, monkeypatch):
+    """The stand-in runs each credit module as its ``for_planning`` hook says and counts the rows its
+    ``planned_rows`` states, without knowing any module by class: DiSPO keeps every branched state
+    (B·G·Z rows with a step term, none without), DTCA drops its POS table (it only reweights), the
+    others run as configured, and a new module (a plug-in defined here) is planned by its own hooks."""
+    import dataclasses
+    import json
+
+    from maskrl.credit import CreditModule
+    from maskrl.plan import credit_rows_bound
+    from maskrl.plan.work import _standin_config
+
+    table = tmp_path / "pos.json"
+    table.write_text(json.dumps({"NOUN": 2.0}))
+    (tmp_path / "plan_stub_tagger.py").write_text("def tag(tokenizer, ids, mask):\n    return [['NOUN'] * ids.shape[1]] * ids.shape[0]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config([], TINY + ["train.prompts_per_step=3", "train.group_size=2",
+                                  f"credit=[{{name: dispo, z: 4}}, {{name: dps}}, {{name: dtca, pos_weights: {table}, "
+                                  "tagger: 'plan_stub_tagger:tag'}]"])
+    dispo, dps, dtca = _standin_config(cfg).credit
+    assert dispo == dataclasses.replace(cfg.credit[0], skip_equal=False) and cfg.credit[0].skip_equal
+    assert dps == cfg.credit[1]
+    assert dtca == dataclasses.replace(cfg.credit[2], pos_weights=None, tagger=None)
+    assert credit_rows_bound(cfg) == dispo_step_rows(cfg) == 3 * 2 * 4
+    assert credit_rows_bound(load_config([], TINY + ["credit=[{name: dispo, alpha_step: 0}]"])) == 0
+    assert credit_rows_bound(load_config([], TINY)) == 0
+
+    @dataclasses.dataclass(frozen=True)
+    class Probe(CreditModule):  # data-dependent work of its own, declared through the hooks only
+        extra: int = 1
+
+        def for_planning(self):
+            return dataclasses.replace(self, extra=99)
+
+        def planned_rows(self, sequences):
+            return sequences * self.extra
+
+    @dataclasses.dataclass(frozen=True)
+    class Plain:  # a module without the optional hooks runs as configured and states no bound
+        k: int = 3
+
+    cfg.credit = [Probe(), Plain()]
+    assert _standin_config(cfg).credit == [Probe(extra=99), Plain()]
+    assert credit_rows_bound(cfg) == 6

@@ -301,6 +301,14 @@ class DiSPO(CreditModule):
         """True when the step term has a KL to the reference (``alpha_step > 0`` and ``beta > 0``)."""
         return self.alpha_step > 0 and self.beta > 0
 
+    def for_planning(self) -> "DiSPO":
+        """Every branched state kept (``skip_equal: false``): the step term's worst case (SPEC §4)."""
+        return dataclasses.replace(self, skip_equal=False)
+
+    def planned_rows(self, sequences: int) -> int:
+        """B·G·Z: each trajectory branches at one state, each kept state is Z rows (0 without a step term)."""
+        return sequences * self.z if self.alpha_step > 0 else 0
+
     def observers(self, sampler: Any, generator: torch.Generator) -> list[BranchObserver]:
         """One fresh :class:`BranchObserver` per rollout; it draws the branching steps and the
         fillings from ``generator`` (the trainer's, per run seed, step and process), never from the

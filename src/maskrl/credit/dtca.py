@@ -22,6 +22,7 @@ is the identity: the "DTCA − POS credit" ablation).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -293,6 +294,10 @@ class DTCA(CreditModule):
         tag = resolve_tagger(self.tagger)
         classes = tag(getattr(ctx.policy, "tokenizer", None), ro.completion_ids, ro.completion_mask)
         return token_weights(classes, table, ro.completion_mask)
+
+    def for_planning(self) -> "DTCA":
+        """Without the POS table and tagger (they only reweight, and the stand-in's text has no parts of speech)."""
+        return dataclasses.replace(self, pos_weights=None, tagger=None) if self.pos_weights else self
 
     def observers(self, sampler, generator: torch.Generator) -> list:
         """With a cache: θ's exact ``p_i`` for the step scores (:func:`maskrl.credit.rldf.commit_observers`)."""
