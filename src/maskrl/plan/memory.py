@@ -3,6 +3,13 @@ transient activation peaks measured with torch's CPU profiler on narrow real mod
 full shape (:mod:`maskrl.plan`'s docstring)."""
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import sys
+import tempfile
+from typing import Iterator
+
 import torch
 
 from maskrl.plan.flops import _inputs, build_adapter
@@ -27,6 +34,44 @@ def _allocation_events(prof) -> list[tuple[int, int, int]]:
     return sorted(out, key=lambda e: e[0])
 
 
+#: lines torch's profiler writes to stderr by itself on every session, from C++: kineto's start / stop
+#: and stage lines (``USDT:<date> <time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start``,
+#: ``STAGE:... Completed Stage: Warm Up``) and c10's note that a block allocated before profiling was
+#: freed during it (``[W<date> ... CPUAllocator.cpp:245] Memory block of unknown size was allocated
+#: before the profiling started ...``), which :func:`profiled_peak` handles by design
+PROFILER_LOG = re.compile(r"(?:USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \S+\.cpp:\d+\] "
+                          r"|\[W\d{4} [^\]]*CPUAllocator\.cpp:\d+\] Memory block of unknown size was allocated before")
+
+
+@contextlib.contextmanager
+def quiet_profiler_log() -> Iterator[None]:
+    """Hold back :data:`PROFILER_LOG` lines while the block runs: the process's stderr (file
+    descriptor 2, which the profiler's C++ side writes to directly) goes to a temporary file, and
+    every other line written there is passed on to ``sys.stderr`` afterwards, in order (a warning
+    raised inside the block is kept, only later). Without a file descriptor 2 nothing is redirected."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode("utf-8", "replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not PROFILER_LOG.match(line))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()
+
+
 def profiled_peak(fn) -> tuple[int, int]:
     """``(peak, end)``: bytes allocated above the starting level at the peak and at the end of
     ``fn()`` (torch's CPU profiler allocation events; CPU tensors only).
@@ -39,20 +84,22 @@ def profiled_peak(fn) -> tuple[int, int]:
     free that lowered measured peaks by a whole activation at random (which addresses get reused
     varies between processes; plans of one recipe differed by up to 30 %). What ``fn`` returns is
     freed inside the region too, after a marker allocation of :data:`_MARK_BYTES` bytes that dates
-    ``fn``'s end.
+    ``fn``'s end. The profiler's own log lines are held back (:func:`quiet_profiler_log`).
 
     Raises:
         RuntimeError: the profiler recorded no marker (memory profiling unavailable).
     """
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        keep = fn()
-        mark = torch.empty(_MARK_BYTES, dtype=torch.uint8)
-        del keep, mark
+    with quiet_profiler_log():
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            keep = fn()
+            mark = torch.empty(_MARK_BYTES, dtype=torch.uint8)
+            del keep, mark
+        events = _allocation_events(prof)
     live: dict[int, int] = {}
     cur = best = 0
-    for _, ptr, b in _allocation_events(prof):
+    for _, ptr, b in events:
         if b == _MARK_BYTES:
             return int(best), int(cur)
         if b > 0:
