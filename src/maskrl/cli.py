@@ -200,9 +200,9 @@ def cmd_config(args) -> int:
 
     from maskrl.config import explain, load_plugins
 
-    if args.explain:
+    if args.explain:  # a component's field without its name is the configured component's (--config / --set)
         load_plugins(args.plugins)
-        print(explain(args.explain))
+        print(explain(args.explain, configured=lambda: _config(args)))
         return 0
     print(yaml.safe_dump(to_dict(_config(args)), sort_keys=False, allow_unicode=True), end="")
     return 0

@@ -3,10 +3,11 @@ description (from the dataclass docstrings' ``Attributes:``)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from maskrl.config.build import to_dict
-from maskrl.config.schema import (REMOVED, ConfigError, FileTaskConfig, ModelConfig, SFTConfig, TaskConfig,
-                                  TinyModelConfig, TrainConfig, component_registry, own_likelihood)
+from maskrl.config.schema import (REMOVED, ConfigError, FileTaskConfig, ModelConfig, RunConfig, SFTConfig, TaskConfig,
+                                  TinyModelConfig, TrainConfig, component_registry, field_types, own_likelihood)
 from maskrl.sampling import SamplerConfig
 
 
@@ -54,12 +55,20 @@ def _explain_class(cls: type, title: str) -> list[str]:
     return lines
 
 
-def explain(section: str) -> str:
+def explain(section: str, configured: RunConfig | Callable[[], RunConfig] | None = None) -> str:
     """Text listing each field of a config section with its default and description (``maskrl config
     --explain SECTION``). Sections: ``model``, ``model.tiny``, ``task``, ``rollout``, ``eval``, ``sft``,
     ``train``, and the components ``objective``, ``likelihood``, ``credit`` (every registered entry;
     ``objective.NAME`` for one, user plug-ins' included). One field: ``train.lr``,
-    ``credit.dispo.z``, ``objective.diffu_grpo.clip_eps``.
+    ``credit.dispo.z``, ``objective.diffu_grpo.clip_eps``; a component's field without its name
+    (``objective.aggregation``, ``credit.lam``) is that field of the configured component(s), as
+    ``objective.<its name>.aggregation`` explains it.
+
+    Args:
+        section: what to explain.
+        configured: the run's config, or a function returning it (called only for a component field
+            without a name); default: the defaults of :class:`RunConfig` (objective ``diffu_grpo``, its
+            own likelihood, no credit module).
 
     Raises:
         ConfigError: on an unknown section, component or field, listing the valid ones.
@@ -75,6 +84,8 @@ def explain(section: str) -> str:
     if kind in ("objective", "likelihood", "credit"):
         reg = component_registry(kind)
         name, _, field_name = rest.partition(".")
+        if name and not field_name and name not in reg:  # `objective.aggregation`: the configured one's field
+            return _explain_configured_field(kind, name, configured)
         names = [name] if name else reg.names()
         out = []
         for n in names:
@@ -94,6 +105,28 @@ def explain(section: str) -> str:
     valid = sorted(_SECTIONS) + ["objective", "likelihood", "credit"]
     raise ConfigError(f"unknown section {section!r}; valid: {', '.join(valid)} (or SECTION.FIELD, "
                       "e.g. train.lr, credit.dispo.z)")
+
+
+def _explain_configured_field(kind: str, name: str, configured) -> str:
+    """Field ``name`` of the configured ``kind`` component(s) (every credit module of the list that has
+    it), as ``kind.<component>.name`` explains it.
+
+    Raises:
+        ConfigError: no configured component has the field: naming the configured ones, the valid
+            component names, and the components that have such a field.
+    """
+    cfg = configured() if callable(configured) else configured
+    cfg = RunConfig() if cfg is None else cfg
+    reg = component_registry(kind)
+    current = getattr(cfg, kind)
+    names = list(dict.fromkeys(reg.name_of(c) for c in (current if kind == "credit" else [current])))
+    has = [n for n in names if name in field_types(reg.get(n))]
+    if has:
+        return "\n\n".join(_explain_field(reg.get(n), f"{kind}.{n}", name) for n in has)
+    owners = [n for n in reg.names() if name in field_types(reg.get(n))]
+    hint = f"; {name} is a field of {', '.join(owners)} (e.g. {kind}.{owners[0]}.{name})" if owners else ""
+    raise ConfigError(f"{kind}.{name}: neither a registered {reg.kind} nor a field of the configured {reg.kind} "
+                      f"({', '.join(names) or 'none'}); valid {reg.kind}s: {', '.join(reg.names())}{hint}")
 
 
 def _explain_field(cls: type, where: str, name: str) -> str:

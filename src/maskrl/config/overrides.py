@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from maskrl.config.schema import ConfigError, RunConfig, field_types
+from maskrl.config.schema import ConfigError, RunConfig, component_registry, field_types
 
 
 def _key_type(parts: Sequence[str], root: type) -> Any:
@@ -86,9 +86,7 @@ def apply_override(data: dict, item: str) -> dict:
         where = ".".join(parts[:i + 1])
         if isinstance(cur, list):
             if not p.isdigit() or int(p) >= len(cur):
-                raise ConfigError(f"{where}: {'.'.join(parts[:i]) or 'the list'} has {len(cur)} entries "
-                                  f"(indices 0-{len(cur) - 1}); set the whole list, e.g. --set "
-                                  f"{'.'.join(parts[:i])}='[{{name: ...}}]'")
+                raise _list_index_error(parts, i, cur, item.split("=", 1)[1].strip())
             p = int(p)
         elif not isinstance(cur, dict):
             raise ConfigError(f"{where}: {'.'.join(parts[:i])} is {cur!r}, not a section")
@@ -97,9 +95,54 @@ def apply_override(data: dict, item: str) -> dict:
             break
         nxt = cur[p] if isinstance(cur, list) else cur.get(p)
         if nxt is None:
-            nxt = {}
+            nxt = _default_list(parts[:i + 1]) if parts[i + 1].isdigit() else None
+            nxt = {} if nxt is None else nxt
         elif isinstance(nxt, str):
             nxt = {"name": nxt}
         cur[p] = nxt
         cur = nxt
     return out
+
+
+def _default_list(parts: Sequence[str]) -> list | None:
+    """The default value (plain data, as :func:`~maskrl.config.build.to_dict` writes it) of the list
+    field at the dotted key ``parts`` of :class:`RunConfig`, so that an index into a list the YAML does
+    not set reads the list in effect; ``None`` when the key is no list field."""
+    if _key_type(parts, RunConfig) is not list:
+        return None
+    from maskrl.config.build import to_dict
+
+    value: Any = to_dict(RunConfig())
+    for p in parts:
+        value = value[p]
+    return copy.deepcopy(value)
+
+
+def _list_index_error(parts: Sequence[str], i: int, items: list, raw: str) -> ConfigError:
+    """The error for ``parts[i]``, an index the list ``items`` (at ``parts[:i]``) has no entry for; an
+    empty list says so and shows the override that adds the entry (``raw``: the value as typed)."""
+    where, name = ".".join(parts[:i + 1]), ".".join(parts[:i]) or "the list"
+    if items:
+        return ConfigError(f"{where}: {name} has {len(items)} entries (indices 0-{len(items) - 1}); set the whole "
+                           f"list, e.g. --set {name}='[{{name: ...}}]'")
+    return ConfigError(f"{'.'.join(parts)}: {name} is an empty list (0 entries), so it has no entry {parts[i]} to "
+                       f"set; add the entry by setting the whole list, e.g. --set {name}='[{_entry_example(parts, i, raw)}]'")
+
+
+def _entry_example(parts: Sequence[str], i: int, raw: str) -> str:
+    """One list entry holding the override's value (YAML flow style): for a component list the
+    ``{name: ..., key: value}`` mapping, named after the registered component that has that key when
+    exactly one has it."""
+    rest = list(parts[i + 1:])
+    if not rest:
+        return raw
+    inner = raw
+    for key in reversed(rest[1:]):
+        inner = f"{{{key}: {inner}}}"
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    kind = fields[parts[0]].metadata.get("component") if i == 1 and parts[0] in fields else None
+    if kind is None:
+        return f"{{{rest[0]}: {inner}}}"
+    reg = component_registry(kind)
+    owners = [n for n in reg.names() if rest[0] in field_types(reg.get(n))]
+    return f"{{name: {owners[0] if len(owners) == 1 else 'NAME'}, {rest[0]}: {inner}}}"
