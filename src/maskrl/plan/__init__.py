@@ -6,9 +6,10 @@ How each number is obtained -- counted on the library's own code, not from hand 
   1-layer, 32-wide built-in model with the recipe's sampler (L, block, steps, schedule, cache),
   B, G, μ, objective, likelihood and credit modules, on synthetic prompts of ``prompt_length``
   tokens and random 0/1 rewards (a seeded generator), with early stopping switched off (every
-  completion runs to L tokens, the worst case) and DiSPO keeping every branched state
-  (``skip_equal: false``: the step term's B·G·Z rows, its worst case, instead of the states whose
-  random rewards happen to differ, :func:`dispo_step_rows`). ``RLTrainer.collect`` records every
+  completion runs to L tokens, the worst case) and each credit module as its
+  ``CreditModule.for_planning`` hook gives it (its data-dependent work at the worst case, e.g. DiSPO
+  keeping every branched state -- the step term's B·G·Z rows instead of the states whose random
+  rewards happen to differ, :func:`credit_rows_bound`). ``RLTrainer.collect`` records every
   decoder and output-layer call of the rollout (and of the credit modules' observers); the loss terms come from
   ``RLTrainer.loss_terms`` (DiSPO's branches, SML's strata, RLDF/DTCA's states included) and are
   split with the trainer's own :func:`maskrl.trainer.split_rows` under ``micro_batch_size`` /
