@@ -216,6 +216,65 @@ def test_explain_one_field_of_a_section_or_component():
         explain("train.nope")
 
 
+def test_an_index_into_an_empty_list_says_so_and_how_to_add_the_entry(tmp_path, capsys):
+    """``--set credit.0.lam=...`` with no credit module (the default, or ``credit: []`` in the YAML)
+    names the list and its length and shows the override that adds the entry, which then works; the
+    field picks the module that has it. An index past a non-empty list keeps its message, and an
+    index into a list field the YAML leaves out reads the list in effect (its default)."""
+    add = "--set credit='[{name: dps, lam: 0.3}]'"
+    for yaml_text in ("", "credit: []\n"):
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(yaml_text)
+        for key in ("credit.0.lam", "credit[0].lam"):
+            with pytest.raises(ConfigError) as e:
+                load_config([recipe], [f"{key}=0.3"])
+            assert str(e.value) == ("credit.0.lam: credit is an empty list (0 entries), so it has no entry 0 to set; "
+                                    f"add the entry by setting the whole list, e.g. {add}")
+    assert load_config([], ["credit=[{name: dps, lam: 0.3}]"]).credit[0].lam == 0.3  # the suggestion works
+    with pytest.raises(ConfigError, match=r"e\.g\. --set credit='\[\{name: dispo, z: 4\}\]'$"):
+        load_config([], ["credit.0.z=4"])
+    with pytest.raises(ConfigError, match=r"e\.g\. --set credit='\[dps\]'$"):
+        load_config([], ["credit.0=dps"])
+    with pytest.raises(ConfigError, match=r"credit\.1: credit has 1 entries \(indices 0-0\)"):
+        load_config([], ["credit=[dps]", "credit.1.lam=0.3"])
+    assert load_config([], ["train.report_to.0=wandb"]).train.report_to == ["wandb"]
+    assert main(["config", "--set", "credit.0.lam=0.3"]) == 2
+    assert "credit is an empty list (0 entries)" in capsys.readouterr().err
+
+
+def test_explain_a_component_field_without_its_name_uses_the_configured_component(tmp_path, capsys):
+    """``--explain objective.aggregation`` is ``objective.<configured name>.aggregation``: the default
+    objective's without a config, the recipe's with one; the same for the likelihood (the objective's
+    own by default) and each configured credit module that has the field. A key no configured
+    component has names the configured ones and the components that do have it."""
+    from maskrl.config import explain
+
+    assert explain("objective.aggregation") == explain("objective.diffu_grpo.aggregation")
+    assert explain("likelihood.p_mask_prompt") == explain("likelihood.mean_field.p_mask_prompt")
+    wd1 = load_config([], ["objective=wd1"])
+    assert explain("objective.beta", wd1) == explain("objective.wd1.beta") != explain("objective.beta")
+    two = load_config([], ["credit=[{name: dps}, {name: dispo}]"])
+    assert explain("credit.lam", lambda: two) == explain("credit.dps.lam")
+    assert explain("credit.clip_eps", two) == explain("credit.dispo.clip_eps")
+    with pytest.raises(ConfigError) as e:
+        explain("credit.lam")
+    assert str(e.value) == ("credit.lam: neither a registered credit module nor a field of the configured credit "
+                            "module (none); valid credit modules: dispo, dps, dtca, rldf_steps; lam is a field of dps "
+                            "(e.g. credit.dps.lam)")
+    with pytest.raises(ConfigError, match=r"objective\.nonsense: neither a registered objective nor a field of the "
+                                          r"configured objective \(diffu_grpo\); valid objectives: diffu_grpo,"):
+        explain("objective.nonsense")
+    assert explain("objective.diffu_grpo").startswith("[objective] name: diffu_grpo")  # a name is still a name
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("objective: {name: spg}\n")
+    assert main(["config", "--config", str(recipe), "--explain", "objective.aggregation"]) == 0
+    assert capsys.readouterr().out.strip() == explain("objective.spg.aggregation")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("train: {lrr: 1}\n")  # the config is read only when the key needs it
+    assert main(["config", "--config", str(broken), "--explain", "train.lr"]) == 0
+    assert "lr = 1e-05" in capsys.readouterr().out
+
+
 def test_paths_in_a_yaml_file_are_read_from_its_folder(tmp_path, monkeypatch):
     """Issue 20 item 3: every input path field of a YAML file is relative to the file's folder (as
     its reader takes it); --set values stay relative to the working directory."""

@@ -178,3 +178,102 @@ def test_maskrl_plan_runs_on_every_small_recipe(path, tmp_path, capsys):
     assert plan["memory_gib"]["peak"] > plan["memory_gib"]["static_total"] > 0
     assert plan["work"]["flops"] > 0 and plan["work"]["by_phase_term"]["rollout"]["forwards"] > 0
     assert "PEAK" in capsys.readouterr().out
+
+
+def test_the_planner_asks_each_credit_module_for_its_worst_case(tmp_path, monkeypatch):
+    """The stand-in runs each credit module as its ``for_planning`` hook says and counts the rows its
+    ``planned_rows`` states, without knowing any module by class: DiSPO keeps every branched state
+    (B·G·Z rows with a step term, none without), DTCA drops its POS table (it only reweights), the
+    others run as configured, and a new module (a plug-in defined here) is planned by its own hooks."""
+    import dataclasses
+    import json
+
+    from maskrl.credit import CreditModule
+    from maskrl.plan import credit_rows_bound
+    from maskrl.plan.work import _standin_config
+
+    table = tmp_path / "pos.json"
+    table.write_text(json.dumps({"NOUN": 2.0}))
+    (tmp_path / "plan_stub_tagger.py").write_text("def tag(tokenizer, ids, mask):\n    return [['NOUN'] * ids.shape[1]] * ids.shape[0]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config([], TINY + ["train.prompts_per_step=3", "train.group_size=2",
+                                  f"credit=[{{name: dispo, z: 4}}, {{name: dps}}, {{name: dtca, pos_weights: {table}, "
+                                  "tagger: 'plan_stub_tagger:tag'}]"])
+    dispo, dps, dtca = _standin_config(cfg).credit
+    assert dispo == dataclasses.replace(cfg.credit[0], skip_equal=False) and cfg.credit[0].skip_equal
+    assert dps == cfg.credit[1]
+    assert dtca == dataclasses.replace(cfg.credit[2], pos_weights=None, tagger=None)
+    assert credit_rows_bound(cfg) == dispo_step_rows(cfg) == 3 * 2 * 4
+    assert credit_rows_bound(load_config([], TINY + ["credit=[{name: dispo, alpha_step: 0}]"])) == 0
+    assert credit_rows_bound(load_config([], TINY)) == 0
+
+    @dataclasses.dataclass(frozen=True)
+    class Probe(CreditModule):  # data-dependent work of its own, declared through the hooks only
+        extra: int = 1
+
+        def for_planning(self):
+            return dataclasses.replace(self, extra=99)
+
+        def planned_rows(self, sequences):
+            return sequences * self.extra
+
+    @dataclasses.dataclass(frozen=True)
+    class Plain:  # a module without the optional hooks runs as configured and states no bound
+        k: int = 3
+
+    cfg.credit = [Probe(), Plain()]
+    assert _standin_config(cfg).credit == [Probe(extra=99), Plain()]
+    assert credit_rows_bound(cfg) == 6
+
+
+def test_profiler_log_lines_are_held_back_and_other_output_kept(capfd):
+    """What torch's profiler writes to file descriptor 2 by itself (kineto's start / stop / stage lines,
+    c10's note on blocks allocated before profiling) is dropped; anything else written there meanwhile
+    comes through afterwards, in order."""
+    import os
+    import sys
+
+    from maskrl.plan.memory import quiet_profiler_log
+
+    noise = [b"USDT:2026-12-02 04:40:23 14883:14883 SyncActivityProfilerHandler.cpp:52] profiler_start\n",
+             b"STAGE:2026-12-02 04:40:52 15391:15391 SyncActivityProfilerHandler.cpp:51] Completed Stage: Warm Up\n",
+             b"[W1202 04:42:42.004664454 CPUAllocator.cpp:245] Memory block of unknown size was allocated before the "
+             b"profiling started, profiler results will not include the deallocation event\n"]
+    print("before", file=sys.stderr)
+    with quiet_profiler_log():
+        os.write(2, noise[0])
+        os.write(2, b"a real warning\n")
+        os.write(2, noise[1] + noise[2])
+        os.write(2, b"from c\n")
+        os.write(2, b"ERROR:2026-12-02 04:40:52 1:1 Foo.cpp:3] kept too\n")
+    assert capfd.readouterr().err == "before\na real warning\nfrom c\nERROR:2026-12-02 04:40:52 1:1 Foo.cpp:3] kept too\n"
+    with pytest.raises(RuntimeError, match="boom"), quiet_profiler_log():  # restored on an error, output kept
+        os.write(2, noise[0] + b"last words\n")
+        raise RuntimeError("boom")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "last words\nafter\n"
+
+
+def test_maskrl_plan_prints_its_report_without_profiler_noise(tmp_path):
+    """``maskrl plan`` in a fresh process (where torch's profiler starts and logs): stdout is the
+    report, stderr holds no profiler line -- while a bare ``torch.profiler.profile`` in the same kind
+    of process does print them here (the control that shows what is being held back)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "PYTHONPATH": str(root / "src")}
+    args = ["plan", "--prompt-length", "8", "--no-search"] + [a for o in TINY for a in ("--set", o)]
+    run = subprocess.run([sys.executable, "-c", f"from maskrl.cli import main; raise SystemExit(main({args!r}))"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("prompt length 8 tokens (--prompt-length)\nmodel: tiny") and "PEAK" in run.stdout
+    from maskrl.plan.memory import PROFILER_LOG
+
+    assert not [line for line in run.stderr.splitlines() if PROFILER_LOG.match(line)], run.stderr
+    assert "profiler_start" not in run.stderr and "Memory block of unknown size" not in run.stderr
+    bare = ("import torch\nfrom torch.profiler import ProfilerActivity, profile\n"
+            "with profile(activities=[ProfilerActivity.CPU], profile_memory=True):\n    torch.ones(8).sum()\n")
+    control = subprocess.run([sys.executable, "-c", bare], capture_output=True, text=True, timeout=300)
+    if not any(PROFILER_LOG.match(line) for line in control.stderr.splitlines()):
+        pytest.skip("this torch build's profiler logs nothing by itself (nothing to hold back)")

@@ -202,9 +202,9 @@ def cmd_config(args) -> int:
 
     from maskrl.config import explain, load_plugins
 
-    if args.explain:
+    if args.explain:  # a component's field without its name is the configured component's (--config / --set)
         load_plugins(args.plugins)
-        print(explain(args.explain))
+        print(explain(args.explain, configured=lambda: _config(args)))
         return 0
     print(yaml.safe_dump(to_dict(_config(args)), sort_keys=False, allow_unicode=True), end="")
     return 0
@@ -237,6 +237,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    _add_train_parsers(sub)
+    _add_eval_parsers(sub)
+    _add_tool_parsers(sub)
+    _add_config_parsers(sub)
+    _add_bench_parser(sub)
+    return parser
+
+
+def _add_train_parsers(sub) -> None:
+    """``maskrl sft`` and ``maskrl train``."""
     p = sub.add_parser("sft", help="masked-diffusion supervised warm start")
     _add_config_args(p)
     p.add_argument("--out", help="model folder (default: <output_dir>/model)")
@@ -252,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "the run trains, or another process count than the checkpoint's (listed; recorded in configs.jsonl)")
     p.set_defaults(func=cmd_train)
 
+
+def _add_eval_parsers(sub) -> None:
+    """``maskrl eval`` and ``maskrl generate``."""
     p = sub.add_parser("eval", help="benchmark a model folder on a task (greedy, same sampler as training)")
     p.add_argument("--model", required=True, help="model folder or hub id")
     p.add_argument("--task", required=True)
@@ -293,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32")
     p.set_defaults(func=cmd_generate)
 
+
+def _add_tool_parsers(sub) -> None:
+    """``maskrl score``, ``maskrl demo`` and ``maskrl estimate-pos-weights``."""
     p = sub.add_parser("score", help="score another model's completions with a task's reward")
     p.add_argument("--task", required=True)
     p.add_argument("--predictions", required=True, help='JSONL of {"id": row index, "completion": text}')
@@ -323,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_estimate_pos_weights)
+
+
+def _add_config_parsers(sub) -> None:
+    """``maskrl config`` and ``maskrl plan``."""
     p = sub.add_parser("config", help="print the resolved config, or explain a section's fields")
     _add_config_args(p)
     p.add_argument("--explain", metavar="SECTION",
@@ -345,9 +365,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-search", action="store_true", help="do not try changes when the recipe does not fit")
     p.add_argument("--json", help="write the plan as JSON here")
     p.set_defaults(func=cmd_plan)
-
-    _add_bench_parser(sub)
-    return parser
 
 
 def cmd_estimate_pos_weights(args) -> int:

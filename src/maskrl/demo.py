@@ -121,6 +121,25 @@ def run_demo(cfg: RunConfig, force_sft: bool = False, overwrite: bool = False) -
         return _run_demo(cfg, force_sft)
 
 
+def _sft_warm_start(cfg: RunConfig, out: Path, task, train: list, test: list, source: str,
+                    force_sft: bool) -> tuple:
+    """``(policy, cached, seconds)``: the SFT model from ``out/sft-cache/<key>`` when there is one (and
+    ``force_sft`` is off), else SFT from the run's config, saved to that cache."""
+    cache = out / "sft-cache" / sft_cache_key(cfg)
+    t0 = time.time()
+    if (cache / "maskrl_sft.json").is_file() and not force_sft:
+        policy = load_tiny(cache)
+        print(f"[demo] SFT model from cache {cache}")
+        return policy, True, time.time() - t0
+    policy = load_policy(cfg)
+    check_run_lengths(cfg, policy, train, test, source)
+    print(f"[demo] SFT on {len(train)} generated {task.name} rows ({cfg.sft.steps} steps)")
+    hist = sft_from_config(cfg, policy, task, train)
+    save_model(policy, cache)
+    write_json(cache / "maskrl_sft.json", {"history": hist, "seconds": time.time() - t0})
+    return policy, False, time.time() - t0
+
+
 def _run_demo(cfg: RunConfig, force_sft: bool) -> dict:
     t_start = time.time()
     out = Path(cfg.output_dir)
@@ -131,21 +150,7 @@ def _run_demo(cfg: RunConfig, force_sft: bool) -> dict:
         raise RuntimeError(f"{len(overlap)} training rows are evaluation rows")
 
     # 1. SFT warm start (cached)
-    cache = out / "sft-cache" / sft_cache_key(cfg)
-    t0 = time.time()
-    if (cache / "maskrl_sft.json").is_file() and not force_sft:
-        policy = load_tiny(cache)
-        sft_cached = True
-        print(f"[demo] SFT model from cache {cache}")
-    else:
-        policy = load_policy(cfg)
-        check_run_lengths(cfg, policy, train, test, source)
-        print(f"[demo] SFT on {len(train)} generated {task.name} rows ({cfg.sft.steps} steps)")
-        hist = sft_from_config(cfg, policy, task, train)
-        save_model(policy, cache)
-        write_json(cache / "maskrl_sft.json", {"history": hist, "seconds": time.time() - t0})
-        sft_cached = False
-    sft_seconds = time.time() - t0
+    policy, sft_cached, sft_seconds = _sft_warm_start(cfg, out, task, train, test, source, force_sft)
 
     # 2. base evaluation
     fmt = prompt_formatter(policy, cfg.model.chat_template)

@@ -346,7 +346,7 @@ def resolve_prompt_settings(model, task_name: str, gen_lengths=None, block_lengt
     Raises:
         ValueError: an unreadable prompt card.
     """
-    from maskrl.pipeline import PROMPT_CARD, read_prompt_card
+    from maskrl.prompt_card import PROMPT_CARD, read_prompt_card
 
     card = read_prompt_card(model)
     note = "none"
@@ -469,7 +469,10 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     """
     from maskrl.health import check_rewards
     from maskrl.models import load
-    from maskrl.pipeline import check_lengths, prompt_formatter, read_prompt_card, resolve_device, write_json
+    from maskrl.devices import resolve_device
+    from maskrl.files import write_json
+    from maskrl.prompt_card import read_prompt_card
+    from maskrl.prompts import check_lengths, prompt_formatter
     from maskrl.rundir import run_lock, weights_fingerprint
     from maskrl.scoring import file_source
     from maskrl.tasks import get_task

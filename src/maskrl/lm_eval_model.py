@@ -151,7 +151,7 @@ class MaskrlLM(LM):
 
         from maskrl.models import load
         from maskrl.models.loading import parse_dtype
-        from maskrl.pipeline import read_prompt_card
+        from maskrl.prompt_card import read_prompt_card
         from maskrl.sampling import SamplerConfig
 
         card = read_prompt_card(pretrained)

@@ -341,7 +341,10 @@ def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length:
 
     from maskrl.config import load_config
     from maskrl.models import load
-    from maskrl.pipeline import check_lengths, prompt_formatter, read_prompt_card, resolve_device, task_and_data
+    from maskrl.data import task_and_data
+    from maskrl.devices import resolve_device
+    from maskrl.prompt_card import read_prompt_card
+    from maskrl.prompts import check_lengths, prompt_formatter
 
     if samples < 1:
         raise ValueError(f"--samples (={samples}) must be >= 1")

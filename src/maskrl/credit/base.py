@@ -23,7 +23,12 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
+from maskrl.registry import Registry
 from maskrl.types import LossTerm, Rollout
+
+#: the registered credit modules (``credit: [{name: ...}]``); each built-in registers itself in its own
+#: file, a user's module in the user's package (``plugins:``)
+CREDITS: Registry = Registry("credit module")
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,22 @@ class CreditModule:
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:  # pragma: no cover - protocol
         raise NotImplementedError
+
+    def for_planning(self) -> "CreditModule":
+        """This module as ``maskrl plan`` runs it on its stand-in (a tiny model with random rewards,
+        :mod:`maskrl.plan.work`): the same forwards, with any work that depends on the rewards or
+        the text at its worst case, and inputs the stand-in cannot feed that only reweight (a file,
+        a tagger of the text) dropped. The planner records what this module runs; a module whose
+        work the data decides overrides this so that the plan sizes memory and time for the bound.
+        Default: the module itself."""
+        return self
+
+    def planned_rows(self, sequences: int) -> int | None:
+        """Upper bound on the forward rows of the loss terms this module adds per RL step and process,
+        for ``sequences`` = B·G rollouts (unit: sequences of P + L tokens in one θ pass, before
+        micro-batching and μ) -- what :meth:`for_planning`'s worst case runs, stated for the plan's
+        notes and tests. Default: ``None`` (no bound stated; the plan counts what the stand-in runs)."""
+        return None
 
 
 def check_credit_batch(out: Any, before: CreditBatch, who: str) -> CreditBatch:

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from maskrl.credit.base import CreditBatch, CreditContext, CreditModule
+from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
 from maskrl.likelihood.state import State
 from maskrl.objectives.diffu_grpo import DiffuGRPO
 from maskrl.sampling.commit import gumbel_max
@@ -229,6 +229,7 @@ def time_bins(frac: torch.Tensor) -> torch.Tensor:
     return (frac >= 1 / 3).long() + (frac >= 2 / 3).long()
 
 
+@CREDITS.register("dispo")
 @dataclass(frozen=True)
 class DiSPO(CreditModule):
     """Registered as ``dispo`` (SPEC §4): branch-and-score at one intermediate state per trajectory,
@@ -297,6 +298,14 @@ class DiSPO(CreditModule):
     def needs_reference(self) -> bool:
         """True when the step term has a KL to the reference (``alpha_step > 0`` and ``beta > 0``)."""
         return self.alpha_step > 0 and self.beta > 0
+
+    def for_planning(self) -> "DiSPO":
+        """Every branched state kept (``skip_equal: false``): the step term's worst case (SPEC §4)."""
+        return dataclasses.replace(self, skip_equal=False)
+
+    def planned_rows(self, sequences: int) -> int:
+        """B·G·Z: each trajectory branches at one state, each kept state is Z rows (0 without a step term)."""
+        return sequences * self.z if self.alpha_step > 0 else 0
 
     def observers(self, sampler: Any, generator: torch.Generator) -> list[BranchObserver]:
         """One fresh :class:`BranchObserver` per rollout; it draws the branching steps and the

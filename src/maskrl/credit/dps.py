@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from maskrl.credit.base import CreditBatch, CreditContext, CreditModule
+from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
 
 DPS_TARGETS = ("confidence", "final")
 DPS_SCOPES = ("all", "block")
@@ -213,6 +213,7 @@ def normalise_deltas(delta: torch.Tensor, valid: torch.Tensor, mode: str, clip: 
     return torch.where(valid, z, torch.zeros_like(z)).float()
 
 
+@CREDITS.register("dps")
 @dataclass(frozen=True)
 class DPS(CreditModule):
     """Registered as ``dps`` (SPEC §2.1; DACA-GRPO): ``A_i ← A_i·(1 + λ·δ̄_{birth(i)})``.

@@ -22,6 +22,7 @@ is the identity: the "DTCA − POS credit" ablation).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -31,7 +32,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from maskrl.credit.base import CreditBatch, CreditContext, CreditModule
+from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
 from maskrl.credit.rldf import (check_state_likelihood, check_step_sampling, chosen_pairs, commit_observers,
                                 commit_probs, filter_metrics, replace_base, sample_steps, step_surprise, steps_term)
 
@@ -220,6 +221,7 @@ def token_weights(classes: Sequence[Sequence[str]], table: Mapping[str, float], 
 
 
 # ---------------------------------------------------------------------------------------------- module
+@CREDITS.register("dtca")
 @dataclass(frozen=True)
 class DTCA(CreditModule):
     """Registered as ``dtca`` (SPEC §3): RLDF's state term with DTCA's step selection, in-step POS
@@ -292,6 +294,10 @@ class DTCA(CreditModule):
         tag = resolve_tagger(self.tagger)
         classes = tag(getattr(ctx.policy, "tokenizer", None), ro.completion_ids, ro.completion_mask)
         return token_weights(classes, table, ro.completion_mask)
+
+    def for_planning(self) -> "DTCA":
+        """Without the POS table and tagger (they only reweight, and the stand-in's text has no parts of speech)."""
+        return dataclasses.replace(self, pos_weights=None, tagger=None) if self.pos_weights else self
 
     def observers(self, sampler, generator: torch.Generator) -> list:
         """With a cache: θ's exact ``p_i`` for the step scores (:func:`maskrl.credit.rldf.commit_observers`)."""

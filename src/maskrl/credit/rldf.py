@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from maskrl.credit.base import CreditBatch, CreditContext, CreditModule
+from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
 from maskrl.likelihood.state import State
 from maskrl.types import LossTerm, Rollout
 
@@ -307,6 +307,7 @@ def check_step_sampling(k: int, temperature: float, keep_threshold: float) -> No
         raise ValueError(f"keep_threshold (={keep_threshold}) must lie in [0, 1]")
 
 
+@CREDITS.register("rldf_steps")
 @dataclass(frozen=True)
 class RLDFSteps(CreditModule):
     """Registered as ``rldf_steps`` (SPEC §1.5 ``rldf``): train on k sampled denoising states per

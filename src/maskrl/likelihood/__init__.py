@@ -1,20 +1,13 @@
 """Likelihood estimators (SPEC §1.4), registered by name; see :mod:`maskrl.likelihood.base` for the
 protocol ``estimator(adapter, rollout, generator, need) -> ℓ [N, L]`` (or a :class:`PerToken` of
-named ``[N, L]`` tensors) and ``estimator.rows(...)``."""
+named ``[N, L]`` tensors) and ``estimator.rows(...)``. Each built-in registers itself in
+:data:`LIKELIHOODS` in its own file; importing this package imports them."""
 from maskrl.likelihood.elbo import ELBO, SPGBounds, bounds, elbo, gauss_legendre_unit, spg_bounds
-from maskrl.likelihood.base import (Likelihood, PerToken, check_pairing, needed, per_token_output, provides, reads,
-                                   scatter_scores, score_positions)
+from maskrl.likelihood.base import (LIKELIHOODS, Likelihood, PerToken, check_pairing, needed, per_token_output,
+                                   provides, reads, scatter_scores, score_positions)
 from maskrl.likelihood.mean_field import MeanField, mask_prompt, mean_field, token_log_probs
 from maskrl.likelihood.state import State, commit_states, state
 from maskrl.likelihood.stratified import Stratified, strata, stratified
-from maskrl.registry import Registry
-
-LIKELIHOODS: Registry = Registry("likelihood")
-LIKELIHOODS.register("mean_field")(MeanField)
-LIKELIHOODS.register("state")(State)
-LIKELIHOODS.register("stratified")(Stratified)
-LIKELIHOODS.register("elbo")(ELBO)
-LIKELIHOODS.register("spg_bounds")(SPGBounds)
 
 __all__ = ["ELBO", "SPGBounds", "LIKELIHOODS", "Likelihood", "MeanField", "PerToken", "State", "Stratified", "bounds",
            "check_pairing", "commit_states", "elbo", "gauss_legendre_unit", "mask_prompt", "mean_field", "needed",

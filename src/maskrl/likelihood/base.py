@@ -28,7 +28,12 @@ from typing import Protocol
 import torch
 
 from maskrl.models.adapter import ModelAdapter
+from maskrl.registry import Registry
 from maskrl.types import Rollout
+
+#: the registered likelihood estimators (``likelihood: {name: ...}``); each built-in registers itself in
+#: its own file
+LIKELIHOODS: Registry = Registry("likelihood")
 
 
 class Likelihood(Protocol):

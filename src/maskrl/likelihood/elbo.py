@@ -68,7 +68,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from maskrl.likelihood.base import PerToken, needed, score_positions
+from maskrl.likelihood.base import LIKELIHOODS, PerToken, needed, score_positions
 from maskrl.likelihood.mean_field import mask_prompt
 from maskrl.models.adapter import ModelAdapter
 from maskrl.types import Rollout
@@ -370,6 +370,7 @@ def eubo_tokens(lp: torch.Tensor, coef: torch.Tensor, slot: torch.Tensor, size: 
     return lse / beta
 
 
+@LIKELIHOODS.register("elbo")
 @dataclass(frozen=True)
 class ELBO:
     """Registered as ``elbo`` (SPEC §1.4; GDPO's estimator): per-token contributions to the sequence
@@ -423,6 +424,7 @@ class ELBO:
         return self._bounds(adapter, rollout, generator, need, None)[0]
 
 
+@LIKELIHOODS.register("spg_bounds")
 @dataclass(frozen=True)
 class SPGBounds(ELBO):
     """Registered as ``spg_bounds`` (SPEC §1.4/§1.5; SPG's estimator, the ``spg`` objective's default):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.likelihood.base import needed, scatter_scores, score_positions
+from maskrl.likelihood.base import LIKELIHOODS, needed, scatter_scores, score_positions
 from maskrl.models.adapter import ModelAdapter, token_log_probs
 from maskrl.types import Rollout
 
@@ -68,6 +68,7 @@ def mean_field(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generat
     return scatter_scores(lp, n_idx, i_idx, (n, L))
 
 
+@LIKELIHOODS.register("mean_field")
 @dataclass(frozen=True)
 class MeanField:
     """Registered as ``mean_field`` (SPEC §1.4; d1): every token scored from the all-masked state.

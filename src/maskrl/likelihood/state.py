@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.likelihood.base import needed, scatter_scores, score_positions
+from maskrl.likelihood.base import LIKELIHOODS, needed, scatter_scores, score_positions
 from maskrl.likelihood.mean_field import mask_prompt
 from maskrl.models.adapter import ModelAdapter
 from maskrl.types import Rollout
@@ -114,6 +114,7 @@ def state(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | 
     return scatter_scores(lp, n_idx, i_idx, cs.shape)
 
 
+@LIKELIHOODS.register("state")
 @dataclass(frozen=True)
 class State:
     """Registered as ``state`` (SPEC §1.4; RLDF, DTCA, DiSPO): each token scored at its commit state.

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.likelihood.base import needed, score_positions
+from maskrl.likelihood.base import LIKELIHOODS, needed, score_positions
 from maskrl.likelihood.mean_field import mask_prompt
 from maskrl.models.adapter import ModelAdapter
 from maskrl.types import Rollout
@@ -119,6 +119,7 @@ def stratified(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generat
     return out.index_put((s, i_idx), lp * weight[r_idx], accumulate=True)
 
 
+@LIKELIHOODS.register("stratified")
 @dataclass(frozen=True)
 class Stratified:
     """Registered as ``stratified`` (SPEC §2.2, SML): ``ℓ = full·ℓ^full + sml·ℓ^SML``.

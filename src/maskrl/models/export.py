@@ -159,7 +159,7 @@ def merge_lora_copy(peft_model, merged_dtype: torch.dtype | str = torch.float32,
         LossyMergeError: rounding to ``merged_dtype`` leaves an update error above ``max_update_error``.
         ValueError: an unknown ``merged_dtype``, or a model without LoRA layers.
     """
-    from maskrl.models.loading import parse_dtype
+    from maskrl.models.dtypes import parse_dtype
 
     dtype = parse_dtype(merged_dtype)
     layers = _lora_layers(peft_model)
@@ -377,7 +377,7 @@ def dream_export_config(model, adapter: ModelAdapter) -> dict:
 
 def _state_dict(model, family: str) -> dict[str, torch.Tensor]:
     """The model's tensors under the family's checkpoint names (tied output layer left out)."""
-    from maskrl.models.loading import llada_to_checkpoint
+    from maskrl.models.names import llada_to_checkpoint
 
     state = model.state_dict()
     if _tied(model.config):

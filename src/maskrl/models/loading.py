@@ -83,7 +83,9 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from maskrl.models.dtypes import DTYPE_NAMES, parse_dtype  # noqa: F401  (public here too)
 from maskrl.models.adapter import ModelAdapter
+from maskrl.models.names import NAME_MAPS, llada_to_checkpoint, llada_to_native  # noqa: F401  (public here too)
 
 # _NO_PADDING_IDX: the native configs get ``pad_token_id=None``. Llama/Qwen2 build their embedding
 # with ``padding_idx=config.pad_token_id``, which zeroes that row's gradient; LLaDA and Dream pad
@@ -169,33 +171,9 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
         if tokenizer is not None:  # an explicit tokenizer, or False for none
             adapter.tokenizer = tok
     elif family in ("llada", "dream"):
-        if family == "llada":
-            config, to_native, to_checkpoint = llada_config(cfg), llada_to_native, llada_to_checkpoint
-            mask, eos, stops = LLADA_MASK_ID, LLADA_EOS_ID, (LLADA_EOT_ID,)
-        else:
-            config, to_native, to_checkpoint = dream_config(cfg), _identity, _identity
-            mask, eos, stops = DREAM_MASK_ID, DREAM_EOS_ID, ()
-        model = _build_and_load(config, folder, to_native, to_checkpoint, dtype, device)
-        ends = end_ids(cfg, folder)
-        cfg_eos = ends[0] if ends else None
-        end = _first(cfg_eos, eos)
-        adapter = ModelAdapter(model=model, mask_id=_first(cfg.get("mask_token_id"), mask),
-                               eos_id=end, pad_id=_first(cfg.get("pad_token_id"), cfg_eos, eos),
-                               shift=(family == "dream"), family=family, attention="4d",
-                               tokenizer=tok, stop_ids=_stops(stops + ends, end))
-        if cfg.get("maskrl_stop_ids") is not None:  # a maskrl export (maskrl.models.export) keeps its stop ids
-            adapter.stop_ids = _stops(tuple(cfg["maskrl_stop_ids"]) + ends, end)
+        adapter = _load_native(family, cfg, folder, tok, dtype, device)
     else:  # masked_lm
-        model = _load_masked_lm(folder, dtype, device)
-        c = model.config
-        ends = end_ids(cfg, folder)
-        end = _first(ends[0] if ends else None, getattr(c, "sep_token_id", None),
-                     getattr(tok, "eos_token_id", None), getattr(tok, "sep_token_id", None))
-        adapter = ModelAdapter(
-            model=model, shift=False, family="masked_lm", attention="2d", tokenizer=tok,
-            mask_id=_first(getattr(c, "mask_token_id", None), getattr(tok, "mask_token_id", None)),
-            eos_id=end, pad_id=_first(getattr(c, "pad_token_id", None), getattr(tok, "pad_token_id", None)),
-            stop_ids=_stops(ends, end))
+        adapter = _load_masked_lm_adapter(cfg, folder, tok, dtype, device)
 
     overrides = dict(mask_id=mask_id, eos_id=eos_id, pad_id=pad_id,
                      stop_ids=None if stop_ids is None else tuple(int(s) for s in stop_ids))
@@ -208,29 +186,43 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
     return adapter
 
 
+def _load_native(family: str, cfg: dict, folder: Path, tok: Any, dtype: torch.dtype, device) -> ModelAdapter:
+    """A LLaDA or Dream checkpoint in its native transformers class, with the family's ids."""
+    if family == "llada":
+        config = llada_config(cfg)
+        mask, eos, stops = LLADA_MASK_ID, LLADA_EOS_ID, (LLADA_EOT_ID,)
+    else:
+        config = dream_config(cfg)
+        mask, eos, stops = DREAM_MASK_ID, DREAM_EOS_ID, ()
+    to_native, to_checkpoint = NAME_MAPS[family]
+    model = _build_and_load(config, folder, to_native, to_checkpoint, dtype, device)
+    ends = end_ids(cfg, folder)
+    cfg_eos = ends[0] if ends else None
+    end = _first(cfg_eos, eos)
+    adapter = ModelAdapter(model=model, mask_id=_first(cfg.get("mask_token_id"), mask),
+                           eos_id=end, pad_id=_first(cfg.get("pad_token_id"), cfg_eos, eos),
+                           shift=(family == "dream"), family=family, attention="4d",
+                           tokenizer=tok, stop_ids=_stops(stops + ends, end))
+    if cfg.get("maskrl_stop_ids") is not None:  # a maskrl export (maskrl.models.export) keeps its stop ids
+        adapter.stop_ids = _stops(tuple(cfg["maskrl_stop_ids"]) + ends, end)
+    return adapter
+
+
+def _load_masked_lm_adapter(cfg: dict, folder: Path, tok: Any, dtype: torch.dtype, device) -> ModelAdapter:
+    """A ``*ForMaskedLM`` checkpoint (2-D attention mask, no shift) with its config's or tokenizer's ids."""
+    model = _load_masked_lm(folder, dtype, device)
+    c = model.config
+    ends = end_ids(cfg, folder)
+    end = _first(ends[0] if ends else None, getattr(c, "sep_token_id", None),
+                 getattr(tok, "eos_token_id", None), getattr(tok, "sep_token_id", None))
+    return ModelAdapter(
+        model=model, shift=False, family="masked_lm", attention="2d", tokenizer=tok,
+        mask_id=_first(getattr(c, "mask_token_id", None), getattr(tok, "mask_token_id", None)),
+        eos_id=end, pad_id=_first(getattr(c, "pad_token_id", None), getattr(tok, "pad_token_id", None)),
+        stop_ids=_stops(ends, end))
+
+
 #: names accepted for a parameter dtype (``--dtype``, ``model.dtype``), with their common aliases
-DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-               "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-               "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
-
-
-def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    """A floating ``torch.dtype`` from itself or its name (``"bfloat16"``, ``"bf16"``, ``"torch.float32"``, ...).
-
-    Raises:
-        ValueError: naming the value given and listing the valid names (for an unknown name, a
-            non-floating dtype or another type).
-    """
-    if isinstance(dtype, torch.dtype):
-        if dtype in DTYPE_NAMES.values():
-            return dtype
-    elif isinstance(dtype, str):
-        key = dtype.strip().lower().removeprefix("torch.")
-        if key in DTYPE_NAMES:
-            return DTYPE_NAMES[key]
-    raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
-
-
 # ----------------------------------------------------------------------------------------------
 # folders, configs, families
 # ----------------------------------------------------------------------------------------------
@@ -376,43 +368,6 @@ def dream_config(cfg: dict):
     return Qwen2Config(**kwargs, hidden_act="silu", use_sliding_window=False, use_cache=False,
                        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.get("rope_theta", 10000.0))},
                        mask_token_id=cfg.get("mask_token_id", DREAM_MASK_ID))
-
-
-# ----------------------------------------------------------------------------------------------
-# weight names
-# ----------------------------------------------------------------------------------------------
-_LLADA_TOP = {"model.transformer.wte.weight": "model.embed_tokens.weight",
-              "model.transformer.ln_f.weight": "model.norm.weight",
-              "model.transformer.ff_out.weight": "lm_head.weight"}
-_LLADA_BLOCK = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
-                "attn_out": "self_attn.o_proj", "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
-                "ff_out": "mlp.down_proj", "attn_norm": "input_layernorm", "ff_norm": "post_attention_layernorm"}
-_LLADA_TOP_INV = {v: k for k, v in _LLADA_TOP.items()}
-_LLADA_BLOCK_INV = {v: k for k, v in _LLADA_BLOCK.items()}
-
-
-def llada_to_native(name: str) -> str | None:
-    """Llama name of a LLaDA checkpoint tensor name, ``None`` when it has none (module docstring)."""
-    if name in _LLADA_TOP:
-        return _LLADA_TOP[name]
-    m = re.fullmatch(r"model\.transformer\.blocks\.(\d+)\.(\w+)\.weight", name)
-    if m and m.group(2) in _LLADA_BLOCK:
-        return f"model.layers.{m.group(1)}.{_LLADA_BLOCK[m.group(2)]}.weight"
-    return None
-
-
-def llada_to_checkpoint(native: str) -> str:
-    """Inverse of :func:`llada_to_native` (for error messages); unknown names are returned as-is."""
-    if native in _LLADA_TOP_INV:
-        return _LLADA_TOP_INV[native]
-    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.weight", native)
-    if m and m.group(2) in _LLADA_BLOCK_INV:
-        return f"model.transformer.blocks.{m.group(1)}.{_LLADA_BLOCK_INV[m.group(2)]}.weight"
-    return native
-
-
-def _identity(name: str) -> str:
-    return name
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from maskrl.models.adapter import ModelAdapter
-from maskrl.models.export import save_model  # noqa: F401  (maskrl.models.tiny.save_model, as before)
 from maskrl.models.tokenizer import build_char_tokenizer
 
 

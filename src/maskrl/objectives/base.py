@@ -26,6 +26,10 @@ from typing import Any, ClassVar, Mapping
 import torch
 
 from maskrl.advantages import NORMALIZE, group_advantages
+from maskrl.registry import Registry
+
+#: the registered objectives (``objective: {name: ...}``); each built-in registers itself in its own file
+OBJECTIVES: Registry = Registry("objective")
 
 AGGREGATIONS = ("token_mean", "seq_mean")
 

@@ -5,10 +5,11 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.objectives.base import AGGREGATIONS, Objective, aggregate, clip_binds, kl3, kl3_clamped
+from maskrl.objectives.base import AGGREGATIONS, OBJECTIVES, Objective, aggregate, clip_binds, kl3, kl3_clamped
 from maskrl.types import LossOutput
 
 
+@OBJECTIVES.register("diffu_grpo")
 @dataclass(frozen=True)
 class DiffuGRPO(Objective):
     """``L = −agg[min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε) A_i)] + β·agg[KL3_i]``, ``ρ_i = exp(ℓ_i − ℓ_i^old)``,

@@ -10,10 +10,11 @@ from typing import ClassVar
 
 import torch
 
-from maskrl.objectives.base import Objective, clip_binds, kl3, kl3_clamped
+from maskrl.objectives.base import OBJECTIVES, Objective, clip_binds, kl3, kl3_clamped
 from maskrl.types import LossOutput
 
 
+@OBJECTIVES.register("gdpo")
 @dataclass(frozen=True)
 class GDPO(Objective):
     """Registered as ``gdpo``: ``ρ_n = exp((E_n − E_n^old)/|o_n|)`` with ``E_n = Σ_i ℓ_{n,i}`` the

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from maskrl.objectives.base import OBJECTIVES
 from maskrl.objectives.diffu_grpo import DiffuGRPO
 
 
+@OBJECTIVES.register("rldf")
 @dataclass(frozen=True)
 class RLDF(DiffuGRPO):
     """Registered as ``rldf`` (SPEC §1.5): the clipped surrogate / REINFORCE with RLDF's defaults.

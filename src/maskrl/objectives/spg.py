@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 
 from maskrl.likelihood.base import PerToken
-from maskrl.objectives.base import AGGREGATIONS, Objective, aggregate
+from maskrl.objectives.base import AGGREGATIONS, OBJECTIVES, Objective, aggregate
 from maskrl.types import LossOutput
 
 
@@ -39,6 +39,7 @@ def sandwich_tokens(elbo_tok: torch.Tensor, eubo_tok: torch.Tensor, advantages: 
     return torch.where(advantages > 0, elbo_tok, omega * eubo_tok + (1.0 - omega) * elbo_tok)
 
 
+@OBJECTIVES.register("spg")
 @dataclass(frozen=True)
 class SPG(Objective):
     """Registered as ``spg`` (SPEC §1.5); see the module docstring for the loss.

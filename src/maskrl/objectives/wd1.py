@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from maskrl.advantages import group_advantages
-from maskrl.objectives.base import Objective, kl3, kl3_clamped
+from maskrl.objectives.base import OBJECTIVES, Objective, kl3, kl3_clamped
 from maskrl.types import LossOutput
 
 WD1_AGGREGATIONS = ("seq_sum", "seq_mean", "token_mean")
@@ -38,6 +38,7 @@ def group_softmax(x: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     return e / denom[g]
 
 
+@OBJECTIVES.register("wd1")
 @dataclass(frozen=True)
 class WD1(Objective):
     """Registered as ``wd1`` (SPEC §1.5; Tang et al., "wd1: weighted policy optimization for reasoning

@@ -189,6 +189,15 @@ def _check_call(adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: to
         raise ValueError("a shifted (Dream-style) model with a cache needs at least one prompt column")
 
 
+def _notify(observers, adapter, st, plan, logits, cover, committed, tokens, dec, to_candidates) -> None:
+    """Hand every observer this step's :class:`~maskrl.sampling.StepView` (built once, only when one watches)."""
+    if observers:
+        view = observer_view(adapter, st, plan, logits, cover, committed, tokens, dec.p_len, dec.pos_ids,
+                             dec.b, to_candidates)
+        for obs in observers:
+            obs.on_step(view)
+
+
 @torch.no_grad()
 def generate(
     adapter: ModelAdapter,
@@ -263,11 +272,7 @@ def generate(
         logits = to_candidates(head)
         take, cand, prob = dec.commits(st, logits, cover, generator, mask_logit)
         committed, tokens = dec.write(st, take, cand, prob)
-        if observers:
-            view = observer_view(adapter, st, plan, logits, cover, committed, tokens, dec.p_len, dec.pos_ids,
-                                 dec.b, to_candidates)
-            for obs in observers:
-                obs.on_step(view)
+        _notify(observers, adapter, st, plan, logits, cover, committed, tokens, dec, to_candidates)
         lock.pad_extra(st.xr, st.ar)
         dec.advance(st, tokens)
         step += 1

@@ -1,0 +1,146 @@
+"""FLOPs and parameter bytes on the ``meta`` device: torch's ``FlopCounterMode`` through the adapter's
+own calls, accelerate's ``calculate_maximum_sizes`` (:mod:`maskrl.plan`'s docstring)."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from maskrl.plan.shapes import ModelShape
+from maskrl.plan.work import Call
+
+def _dtype(name: str) -> torch.dtype:
+    from maskrl.models.loading import parse_dtype
+
+    return parse_dtype(name)
+
+
+def build_adapter(shape: ModelShape, dtype: torch.dtype, lora: dict | None, checkpointing: bool, device="meta",
+                  hidden_size: int | None = None, num_layers: int | None = None, seed: int = 0):
+    """A :class:`~maskrl.models.ModelAdapter` of ``shape`` (optionally narrowed) on ``device``, with LoRA
+    (``{rank, alpha, targets}``) and gradient checkpointing as the recipe has them."""
+    from transformers import AutoModelForCausalLM
+
+    from maskrl.models import ModelAdapter, apply_lora, enable_gradient_checkpointing
+
+    config = shape.hf_config(hidden_size, num_layers)
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.eval()
+    v = shape.vocab_size
+    ad = ModelAdapter(model=model, mask_id=v - 1, eos_id=v - 2, pad_id=v - 2, shift=shape.family == "dream",
+                      family=shape.family)
+    if checkpointing:
+        enable_gradient_checkpointing(ad)
+    if lora:
+        ad = apply_lora(ad, rank=lora["rank"], alpha=lora["alpha"], target_modules=lora["targets"])
+    return ad
+
+
+def _lora(cfg) -> dict | None:
+    mc = cfg.model
+    if mc.lora_rank <= 0:
+        return None
+    t = mc.lora_target_modules
+    return {"rank": mc.lora_rank, "alpha": mc.lora_alpha,
+            "targets": t if t == "all-linear" else [m.strip() for m in t.split(",") if m.strip()]}
+
+
+def _inputs(ad, rows: int, seq: int, scored: int, device):
+    ids = torch.zeros((rows, seq), dtype=torch.long, device=device)
+    attn = torch.ones((rows, seq), dtype=torch.bool, device=device)
+    r = torch.arange(scored, device=device) % rows
+    c = torch.full((scored,), seq - 1, dtype=torch.long, device=device)
+    return ids, attn, r, c, torch.zeros(scored, dtype=torch.long, device=device)
+
+
+class FlopModel:
+    """FLOPs of the calls of one model shape, counted by ``FlopCounterMode`` on the meta device (see
+    the module docstring); memoised per (kind, sequence length, cached keys)."""
+
+    def __init__(self, shape: ModelShape, dtype: torch.dtype, lora: dict | None, checkpointing: bool) -> None:
+        from maskrl.models.scale import rl_train_mode
+
+        self.lora = lora
+        self.adapter = build_adapter(shape, dtype, lora, checkpointing)
+        self.train_adapter = build_adapter(shape, dtype, lora, checkpointing)
+        rl_train_mode(self.train_adapter.model)
+        self.shape = shape
+        self._memo: dict = {}
+
+    def _count(self, kind: str, rows: int, seq: int, scored: int, past: int) -> int:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        dev = torch.device("meta")
+        if kind == "train":
+            ad = self.train_adapter
+            ids, attn, r, c, t = _inputs(ad, rows, seq, scored, dev)
+            with FlopCounterMode(display=False) as fc:
+                ad.log_probs_at(ids, attn, r, c, t).sum().backward()
+            return fc.get_total_flops()
+        ad = self.adapter
+        off = ad.reference() if kind == "reference" and self.lora else contextlib.nullcontext()
+        with torch.no_grad(), off, FlopCounterMode(display=False) as fc:
+            if kind in ("forward", "reference"):
+                ids, attn, r, c, t = _inputs(ad, rows, seq, scored, dev)
+                ad.log_probs_at(ids, attn, r, c, t)
+            else:  # rollout: decoder against ``past`` cached keys, then the output layer on ``scored`` states
+                ids = torch.zeros((rows, seq), dtype=torch.long, device=dev)
+                kv = None
+                if past:
+                    cfg = ad.model.config
+                    hd = cfg.hidden_size // cfg.num_attention_heads
+                    kv = [(torch.zeros((rows, cfg.num_key_value_heads, past, hd), dtype=ad.dtype, device=dev),) * 2
+                          for _ in range(cfg.num_hidden_layers)]
+                pos = torch.arange(past, past + seq, device=dev).expand(rows, seq)
+                hidden, _ = ad.decoder_forward(ids, torch.ones((rows, past + seq), dtype=torch.bool, device=dev), pos,
+                                               past=kv)
+                if scored:
+                    ad.head(hidden.reshape(-1, hidden.shape[-1])[:1].expand(scored, -1))
+        return fc.get_total_flops()
+
+    def flops(self, kind: str, rows: int, seq: int, scored: int, past: int = 0) -> int:
+        """FLOPs of one call: ``kind`` ``train`` (forward + backward), ``forward`` (no grad, scored
+        positions through the output layer), ``reference`` (the same with LoRA adapters disabled, as the
+        trainer's reference policy is) or ``rollout`` (decoder + output layer)."""
+        key = (kind, seq, past)
+        if key not in self._memo:
+            f11 = self._count(kind, 1, seq, 1, past)
+            f21 = self._count(kind, 2, seq, 1, past)
+            f12 = self._count(kind, 1, seq, 2, past)
+            self._memo[key] = (f11, f21 - f11, f12 - f11)
+        f11, per_row, per_pos = self._memo[key]
+        return int(f11 + (rows - 1) * per_row + (scored - 1) * per_pos)
+
+
+def param_memory(shape: ModelShape, dtype: torch.dtype, lora: dict | None) -> dict:
+    """Parameter bytes and counts of the model (meta device; accelerate's ``calculate_maximum_sizes``):
+    ``{total_bytes, largest_layer_bytes, params, trainable}``."""
+    from accelerate.utils import calculate_maximum_sizes
+
+    ad = build_adapter(shape, dtype, lora, False)
+    total, largest = calculate_maximum_sizes(ad.model)
+    params = sum(p.numel() for p in ad.model.parameters())
+    trainable = sum(p.numel() for p in ad.model.parameters() if p.requires_grad)
+    return {"total_bytes": int(total), "largest_layer_bytes": int(largest[0]), "params": int(params),
+            "trainable": int(trainable)}
+
+
+def work_table(calls: list[Call], fm: FlopModel, checkpointing: bool) -> tuple[dict, int, int]:
+    """``(by phase/term {forwards, rows, scored_positions, flops}, total FLOPs, weight reads)`` of one RL
+    step's :class:`Call` list; weight reads count a checkpointed θ pass twice (its recomputation)."""
+    work: dict[str, dict] = {}
+    total = reads = 0
+    for c in calls:
+        kind = {"rollout": "rollout", "theta": "train", "reference": "reference"}.get(c.phase, "forward")
+        f = fm.flops(kind, c.rows, c.seq, c.scored, c.past) * c.count
+        key = c.phase if c.phase == "rollout" else f"{c.phase}/{c.term}"
+        w = work.setdefault(key, {"forwards": 0, "rows": 0, "scored_positions": 0, "flops": 0})
+        w["forwards"] += c.count
+        w["rows"] += c.rows * c.count
+        w["scored_positions"] += c.scored * c.count
+        w["flops"] += f
+        total += f
+        reads += c.count * (2 if kind == "train" and checkpointing else 1)
+    return work, total, reads

@@ -1,0 +1,199 @@
+"""The plan of a recipe (memory, work, time, what to change) and its text report."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import torch
+
+from maskrl.plan.flops import FlopModel, _dtype, _lora, param_memory, work_table
+from maskrl.plan.memory import ActivationModel, memory_gib
+from maskrl.plan.shapes import GIB, Hardware, ModelShape, model_shape
+from maskrl.plan.work import record_work
+
+#: models, fits and recorded work shared by the plans of one process (keyed by content)
+_CACHE: dict = {}
+
+
+def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search: bool = True,
+              micro_batch_size: int | None = None, max_forward_rows: int | None = None, shape: ModelShape | None = None,
+              _cache: dict | None = None) -> dict:
+    """The plan of one recipe on ``hw`` (per process): memory, work, time, and what to change.
+
+    Args:
+        cfg: the run configuration.
+        hw: the hardware.
+        prompt_length: P, prompt tokens per row (an estimate: the tokenizer and chat template decide).
+        seed: the stand-in's seed.
+        search: when the peak does not fit, try the changes listed under ``what_to_change``.
+        micro_batch_size, max_forward_rows: override the recipe's.
+        shape: the model's shape (default: :func:`model_shape` of ``cfg``).
+
+    Returns:
+        A JSON-able dict: ``model``, ``hardware``, ``memory_gib`` (static parts, per-phase peaks,
+        ``peak``, ``fits``), ``work`` (per phase and term: forwards, rows, scored positions, FLOPs),
+        ``time`` (seconds per step: compute-bound at ``mfu``, and the weight-read bound; per run),
+        ``what_to_change``.
+    """
+    cache = _cache if _cache is not None else _CACHE
+    shape = shape or model_shape(cfg)
+    dtype = _dtype(cfg.model.dtype)
+    lora = _lora(cfg)
+    ckpt = cfg.model.gradient_checkpointing
+    needs_reference = cfg.objective.needs_reference or any(getattr(c, "needs_reference", False) for c in cfg.credit)
+    fm, am, pm = _models(cache, shape, dtype, lora, ckpt, cfg.rollout)
+    calls = _recorded_work(cache, cfg, prompt_length, seed, micro_batch_size, max_forward_rows)
+    work, total_flops, forwards = work_table(calls, fm, ckpt)
+    memory = memory_gib(cfg, calls, shape, dtype, am, pm, hw, prompt_length, needs_reference)
+    plan = {
+        "model": {**dataclasses.asdict(shape), "dtype": str(dtype).removeprefix("torch."), "params": pm["params"],
+                  "trainable": pm["trainable"], "lora": lora, "gradient_checkpointing": ckpt},
+        "hardware": dataclasses.asdict(hw) | {"gpu_memory": hw.gpu_memory / GIB},
+        "recipe": _recipe(cfg, prompt_length, micro_batch_size, max_forward_rows),
+        "memory_gib": memory,
+        "work": {"by_phase_term": work, "forwards": sum(v["forwards"] for v in work.values()),
+                 "flops": total_flops, "flops_per_process": total_flops,
+                 "tokens_per_step": cfg.train.prompts_per_step * cfg.train.group_size * cfg.rollout.gen_length * hw.gpus},
+        "time": _time(work, total_flops, forwards, pm, hw, cfg.train.steps),
+        "what_to_change": [],
+        "notes": list(NOTES),
+    }
+    if search and not memory["fits"]:
+        plan["what_to_change"] = _search(cfg, hw, prompt_length, seed, cache, plan, shape)
+    return plan
+
+
+#: what every plan's numbers assume (the plan's ``notes``)
+NOTES = ("prompt_length is an estimate (pass --prompt-length); completions run to L tokens (no early stop)",
+         "DiSPO's step term is its worst case: every branched state kept (B*G*Z rows; a run keeps only "
+         "states whose Z rewards differ)",
+         "other data-dependent work (RLDF/DTCA's filters, the threshold schedule's steps, DiSPO's extra "
+         "exact-logit forwards under a key/value cache) is that of the stand-in with random rewards")
+
+
+def _models(cache: dict, shape: ModelShape, dtype: torch.dtype, lora: dict | None, ckpt: bool, sampler):
+    """``(FlopModel, ActivationModel, param_memory dict)`` of one model shape, built once per process."""
+    mkey = (shape, str(dtype), json.dumps(lora, sort_keys=True), ckpt)
+    if ("flop", mkey) not in cache:
+        cache["flop", mkey] = FlopModel(shape, dtype, lora, ckpt)
+        cache["act", mkey] = ActivationModel(shape, dtype, lora, ckpt, sampler)
+        cache["param", mkey] = param_memory(shape, dtype, lora)
+    return cache["flop", mkey], cache["act", mkey], cache["param", mkey]
+
+
+def _recorded_work(cache: dict, cfg, prompt_length: int, seed: int, micro_batch_size: int | None,
+                   max_forward_rows: int | None) -> list:
+    """:func:`~maskrl.plan.work.record_work` of ``cfg``, recorded once per process (keyed by the config's content)."""
+    from maskrl.config import to_dict
+
+    wkey = ("work", json.dumps(to_dict(cfg), sort_keys=True, default=str), micro_batch_size, max_forward_rows,
+            prompt_length, seed)
+    if wkey not in cache:
+        cache[wkey] = record_work(cfg, prompt_length, seed, micro_batch_size, max_forward_rows)
+    return cache[wkey]
+
+
+def _recipe(cfg, prompt_length: int, micro_batch_size: int | None, max_forward_rows: int | None) -> dict:
+    """The recipe's settings the plan depends on (the plan's ``recipe``)."""
+    return {"prompts_per_step": cfg.train.prompts_per_step, "group_size": cfg.train.group_size,
+            "inner_iterations": cfg.train.inner_iterations, "steps": cfg.train.steps,
+            "gen_length": cfg.rollout.gen_length, "block_length": cfg.rollout.block_length,
+            "rollout_steps": cfg.rollout.steps, "schedule": cfg.rollout.schedule, "cache": cfg.rollout.cache,
+            "prompt_length": prompt_length,
+            "micro_batch_size": cfg.train.micro_batch_size if micro_batch_size is None else micro_batch_size,
+            "max_forward_rows": cfg.train.max_forward_rows if max_forward_rows is None else max_forward_rows}
+
+
+def _time(work: dict, total_flops: int, forwards: int, pm: dict, hw: Hardware, steps: int) -> dict:
+    """Seconds per step (the plan's ``time``): compute-bound at ``hw.mfu`` and weight-read bound, the slower."""
+    rate = hw.tflops * 1e12 * hw.mfu
+    compute_s = total_flops / rate
+    weight_read_s = forwards * (pm["total_bytes"] / (hw.gpus if hw.strategy in ("fsdp", "zero3") else 1)) / hw.bandwidth
+    step_s = max(compute_s, weight_read_s)
+    return {"compute_seconds_per_step": compute_s, "weight_read_seconds_per_step": weight_read_s,
+            "seconds_per_step": step_s, "seconds_by_phase_term": {k: v["flops"] / rate for k, v in work.items()},
+            "hours_per_run": step_s * steps / 3600,
+            "basis": f"{hw.tflops:g} TFLOP/s x MFU {hw.mfu:g} per GPU; every forward reads the weights once at "
+                     f"{hw.bandwidth / 1e12:g} TB/s; the slower of the two"}
+
+
+def _brief(p: dict, change: str) -> dict:
+    return {"change": change, "peak_gib": round(p["memory_gib"]["peak"], 2), "fits": p["memory_gib"]["fits"],
+            "seconds_per_step": round(p["time"]["seconds_per_step"], 2),
+            "hours_per_run": round(p["time"]["hours_per_run"], 2)}
+
+
+def _search(cfg, hw: Hardware, prompt_length: int, seed: int, cache: dict, base: dict,
+            shape: ModelShape | None = None) -> list[dict]:
+    """Changes that make the recipe fit, each with its new numbers (smallest row budget / micro-batch
+    first, then checkpointing, LoRA, more processes)."""
+    out = []
+    n_seq = cfg.train.prompts_per_step * cfg.train.group_size
+    theta_rows = max((v["rows"] // max(1, v["forwards"]) for k, v in base["work"]["by_phase_term"].items()
+                      if k.startswith("theta/")), default=1)
+    for mb in sorted({max(1, n_seq // d) for d in (2, 3, 4, 6, 8, 12, 16, 24, 48)} | {1}, reverse=True):
+        if cfg.train.micro_batch_size and mb >= cfg.train.micro_batch_size:
+            continue
+        p = make_plan(cfg, hw, prompt_length, seed, False, micro_batch_size=mb, shape=shape, _cache=cache)
+        if p["memory_gib"]["fits"]:
+            out.append(_brief(p, f"--set train.micro_batch_size={mb}"))
+            break
+    budget = theta_rows
+    while budget > 1:
+        budget = max(1, budget // 2)
+        p = make_plan(cfg, hw, prompt_length, seed, False, max_forward_rows=budget, shape=shape, _cache=cache)
+        if p["memory_gib"]["fits"]:
+            out.append(_brief(p, f"--set train.max_forward_rows={budget}"))
+            break
+    variants = []
+    if not cfg.model.gradient_checkpointing:
+        variants.append(("--set model.gradient_checkpointing=true",
+                         lambda c: setattr(c, "model", dataclasses.replace(c.model, gradient_checkpointing=True))))
+    if cfg.model.lora_rank == 0:
+        variants.append(("--set model.lora_rank=128 --set model.dtype=bfloat16",
+                         lambda c: setattr(c, "model", dataclasses.replace(c.model, lora_rank=128, lora_alpha=64.0,
+                                                                           dtype="bfloat16"))))
+    for text, edit in variants:
+        c = copy.deepcopy(cfg)
+        edit(c)
+        p = make_plan(c, hw, prompt_length, seed, False, shape=shape, _cache=cache)
+        out.append(_brief(p, text))
+    for n in (2, 4, 8):
+        if n > hw.gpus:
+            h2 = dataclasses.replace(hw, gpus=n, strategy="fsdp")
+            p = make_plan(cfg, h2, prompt_length, seed, False, shape=shape, _cache=cache)
+            out.append(_brief(p, f"{n} GPUs with FSDP (configs/accelerate/fsdp.yaml)"))
+            if p["memory_gib"]["fits"]:
+                break
+    return out
+
+
+def format_plan(p: dict) -> str:
+    """A short text report of :func:`make_plan`'s dict."""
+    m, t, w = p["memory_gib"], p["time"], p["work"]
+    hw = p["hardware"]
+    n = p['model']['params']
+    lines = [f"model: {p['model']['family']} {n / 1e9:.2f} B params ({p['model']['dtype']}), " if n >= 1e9 else
+             f"model: {p['model']['family']} {n / 1e6:.2f} M params ({p['model']['dtype']}), "
+             f"trainable {p['model']['trainable'] / 1e6:.1f} M, LoRA {p['model']['lora']['rank'] if p['model']['lora'] else 'off'}, "
+             f"checkpointing {'on' if p['model']['gradient_checkpointing'] else 'off'}",
+             f"hardware: {hw['gpus']} x {hw['gpu_memory']:.3g} GiB, {hw['strategy']}, {hw['tflops']:g} TFLOP/s x MFU {hw['mfu']:g}",
+             "memory per process (GiB):"]
+    lines += [f"  {k:16s} {v:8.2f}" for k, v in m["static"].items()]
+    if m["kv_cache"]:
+        lines.append(f"  {'kv_cache':16s} {m['kv_cache']:8.2f}")
+    lines += [f"  peak {k:11s} {v:8.2f}  (activations {m['activations'][k]:.2f})" for k, v in m["peak_by_phase"].items()]
+    lines.append(f"  PEAK {m['peak']:.2f} GiB of {m['gpu_memory']:.3g}: {'fits' if m['fits'] else 'DOES NOT FIT'}")
+    lines.append("work per RL step and process:")
+    for k, v in w["by_phase_term"].items():
+        lines.append(f"  {k:22s} forwards {v['forwards']:6d}  rows {v['rows']:8d}  scored {v['scored_positions']:9d}  "
+                     f"{v['flops'] / 1e12:11.4g} TFLOP  {t['seconds_by_phase_term'][k]:9.3g} s")
+    lines.append(f"  total {w['flops'] / 1e12:.4g} TFLOP; {t['seconds_per_step']:.3g} s per step "
+                 f"(compute {t['compute_seconds_per_step']:.3g} s, weight reads {t['weight_read_seconds_per_step']:.3g} s); "
+                 f"{t['hours_per_run']:.3g} h for {p['recipe']['steps']} steps")
+    if p["what_to_change"]:
+        lines.append("what to change:")
+        lines += [f"  {c['change']}: peak {c['peak_gib']} GiB ({'fits' if c['fits'] else 'does not fit'}), "
+                  f"{c['seconds_per_step']} s/step, {c['hours_per_run']} h" for c in p["what_to_change"]]
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""What a plan is for: the model's shape (published configs of the 8B checkpoints, a local
+``config.json`` or the built-in tiny model) and the hardware (GPUs, memory, throughput, sharding)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 2**30
+
+#: published shapes (config.json) of the checkpoints the 8B recipes name, so that planning needs no
+#: download. LLaDA: GSAI-ML/LLaDA-8B-Instruct config.json (d_model 4096, n_layers 32, n_heads 32,
+#: n_kv_heads 32, mlp_hidden_size 12288, embedding_size 126464, no biases, untied). Dream:
+#: Dream-org/Dream-v0-Instruct-7B config.json (Qwen2-7B shape: hidden_size 3584, num_hidden_layers 28,
+#: num_attention_heads 28, num_key_value_heads 4, intermediate_size 18944, vocab_size 152064, q/k/v
+#: biases, untied).
+_LLADA = dict(family="llada", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32,
+              intermediate_size=12288, vocab_size=126464, tie=False)
+_DREAM = dict(family="dream", hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4,
+              intermediate_size=18944, vocab_size=152064, tie=False)
+KNOWN_MODELS: dict[str, dict] = {
+    "GSAI-ML/LLaDA-8B-Instruct": _LLADA, "GSAI-ML/LLaDA-8B-Base": _LLADA,
+    "Dream-org/Dream-v0-Instruct-7B": _DREAM, "Dream-org/Dream-v0-Base-7B": _DREAM,
+}
+STRATEGIES = ("single", "ddp", "fsdp", "zero2", "zero3")
+
+
+class PlanError(ValueError):
+    """A plan cannot be made (unknown model shape, bad option); the message names the option."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Architecture of a model family member (SPEC §1.1).
+
+    Attributes:
+        family: ``llada`` (Llama blocks, no biases), ``dream`` (Qwen2 blocks, q/k/v biases) or ``tiny``
+            (the built-in Llama).
+        hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, vocab_size: the shape.
+        tie: output layer tied to the embedding.
+        source: where the numbers come from.
+    """
+
+    family: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    tie: bool = False
+    source: str = ""
+
+    def hf_config(self, hidden_size: int | None = None, num_layers: int | None = None):
+        """A transformers config of this shape (optionally narrowed: ``hidden_size`` with the same head
+        count, so head_dim = hidden/heads; intermediate scaled by the same factor)."""
+        from transformers import LlamaConfig, Qwen2Config
+
+        h = hidden_size or self.hidden_size
+        inter = self.intermediate_size * h // self.hidden_size
+        kw = dict(vocab_size=self.vocab_size, hidden_size=h, intermediate_size=inter,
+                  num_hidden_layers=num_layers or self.num_layers, num_attention_heads=self.num_heads,
+                  num_key_value_heads=self.num_kv_heads, tie_word_embeddings=self.tie, max_position_embeddings=8192,
+                  rms_norm_eps=1e-5, pad_token_id=None)
+        if self.family == "dream":
+            return Qwen2Config(**kw, rope_theta=1e6)
+        return LlamaConfig(**kw, rope_theta=500000.0, attention_bias=False, mlp_bias=False)
+
+
+def model_shape(cfg) -> ModelShape:
+    """The shape of ``cfg.model``: a known Hub id (:data:`KNOWN_MODELS`), a local folder's ``config.json``
+    (LLaDA or standard keys), or the built-in tiny model (``model.path`` empty).
+
+    Raises:
+        PlanError: a path that is neither known nor a folder with a readable config.json.
+    """
+    path = cfg.model.path
+    if not path:
+        from maskrl.policy import tiny_tokenizer
+        from maskrl.models.tokenizer import build_char_tokenizer
+
+        t = cfg.model.tiny
+        tok = tiny_tokenizer(t.tokenizer) or build_char_tokenizer()
+        return ModelShape("tiny", t.hidden_size, t.num_layers, t.num_heads, t.num_heads, t.intermediate_size, len(tok),
+                          source="model.tiny")
+    if path in KNOWN_MODELS:
+        return ModelShape(**KNOWN_MODELS[path], source=f"{path} config.json (published values, maskrl.plan.KNOWN_MODELS)")
+    f = Path(path) / "config.json"
+    if not f.is_file():
+        raise PlanError(f"model.path: {path!r} is neither a known Hub id ({', '.join(KNOWN_MODELS)}) nor a folder "
+                        "with a config.json; download the config or pass a local folder")
+    c = json.loads(f.read_text())
+    if "d_model" in c:  # LLaDA's OLMo-style keys
+        return ModelShape("llada", c["d_model"], c["n_layers"], c["n_heads"], c.get("n_kv_heads") or c["n_heads"],
+                          c["mlp_hidden_size"], c.get("embedding_size") or c["vocab_size"], bool(c.get("weight_tying")),
+                          source=str(f))
+    fam = "dream" if str(c.get("model_type", "")).lower() in ("dream", "qwen2") else "llada"
+    return ModelShape(fam, c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                      c.get("num_key_value_heads") or c["num_attention_heads"], c["intermediate_size"], c["vocab_size"],
+                      bool(c.get("tie_word_embeddings")), source=str(f))
+
+
+def parse_bytes(text: str) -> float:
+    """``"80GB"`` / ``"80GiB"`` / ``"24G"`` / a plain number of GiB -> bytes (GB is read as GiB, as
+    GPU vendors' "80 GB" cards hold 79-80 GiB usable).
+
+    Raises:
+        PlanError: unparsable text.
+    """
+    s = str(text).strip().upper().replace(" ", "")
+    for suffix in ("GIB", "GB", "G"):
+        if s.endswith(suffix):
+            s = s[: -len(suffix)]
+            break
+    try:
+        v = float(s)
+    except ValueError:
+        raise PlanError(f"--gpu-memory: cannot read {text!r} (e.g. 80GB)") from None
+    if v <= 0:
+        raise PlanError(f"--gpu-memory: must be > 0, got {text!r}")
+    return v * GIB
+
+
+def strategy_from_accelerate(path: str | None, gpus: int) -> str:
+    """The sharding strategy of an accelerate config file (``distributed_type`` FSDP / DEEPSPEED with
+    its ZeRO stage / MULTI_GPU), or ``ddp`` for several processes and ``single`` for one without a file.
+
+    Raises:
+        PlanError: an unreadable file.
+    """
+    if not path:
+        return "ddp" if gpus > 1 else "single"
+    import yaml
+
+    try:
+        c = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise PlanError(f"--accelerate-config: cannot read {path} ({e})") from None
+    kind = str(c.get("distributed_type", "")).upper()
+    if kind == "FSDP":
+        return "fsdp"
+    if kind == "DEEPSPEED":
+        ds = c.get("deepspeed_config") or {}
+        stage = ds.get("zero_stage")
+        if stage is None and ds.get("deepspeed_config_file"):
+            f = Path(ds["deepspeed_config_file"])
+            f = f if f.is_file() else Path(path).parent / f.name
+            stage = json.loads(f.read_text()).get("zero_optimization", {}).get("stage")
+        return "zero3" if int(stage or 2) == 3 else "zero2"
+    return "ddp" if gpus > 1 else "single"
+
+
+@dataclass
+class Hardware:
+    """What the plan is for.
+
+    Attributes:
+        gpus: processes (one GPU each).
+        gpu_memory: bytes per GPU.
+        tflops: peak dense bf16 TFLOP/s per GPU (H100 SXM: 989).
+        mfu: fraction of the peak reached (0.4 default).
+        bandwidth: memory bandwidth per GPU in bytes/s (H100 SXM 3.35e12; H200 4.8e12): each forward
+            reads every weight once, so a forward lasts at least weights / bandwidth.
+        strategy: ``single``, ``ddp``, ``fsdp``, ``zero2`` or ``zero3``.
+    """
+
+    gpus: int = 1
+    gpu_memory: float = 80 * GIB
+    tflops: float = 989.0
+    mfu: float = 0.4
+    bandwidth: float = 3.35e12
+    strategy: str = "single"
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise PlanError(f"--gpus: must be >= 1, got {self.gpus}")
+        if not 0 < self.mfu <= 1:
+            raise PlanError(f"--mfu: must lie in (0, 1], got {self.mfu}")
+        if self.tflops <= 0 or self.bandwidth <= 0:
+            raise PlanError("--tflops and --bandwidth must be > 0")
+        if self.strategy not in STRATEGIES:
+            raise PlanError(f"strategy: unknown {self.strategy!r}; valid: {', '.join(STRATEGIES)}")
