@@ -20,8 +20,8 @@ import torch
 
 from maskrl.models.adapter import ModelAdapter
 from maskrl.sampling.cache import KVCache, head_at, plan_forwards
-from maskrl.sampling.commit import (candidate_logits, commit_scores, propose, rank_positions, select_fixed,
-                                    select_threshold)
+from maskrl.sampling.commit import (candidate_logits, commit_scores, hold_stops, propose, rank_positions,
+                                    select_fixed, select_threshold)
 from maskrl.sampling.config import SamplerConfig
 from maskrl.sampling.lockstep import IDLE, STOP, RankLockstep
 from maskrl.sampling.view import StepObserver, StepRows, exact_observers, observer_view, requested_positions
@@ -87,8 +87,10 @@ class Denoising:
         rank = rank_positions(commit_scores(prob, eligible, config.remasking, generator, stop))
         if config.schedule == "fixed":
             k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
-            return select_fixed(rank, k, eligible), cand, prob
-        return select_threshold(rank, prob, config.threshold, eligible), cand, prob
+            take = select_fixed(rank, k, eligible)
+        else:
+            take = select_threshold(rank, prob, config.threshold, eligible)
+        return (hold_stops(take, stop, eligible) if stop is not None else take), cand, prob
 
     def write(self, st: StepRows, take: torch.Tensor, cand: torch.Tensor,
               prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,161 @@
+"""The sampler commits only what it should (SPEC §1.1-1.2):
+
+- under ``suppress_eos`` a stop candidate (eos or any stop id) is committed only when no other
+  candidate is left in the block, under the fixed and the threshold schedule, with and without caches;
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from maskrl.models.adapter import ModelAdapter
+from maskrl.sampling import SamplerConfig, StepView, generate
+from maskrl.text import encode_prompts
+
+PROMPTS = ["abc", "hello world", "x", "countdown 1,2,3"]
+
+
+# ------------------------------------------------------------------------------- suppress_eos
+class Scripted(torch.nn.Module):
+    """Logits that depend on the completion position only: ``table [L, V]`` at the completion columns,
+    whatever the tokens (no decoder forward: the sampler's full-logits path)."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = table
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # the adapter's device / dtype
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
+        n, s = input_ids.shape
+        out = torch.zeros(n, s, self.table.shape[1])
+        out[:, s - self.table.shape[0]:] = self.table
+        return SimpleNamespace(logits=out)
+
+
+V, EOS, MASK, STOP = 12, 2, 3, 11  # ids 4 .. 10 letters, 11 an extra stop id
+
+
+def scripted_adapter() -> ModelAdapter:
+    """L = 8: eos at position 0 (p = e^10 / (e^10 + 10) = 0.9995) and the stop id 11 at position 4
+    (p 0.9988); letters at 1, 2 with p 0.96, 0.95; letters at 3, 5, 6, 7 below any threshold >= 0.9,
+    in that order of confidence (every other id has logit 0; [M] is never a candidate)."""
+    table = torch.zeros(8, V)
+    table[0, EOS], table[4, STOP] = 10.0, 9.0
+    table[1, 4], table[2, 5] = 5.5, 5.3
+    for pos, letter, a in ((3, 6, 4.0), (5, 7, 3.7), (6, 8, 3.4), (7, 9, 3.1)):  # p 0.85, 0.80, 0.75, 0.69
+        table[pos, letter] = a
+    return ModelAdapter(model=Scripted(table), mask_id=MASK, eos_id=EOS, pad_id=0, stop_ids=(STOP,))
+
+
+@pytest.mark.parametrize("schedule, suppress, want", [
+    ("threshold", False, [0, 0, 0, 1, 0, 2, 3, 4]),  # confident stops go first
+    ("threshold", True, [4, 0, 0, 1, 4, 2, 3, 4]),  # ... only with the block's last other candidate
+    ("fixed", True, [6, 0, 1, 2, 7, 3, 4, 5]),  # one per step, by confidence, stops last
+])
+def test_stop_candidates_wait_for_the_rest_of_the_block_by_hand(schedule, suppress, want):
+    ad = scripted_adapter()
+    kw = dict(schedule="threshold", threshold=0.9) if schedule == "threshold" else dict(steps=8)
+    ro = generate(ad, torch.tensor([[4, 5]]), torch.ones(1, 2, dtype=torch.bool),
+                  SamplerConfig(gen_length=8, block_length=8, suppress_eos=suppress, **kw))
+    assert ro.commit_step[0].tolist() == want
+    assert ro.completion_ids[0, 0] == EOS and ro.completion_ids[0, 4] == STOP
+
+
+class HoldReference:
+    """Observer (block scope, no exact logits: its view holds the step's own logits) that recomputes
+    each step's commits with a slow rule -- candidates by argmax, or by Gumbel-max on a copy of the
+    sampler's generator (one ``[n, b, V]`` float64 draw per step, as the sampler) -- and checks them:
+    the threshold schedule's top-1 + confident, or the fixed schedule's top-k, stops ranked last, and
+    no stop committed while a non-stop candidate of the block stays uncommitted."""
+
+    def __init__(self, adapter, config, seed):
+        self.ad, self.cfg = adapter, config
+        self.gen = torch.Generator().manual_seed(seed) if config.temperature > 0 else None
+        self.checked = self.held = 0
+        self.block_steps = {}
+
+    def on_step(self, v: StepView):
+        b, L = self.cfg.block_length, v.covered.shape[1]
+        vidx = v.covered.flatten().long().cumsum(0).view(v.covered.shape) - 1
+        pos = v.block_start[:, None] + torch.arange(b)
+        logits = v.logits[vidx.gather(1, pos)]  # [n, b, V], the step's own
+        if self.gen is None:
+            cand = logits.argmax(-1)
+        else:
+            u = torch.rand(logits.shape, generator=self.gen, dtype=torch.float64)
+            cand = (logits.double() / self.cfg.temperature - torch.log(-torch.log(u))).argmax(-1)
+        prob = torch.softmax(logits.float(), -1).gather(-1, cand[..., None]).squeeze(-1)  # float32, as committed
+        for r in range(v.rows.numel()):
+            key = (int(v.rows[r]), int(v.block_start[r]))
+            j = self.block_steps.get(key, 0)
+            self.block_steps[key] = j + 1
+            elig = [bool(v.masked[r, p]) for p in pos[r].tolist()]
+            stop = [bool(self.ad.is_stop(cand[r, i])) for i in range(b)]
+            score = [float(prob[r, i] - 2.0) if stop[i] else float(prob[r, i]) for i in range(b)]  # float32 scores
+            order = sorted((i for i in range(b) if elig[i]), key=lambda i: (stop[i], -score[i]))
+            if self.cfg.schedule == "threshold":
+                plain = {order[0]} | {i for i in order if prob[r, i] >= self.cfg.threshold}
+            else:
+                plain = set(order[:self.cfg.commits_per_step()[j]])
+            take = plain
+            if any(not stop[i] and i not in plain for i in order):
+                take = {i for i in plain if not stop[i]}
+                self.held += len(plain) - len(take)
+            got = {i for i in range(b) if v.committed[r, int(pos[r, i])]}
+            assert got == take, (v.step, int(v.rows[r]), sorted(got), sorted(take))
+            assert (v.committed[r] & ~torch.isin(torch.arange(L), pos[r])).sum() == 0
+            self.checked += 1
+
+    def result(self):
+        return {}
+
+
+def _eos_prone(tiny):
+    """The tiny model made confident (output layer x20), with eos and a second stop id (50) boosted and
+    a fixed random signal added to the input embeddings per query column (a public forward hook), so
+    that some positions of a block prefer a stop and others a letter: confident stops in the middle
+    of blocks. (A window forward's columns get the signal of their offset in the window; the rule is
+    checked on each step's own logits, whatever they are.)"""
+    sig = torch.randn(512, tiny.model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    tiny.model.get_input_embeddings().register_forward_hook(lambda _m, _a, out: out + sig[: out.shape[1]])
+    with torch.no_grad():
+        w = tiny.model.get_output_embeddings().weight
+        w.mul_(20.0)
+        w[tiny.eos_id] *= 2.0
+        w[50] = 2.0 * w[51]
+    tiny.stop_ids = (50,)
+    return tiny
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("schedule", ["threshold", "fixed"])
+@pytest.mark.parametrize("tau", [0.0, 1.0])
+def test_suppress_eos_rule_at_every_step_with_and_without_caches(tiny, cache, schedule, tau):
+    ad = _eos_prone(tiny)
+    ids, mask = encode_prompts(ad.tokenizer, PROMPTS)
+    kw = dict(schedule="threshold", threshold=0.5) if schedule == "threshold" else dict(steps=16)
+    cfg = SamplerConfig(gen_length=32, block_length=8, cache=cache, temperature=tau, suppress_eos=True, **kw)
+    ref = HoldReference(ad, cfg, seed=5)
+    ro = generate(ad, ids, mask, cfg, generator=torch.Generator().manual_seed(5), observers=[ref])
+    assert ref.checked == int(ro.num_steps.sum())
+    if schedule == "threshold":
+        assert ref.held > 0  # confident stops were held back: the rule binds here
+    plain = generate(ad, ids, mask, cfg, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(plain.commit_step, ro.commit_step)  # the reference observer changes nothing
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_suppress_eos_threshold_at_the_papers_shape(tiny, cache):
+    """L 256 in blocks of 32, threshold 0.9, greedy and sampled: the rule holds at every step, binds
+    (confident stops are held back), and the completions end in stop tokens."""
+    ad = _eos_prone(tiny)
+    ids, mask = encode_prompts(ad.tokenizer, PROMPTS)
+    for tau in (0.0, 1.0):
+        cfg = SamplerConfig(gen_length=256, block_length=32, schedule="threshold", threshold=0.9, temperature=tau,
+                            suppress_eos=True, cache=cache)
+        ref = HoldReference(ad, cfg, seed=3)
+        ro = generate(ad, ids, mask, cfg, generator=torch.Generator().manual_seed(3), observers=[ref])
+        assert ref.checked == int(ro.num_steps.sum()) and ref.held > 0
+        assert ad.is_stop(ro.completion_ids).any(-1).all()
