@@ -2,6 +2,8 @@
 
 - under ``suppress_eos`` a stop candidate (eos or any stop id) is committed only when no other
   candidate is left in the block, under the fixed and the threshold schedule, with and without caches;
+- ids with no tokenizer entry (padded output-layer rows, as Qwen2 / Dream have) are never candidates:
+  not in the proposal, not in the observers' view, not in DiSPO's fillings;
 """
 from __future__ import annotations
 
@@ -9,9 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
+from maskrl.credit.dispo import DiSPO
+from maskrl.models import build_char_tokenizer
 from maskrl.models.adapter import ModelAdapter
-from maskrl.sampling import SamplerConfig, StepView, generate
+from maskrl.sampling import SamplerConfig, StepView, generate, rollout_mismatch
 from maskrl.text import encode_prompts
 
 PROMPTS = ["abc", "hello world", "x", "countdown 1,2,3"]
@@ -159,3 +164,91 @@ def test_suppress_eos_threshold_at_the_papers_shape(tiny, cache):
         ro = generate(ad, ids, mask, cfg, generator=torch.Generator().manual_seed(3), observers=[ref])
         assert ref.checked == int(ro.num_steps.sum()) and ref.held > 0
         assert ad.is_stop(ro.completion_ids).any(-1).all()
+
+
+# ------------------------------------------------------------------------------- ids with no tokenizer entry
+EXTRA = 6  # output rows beyond the tokenizer
+
+
+def padded_vocab():
+    """A tiny Llama whose output layer has ``EXTRA`` rows beyond its tokenizer (ids len(tok) ..), made
+    the most likely ids at most positions (they would win every argmax if they were candidates)."""
+    tok = build_char_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok) + EXTRA, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        w = model.get_output_embeddings().weight
+        w.mul_(10.0)
+        w[len(tok):] = 4.0 * w[10:10 + EXTRA]
+    return ModelAdapter(model=model, mask_id=tok.mask_token_id, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                        tokenizer=tok)
+
+
+class ViewCheck:
+    """Observer asking for every masked position: records whether ids without a tokenizer entry are
+    ever finite in its view."""
+
+    logit_scope = "masked"
+
+    def __init__(self, count):
+        self.count, self.finite = count, []
+
+    def on_step(self, v):
+        self.finite.append(bool(torch.isfinite(v.logits[:, self.count:]).any()))
+
+    def result(self):
+        return {}
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("kw", [dict(steps=8, temperature=0.0), dict(steps=8, temperature=1.5),
+                                dict(schedule="threshold", threshold=0.3, temperature=1.0)])
+def test_ids_without_a_tokenizer_entry_are_never_candidates(cache, kw):
+    ad = padded_vocab()
+    count = len(ad.tokenizer)
+    assert ad.token_count == count < ad.model.config.vocab_size
+    ids, mask = encode_prompts(ad.tokenizer, PROMPTS)
+    full = ad.logits(torch.cat([ids, torch.full((4, 16), ad.mask_id)], 1))[:, ids.shape[1]:]
+    assert (full.argmax(-1) >= count).float().mean() > 0.5  # they would win most argmaxes
+    view = ViewCheck(count)
+    ro = generate(ad, ids, mask, SamplerConfig(gen_length=16, block_length=4, cache=cache, **kw),
+                  generator=torch.Generator().manual_seed(0), observers=[view])
+    assert (ro.completion_ids < count).all()
+    assert view.finite and not any(view.finite)
+
+
+@pytest.mark.numerics
+def test_commit_prob_is_over_the_tokenizer_ids_only():
+    """Replay each commit state with a full forward: commit_prob = softmax over the ids with a tokenizer
+    entry ([M] excluded) of the committed token; rollout_mismatch sees the same distribution."""
+    ad = padded_vocab()
+    count = len(ad.tokenizer)
+    ids, mask = encode_prompts(ad.tokenizer, PROMPTS[:2])
+    ro = generate(ad, ids, mask, SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0),
+                  generator=torch.Generator().manual_seed(1))
+    P = ids.shape[1]
+    for t in range(4):
+        state = torch.where(ro.commit_step >= t, ad.mask_id, ro.completion_ids)
+        logits = ad.logits(torch.cat([ids, state], 1), torch.cat([mask, torch.ones_like(state, dtype=torch.bool)], 1))
+        logits = logits[:, P:, :count].clone()  # the tokenizer's ids only
+        logits[..., ad.mask_id] = float("-inf")
+        p = torch.softmax(logits, -1).gather(-1, ro.completion_ids[..., None]).squeeze(-1)
+        at = ro.commit_step == t
+        torch.testing.assert_close(p[at], ro.commit_prob[at], rtol=1e-4, atol=1e-6)
+    assert rollout_mismatch(ad, ro)["mismatch_max"] < 1e-4
+
+
+def test_dispo_fillings_never_draw_ids_without_a_tokenizer_entry():
+    ad = padded_vocab()
+    count = len(ad.tokenizer)
+    ids, mask = encode_prompts(ad.tokenizer, PROMPTS)
+    cfg = SamplerConfig(gen_length=16, block_length=4, steps=8, temperature=1.0, cache="dual")
+    obs = DiSPO(z=4, temperature=2.0, timing="uniform").observers(cfg, torch.Generator().manual_seed(2))
+    ro = generate(ad, ids, mask, cfg, generator=torch.Generator().manual_seed(0), observers=obs)
+    fill, lp = ro.step_stats["dispo_fill"], ro.step_stats["dispo_logp_old"]
+    assert (ro.step_stats["dispo_step"] >= 0).all() and (fill >= 0).any()
+    assert (fill < count).all() and torch.isfinite(lp).all()

@@ -72,6 +72,22 @@ class ModelAdapter:
     stop_ids: tuple[int, ...] = field(default_factory=tuple)
 
     @property
+    def token_count(self) -> int | None:
+        """Ids with a tokenizer entry: one past the largest id of the tokenizer's vocabulary
+        (``get_vocab()``, added tokens included; else ``len(tokenizer)``), ``None`` without a
+        tokenizer (or one that says neither). Output-layer rows at ids ``>= token_count`` -- the
+        padded rows of Qwen2-based models such as Dream-7B, which has a few hundred more output rows
+        than tokenizer ids -- are no token: never a sampler candidate (SPEC §1.2)."""
+        tok = self.tokenizer
+        if tok is None:
+            return None
+        vocab = getattr(tok, "get_vocab", None)
+        if callable(vocab):
+            ids = vocab().values()
+            return max(ids) + 1 if ids else 0
+        return len(tok) if hasattr(tok, "__len__") else None
+
+    @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 

@@ -3,7 +3,7 @@
 
 One step of the sampler is, on the ``[n, b]`` positions of each row's current block::
 
-    logits = candidate_logits(head_output, mask_id)               # ids that can never be committed: -inf
+    logits = candidate_logits(head_output, mask_id, token_count)  # ids that can never be committed: -inf
     cand, prob = propose(logits, temperature, generator)          # x̂_i and c_i = softmax(logits)[x̂_i]
     score = commit_scores(prob, eligible, remasking, generator, stop)
     rank = rank_positions(score)
@@ -17,10 +17,15 @@ from __future__ import annotations
 import torch
 
 
-def candidate_logits(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+def candidate_logits(logits: torch.Tensor, mask_id: int, token_count: int | None = None) -> torch.Tensor:
     """Remove the ids that are never valid outputs from ``logits [..., V]`` (in place, returned): the
-    ``[M]`` token's logit becomes ``-inf``, so neither the draw nor the confidence ever sees it."""
+    ``[M]`` token's logit, and those of the ids ``>= token_count`` that have no tokenizer entry (the
+    padded output rows of Qwen2-based models such as Dream; ``None``: every id has one,
+    :attr:`~maskrl.models.adapter.ModelAdapter.token_count`), become ``-inf``, so neither the draw nor
+    the confidence ever sees them."""
     logits[..., mask_id] = float("-inf")
+    if token_count is not None and token_count < logits.shape[-1]:
+        logits[..., token_count:] = float("-inf")
     return logits
 
 

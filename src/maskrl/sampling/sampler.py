@@ -4,7 +4,8 @@ write-back, the observers' view, the block advance), with the rank lockstep arou
 
 Departures from the reference implementations, on purpose:
 
-- the ``[M]`` token's own logit is excluded from candidates (it is never a valid output);
+- the ``[M]`` token's own logit is excluded from candidates (it is never a valid output), and so are
+  the ids without a tokenizer entry (the padded output rows of Qwen2-based models such as Dream);
 - Gumbel noise is drawn only for the current block's positions (float64), so memory is ``N·b·V``
   per step rather than ``N·L·V``;
 - in threshold mode each row advances through its blocks independently, so a row's trajectory is the
@@ -215,7 +216,7 @@ def generate(
     dec = Denoising(adapter, prompt_ids, prompt_mask, config)
     cache = KVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids)
     lock = RankLockstep(adapter, config.cache != "none", config.cfg_scale, all_done, ranks_max)
-    to_candidates = partial(candidate_logits, mask_id=adapter.mask_id)
+    to_candidates = partial(candidate_logits, mask_id=adapter.mask_id, token_count=adapter.token_count)
     step = 0
     while True:
         rows = dec.unfinished()  # [n]
