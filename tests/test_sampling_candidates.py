@@ -4,6 +4,8 @@
   candidate is left in the block, under the fixed and the threshold schedule, with and without caches;
 - ids with no tokenizer entry (padded output-layer rows, as Qwen2 / Dream have) are never candidates:
   not in the proposal, not in the observers' view, not in DiSPO's fillings;
+- special ids that collide (the mask id equal to eos, pad or a stop id) are refused at construction
+  and at load;
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from maskrl.credit.dispo import DiSPO
-from maskrl.models import build_char_tokenizer
+from maskrl.models import build_char_tokenizer, load
 from maskrl.models.adapter import ModelAdapter
 from maskrl.sampling import SamplerConfig, StepView, generate, rollout_mismatch
 from maskrl.text import encode_prompts
@@ -252,3 +254,33 @@ def test_dispo_fillings_never_draw_ids_without_a_tokenizer_entry():
     fill, lp = ro.step_stats["dispo_fill"], ro.step_stats["dispo_logp_old"]
     assert (ro.step_stats["dispo_step"] >= 0).all() and (fill >= 0).any()
     assert (fill < count).all() and torch.isfinite(lp).all()
+
+
+# ------------------------------------------------------------------------------- special ids
+def test_colliding_special_ids_are_refused_at_construction(tiny):
+    m, tok = tiny.model, tiny.tokenizer
+    with pytest.raises(ValueError, match=r"mask_id 2 collides with eos_id"):
+        ModelAdapter(model=m, mask_id=2, eos_id=2, pad_id=0)
+    with pytest.raises(ValueError, match=r"mask_id 3 collides with pad_id"):
+        ModelAdapter(model=m, mask_id=3, eos_id=2, pad_id=3)
+    with pytest.raises(ValueError, match=r"stop_ids\[1\]"):
+        ModelAdapter(model=m, mask_id=3, eos_id=2, pad_id=0, stop_ids=(9, 3))
+    with pytest.raises(ValueError, match="tokenizer's pad_token_id"):
+        ModelAdapter(model=m, mask_id=tok.pad_token_id, eos_id=2, pad_id=1, tokenizer=tok)
+    with pytest.raises(ValueError, match="eos_id 500 has no tokenizer entry"):
+        ModelAdapter(model=m, mask_id=3, eos_id=500, pad_id=0, tokenizer=tok)
+    with pytest.raises(ValueError, match="mask_id is None"):
+        ModelAdapter(model=m, mask_id=None, eos_id=2, pad_id=0)
+    ModelAdapter(model=m, mask_id=3, eos_id=2, pad_id=2, stop_ids=(2,), tokenizer=tok)  # eos = pad = stop: fine
+
+
+def test_colliding_special_ids_are_refused_at_load(tmp_path):
+    from test_loaders import LLADA_CFG, llada_weights, write_folder
+
+    clash = write_folder(tmp_path / "clash", {**LLADA_CFG, "mask_token_id": 61}, llada_weights())  # eos 61
+    with pytest.raises(ValueError, match="mask_id 61 collides with eos_id"):
+        load(clash, tokenizer=False)
+    ok = write_folder(tmp_path / "ok", LLADA_CFG, llada_weights())
+    with pytest.raises(ValueError, match="mask_id 62 collides with pad_id"):
+        load(ok, tokenizer=False, mask_id=62)
+    assert load(clash, tokenizer=False, mask_id=60).mask_id == 60  # an override repairs it

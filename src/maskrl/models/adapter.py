@@ -59,6 +59,9 @@ class ModelAdapter:
             ``"2d"`` for models that are bidirectional by construction (``*ForMaskedLM``).
         tokenizer: optional tokenizer (decode, chat template).
         stop_ids: extra ids that also end a completion (e.g. LLaDA's end-of-turn 126348).
+
+    Raises:
+        ValueError: at construction, on a special-id collision (:meth:`check_special_ids`).
     """
 
     model: Any
@@ -70,6 +73,37 @@ class ModelAdapter:
     attention: str = "4d"
     tokenizer: Any = None
     stop_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        self.check_special_ids()
+
+    def check_special_ids(self) -> None:
+        """Refuse special ids that collide (SPEC §1.1): the ``[M]`` id must differ from ``eos_id``,
+        ``pad_id``, every stop id and the tokenizer's pad id (with ``mask = eos`` a completion could
+        never end; with ``mask = pad`` padding would read as masked positions), and ``eos_id`` must
+        have a tokenizer entry (ids without one are never committed, :attr:`token_count`; a negative
+        ``eos_id`` is no id, and then no completion ends early). ``eos_id == pad_id`` is allowed
+        (LLaDA and Dream pad with eos).
+
+        Raises:
+            ValueError: naming the colliding fields and their id (or a ``None`` id).
+        """
+        for name in ("mask_id", "eos_id", "pad_id"):
+            if getattr(self, name) is None:
+                raise ValueError(f"ModelAdapter: {name} is None; pass the model's {name}")
+        names = {"eos_id": self.eos_id, "pad_id": self.pad_id}
+        names.update({f"stop_ids[{i}]": s for i, s in enumerate(self.stop_ids)})
+        tok_pad = getattr(self.tokenizer, "pad_token_id", None) if self.tokenizer is not None else None
+        if tok_pad is not None:
+            names["the tokenizer's pad_token_id"] = tok_pad
+        same = [name for name, value in names.items() if int(value) == int(self.mask_id)]
+        if same:
+            raise ValueError(f"mask_id {self.mask_id} collides with {', '.join(same)}: the [M] id must differ from "
+                             "every eos, stop and pad id (pass mask_id / eos_id / pad_id to fix the ids)")
+        count = self.token_count
+        if count is not None and int(self.eos_id) >= count:
+            raise ValueError(f"eos_id {self.eos_id} has no tokenizer entry (the tokenizer's ids are 0 .. {count - 1}): "
+                             "a completion could never end; pass eos_id")
 
     @property
     def token_count(self) -> int | None:
