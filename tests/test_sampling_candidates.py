@@ -6,9 +6,11 @@
   not in the proposal, not in the observers' view, not in DiSPO's fillings;
 - special ids that collide (the mask id equal to eos, pad or a stop id) are refused at construction
   and at load;
+- a tokenizer without a pad token pads with the model's pad id, or batching says what is missing.
 """
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -284,3 +286,44 @@ def test_colliding_special_ids_are_refused_at_load(tmp_path):
     with pytest.raises(ValueError, match="mask_id 62 collides with pad_id"):
         load(ok, tokenizer=False, mask_id=62)
     assert load(clash, tokenizer=False, mask_id=60).mask_id == 60  # an override repairs it
+
+
+# ------------------------------------------------------------------------------- pad token
+def _no_pad_tokenizer():
+    tok = build_char_tokenizer()
+    tok.pad_token = None
+    assert tok.pad_token_id is None
+    return tok
+
+
+def test_batching_without_a_pad_token_names_it():
+    tok = _no_pad_tokenizer()
+    with pytest.raises(ValueError, match="no pad token"):
+        encode_prompts(tok, ["a", "abc"])
+    ids, mask = encode_prompts(tok, ["a", "abc"], pad_id=7)
+    assert ids[0, :2].tolist() == [7, 7] and mask[0].tolist() == [False, False, True, True]
+
+
+def test_the_adapter_gives_a_tokenizer_without_pad_the_models_pad_id(tiny):
+    tok = _no_pad_tokenizer()
+    ad = ModelAdapter(model=tiny.model, mask_id=3, eos_id=2, pad_id=2, tokenizer=tok)
+    assert tok.pad_token_id == 2
+    ids, _ = encode_prompts(ad.tokenizer, ["a", "abc"])
+    assert ids[0, :2].tolist() == [2, 2]
+    with pytest.raises(ValueError, match=r"pad id 5000 \(pad_id\)"):
+        ModelAdapter(model=tiny.model, mask_id=3, eos_id=2, pad_id=5000, tokenizer=_no_pad_tokenizer())
+
+
+def test_load_uses_the_config_pad_id_for_a_tokenizer_without_one(tmp_path):
+    from test_loaders import LLADA_CFG, llada_weights, write_folder
+
+    for name, cfg, want in (("pad", LLADA_CFG, 62), ("nopad", {k: v for k, v in LLADA_CFG.items() if k != "pad_token_id"}, 61)):
+        folder = write_folder(tmp_path / name, cfg, llada_weights())
+        _no_pad_tokenizer().save_pretrained(folder)
+        assert json.loads((folder / "tokenizer_config.json").read_text()).get("pad_token") is None
+        ad = load(folder)
+        assert ad.pad_id == want and ad.tokenizer.pad_token_id == want  # config.json's pad id, else its eos
+        ids, mask = encode_prompts(ad.tokenizer, ["ab", "abcd"])
+        assert ids[0, :2].tolist() == [want, want]
+        ro = generate(ad, ids, mask, SamplerConfig(gen_length=4, block_length=4, steps=4))
+        assert ro.completion_ids.shape == (2, 4)

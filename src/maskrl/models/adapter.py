@@ -57,11 +57,14 @@ class ModelAdapter:
         family: ``"llada"``, ``"dream"``, ``"masked_lm"`` or ``"tiny"`` (informational).
         attention: ``"4d"`` to pass an all-attend 4-D mask (decoder classes made bidirectional) or
             ``"2d"`` for models that are bidirectional by construction (``*ForMaskedLM``).
-        tokenizer: optional tokenizer (decode, chat template).
+        tokenizer: optional tokenizer (decode, chat template). One without a pad token is given
+            :attr:`pad_id` as its pad token (``tokenizer.pad_token_id = pad_id``), so that prompt
+            batches pad with the model's own pad id.
         stop_ids: extra ids that also end a completion (e.g. LLaDA's end-of-turn 126348).
 
     Raises:
-        ValueError: at construction, on a special-id collision (:meth:`check_special_ids`).
+        ValueError: at construction, on a special-id collision (:meth:`check_special_ids`), or a
+            tokenizer without a pad token whose vocabulary has no entry for :attr:`pad_id`.
     """
 
     model: Any
@@ -76,6 +79,12 @@ class ModelAdapter:
 
     def __post_init__(self) -> None:
         self.check_special_ids()
+        tok = self.tokenizer
+        if tok is not None and getattr(tok, "pad_token_id", 0) is None:  # a tokenizer without a pad token
+            tok.pad_token_id = self.pad_id
+            if getattr(tok, "pad_token_id", None) is None:
+                raise ValueError(f"the tokenizer has no pad token and no entry for the model's pad id {self.pad_id} "
+                                 "(pad_id): set tokenizer.pad_token, or pass a pad_id of the tokenizer")
 
     def check_special_ids(self) -> None:
         """Refuse special ids that collide (SPEC §1.1): the ``[M]`` id must differ from ``eos_id``,

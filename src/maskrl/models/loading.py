@@ -129,7 +129,8 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
             then from the family defaults (LLaDA: mask 126336, eos/pad 126081, stop 126348;
             Dream: mask 151666, eos/pad 151643). Every id of a list-valued ``eos_token_id`` (in
             ``config.json`` or ``generation_config.json``, :func:`end_ids`) ends a completion: the
-            first is ``eos_id``, the others join ``stop_ids``.
+            first is ``eos_id``, the others join ``stop_ids``. A tokenizer without a pad token is
+            given the model's pad id (``config.json``'s ``pad_token_id``, else its eos id).
 
     Returns:
         A :class:`ModelAdapter` with ``family`` in ``{"llada", "dream", "tiny", "masked_lm"}``.
