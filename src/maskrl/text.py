@@ -16,22 +16,32 @@ def prompt_token_ids(tokenizer, text: str, add_bos: bool = True) -> list[int]:
     return ids
 
 
-def encode_prompts(tokenizer, texts: Sequence[str], add_bos: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_prompts(tokenizer, texts: Sequence[str], add_bos: bool = True,
+                   pad_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokenise prompts into a left-padded batch.
 
     Args:
-        tokenizer: a transformers tokenizer with ``pad_token_id`` (and ``bos_token_id`` if ``add_bos``).
+        tokenizer: a transformers tokenizer (with ``bos_token_id`` if ``add_bos``).
         texts: N prompt strings (already chat-formatted when the model needs it).
         add_bos: prepend the bos token when the tokenizer has one and the text does not start with it.
+        pad_id: the id to pad with; default the tokenizer's ``pad_token_id`` (a
+            :class:`~maskrl.models.adapter.ModelAdapter` gives a tokenizer without one the model's
+            pad id).
 
     Returns:
         ``(ids [N, P] long, mask [N, P] bool)``, padding on the left.
 
     Raises:
-        ValueError: on an empty list or a prompt that tokenises to nothing.
+        ValueError: on an empty list, a prompt that tokenises to nothing, or no pad id (a tokenizer
+            without a pad token and no ``pad_id``).
     """
     if not texts:
         raise ValueError("encode_prompts: no prompts")
+    pad = pad_id if pad_id is not None else getattr(tokenizer, "pad_token_id", None)
+    if pad is None:
+        raise ValueError("encode_prompts: the tokenizer has no pad token (pad_token_id is None) and no pad_id was "
+                         "given; set tokenizer.pad_token, pass pad_id= (the model's pad id), or load the model with "
+                         "maskrl.models.load, which gives the tokenizer the model's pad id from config.json")
     seqs = []
     for i, t in enumerate(texts):
         ids = prompt_token_ids(tokenizer, t, add_bos)
@@ -39,7 +49,6 @@ def encode_prompts(tokenizer, texts: Sequence[str], add_bos: bool = True) -> tup
             raise ValueError(f"prompt {i} tokenises to no tokens")
         seqs.append(ids)
     width = max(len(s) for s in seqs)
-    pad = tokenizer.pad_token_id
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.bool)
     for i, s in enumerate(seqs):

@@ -83,7 +83,9 @@ def draw_fillings(logits: torch.Tensor, z: int, temperature: float, generator: t
     """Z samples per position from ``softmax(logits/τ)``.
 
     Args:
-        logits: ``[M, V]`` (the ``[M]`` token's logit already −inf).
+        logits: ``[M, V]`` (the ``[M]`` token's logit and those of ids without a tokenizer entry
+            already −inf, as the sampler's view gives them: the fillings' candidates are the
+            sampler's, :func:`~maskrl.sampling.commit.candidate_logits`).
         z: Z.
         temperature: τ; 0 gives the argmax Z times.
         generator: CPU generator for the Gumbel noise (float64, drawn ``chunk`` rows at a time, Z

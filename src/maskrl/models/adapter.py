@@ -57,8 +57,14 @@ class ModelAdapter:
         family: ``"llada"``, ``"dream"``, ``"masked_lm"`` or ``"tiny"`` (informational).
         attention: ``"4d"`` to pass an all-attend 4-D mask (decoder classes made bidirectional) or
             ``"2d"`` for models that are bidirectional by construction (``*ForMaskedLM``).
-        tokenizer: optional tokenizer (decode, chat template).
+        tokenizer: optional tokenizer (decode, chat template). One without a pad token is given
+            :attr:`pad_id` as its pad token (``tokenizer.pad_token_id = pad_id``), so that prompt
+            batches pad with the model's own pad id.
         stop_ids: extra ids that also end a completion (e.g. LLaDA's end-of-turn 126348).
+
+    Raises:
+        ValueError: at construction, on a special-id collision (:meth:`check_special_ids`), or a
+            tokenizer without a pad token whose vocabulary has no entry for :attr:`pad_id`.
     """
 
     model: Any
@@ -70,6 +76,59 @@ class ModelAdapter:
     attention: str = "4d"
     tokenizer: Any = None
     stop_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        self.check_special_ids()
+        tok = self.tokenizer
+        if tok is not None and getattr(tok, "pad_token_id", 0) is None:  # a tokenizer without a pad token
+            tok.pad_token_id = self.pad_id
+            if getattr(tok, "pad_token_id", None) is None:
+                raise ValueError(f"the tokenizer has no pad token and no entry for the model's pad id {self.pad_id} "
+                                 "(pad_id): set tokenizer.pad_token, or pass a pad_id of the tokenizer")
+
+    def check_special_ids(self) -> None:
+        """Refuse special ids that collide (SPEC §1.1): the ``[M]`` id must differ from ``eos_id``,
+        ``pad_id``, every stop id and the tokenizer's pad id (with ``mask = eos`` a completion could
+        never end; with ``mask = pad`` padding would read as masked positions), and ``eos_id`` must
+        have a tokenizer entry (ids without one are never committed, :attr:`token_count`; a negative
+        ``eos_id`` is no id, and then no completion ends early). ``eos_id == pad_id`` is allowed
+        (LLaDA and Dream pad with eos).
+
+        Raises:
+            ValueError: naming the colliding fields and their id (or a ``None`` id).
+        """
+        for name in ("mask_id", "eos_id", "pad_id"):
+            if getattr(self, name) is None:
+                raise ValueError(f"ModelAdapter: {name} is None; pass the model's {name}")
+        names = {"eos_id": self.eos_id, "pad_id": self.pad_id}
+        names.update({f"stop_ids[{i}]": s for i, s in enumerate(self.stop_ids)})
+        tok_pad = getattr(self.tokenizer, "pad_token_id", None) if self.tokenizer is not None else None
+        if tok_pad is not None:
+            names["the tokenizer's pad_token_id"] = tok_pad
+        same = [name for name, value in names.items() if int(value) == int(self.mask_id)]
+        if same:
+            raise ValueError(f"mask_id {self.mask_id} collides with {', '.join(same)}: the [M] id must differ from "
+                             "every eos, stop and pad id (pass mask_id / eos_id / pad_id to fix the ids)")
+        count = self.token_count
+        if count is not None and int(self.eos_id) >= count:
+            raise ValueError(f"eos_id {self.eos_id} has no tokenizer entry (the tokenizer's ids are 0 .. {count - 1}): "
+                             "a completion could never end; pass eos_id")
+
+    @property
+    def token_count(self) -> int | None:
+        """Ids with a tokenizer entry: one past the largest id of the tokenizer's vocabulary
+        (``get_vocab()``, added tokens included; else ``len(tokenizer)``), ``None`` without a
+        tokenizer (or one that says neither). Output-layer rows at ids ``>= token_count`` -- the
+        padded rows of Qwen2-based models such as Dream-7B, which has a few hundred more output rows
+        than tokenizer ids -- are no token: never a sampler candidate (SPEC §1.2)."""
+        tok = self.tokenizer
+        if tok is None:
+            return None
+        vocab = getattr(tok, "get_vocab", None)
+        if callable(vocab):
+            ids = vocab().values()
+            return max(ids) + 1 if ids else 0
+        return len(tok) if hasattr(tok, "__len__") else None
 
     @property
     def device(self) -> torch.device:

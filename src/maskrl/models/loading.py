@@ -135,7 +135,8 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
             then from the family defaults (LLaDA: mask 126336, eos/pad 126081, stop 126348;
             Dream: mask 151666, eos/pad 151643). Every id of a list-valued ``eos_token_id`` (in
             ``config.json`` or ``generation_config.json``, :func:`end_ids`) ends a completion: the
-            first is ``eos_id``, the others join ``stop_ids``.
+            first is ``eos_id``, the others join ``stop_ids``. A tokenizer without a pad token is
+            given the model's pad id (``config.json``'s ``pad_token_id``, else its eos id).
 
     Returns:
         A :class:`ModelAdapter` with ``family`` in ``{"llada", "dream", "tiny", "masked_lm"}``.
@@ -145,7 +146,8 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
             safetensors weights in the folder.
         OSError: the Hub download failed (e.g. offline); the message says how to pass a folder.
         ValueError: unknown family, a checkpoint with missing or unexpected tensors (named), a
-            tensor of the wrong shape (named), or no mask token for a masked LM.
+            tensor of the wrong shape (named), no mask token for a masked LM, or special ids that
+            collide (named; :class:`ModelAdapter`, :meth:`~ModelAdapter.check_special_ids`).
         NotImplementedError: a config value the native class cannot express (the key is named).
     """
     dtype = parse_dtype(dtype)
@@ -163,30 +165,33 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
         tokenizer = _load_tokenizer(folder, family)
     tok = None if tokenizer is False else tokenizer
 
+    fields = _adapter_fields(family, cfg, folder, tokenizer, tok, dtype, device)
+    overrides = dict(mask_id=mask_id, eos_id=eos_id, pad_id=pad_id,
+                     stop_ids=None if stop_ids is None else tuple(int(s) for s in stop_ids))
+    fields.update({name: value for name, value in overrides.items() if value is not None})
+    for name in ("mask_id", "eos_id", "pad_id"):
+        if fields.get(name) is None:
+            raise ValueError(f"load({str(path_or_id)!r}): no {name} in config.json or tokenizer; pass {name}=...")
+    return ModelAdapter(**fields)  # checks the special ids (ModelAdapter.check_special_ids)
+
+
+def _adapter_fields(family: str, cfg: dict, folder: Path, tokenizer: Any, tok: Any, dtype: torch.dtype, device) -> dict:
+    """The model and :class:`ModelAdapter` fields of a checkpoint (ids: config.json, then family defaults)."""
     if family == "tiny":
         from maskrl.models.tiny import load_tiny
 
-        adapter = load_tiny(folder, dtype=dtype)
-        adapter.model.to(device or "cpu").eval()
+        tiny = load_tiny(folder, dtype=dtype)
+        tiny.model.to(device or "cpu").eval()
+        fields = dict(vars(tiny))  # the dataclass's fields
         if tokenizer is not None:  # an explicit tokenizer, or False for none
-            adapter.tokenizer = tok
-    elif family in ("llada", "dream"):
-        adapter = _load_native(family, cfg, folder, tok, dtype, device)
-    else:  # masked_lm
-        adapter = _load_masked_lm_adapter(cfg, folder, tok, dtype, device)
-
-    overrides = dict(mask_id=mask_id, eos_id=eos_id, pad_id=pad_id,
-                     stop_ids=None if stop_ids is None else tuple(int(s) for s in stop_ids))
-    for name, value in overrides.items():
-        if value is not None:
-            setattr(adapter, name, value)
-    for name in ("mask_id", "eos_id", "pad_id"):
-        if getattr(adapter, name) is None:
-            raise ValueError(f"load({str(path_or_id)!r}): no {name} in config.json or tokenizer; pass {name}=...")
-    return adapter
+            fields["tokenizer"] = tok
+        return fields
+    if family in ("llada", "dream"):
+        return _native_fields(family, cfg, folder, tok, dtype, device)
+    return _masked_lm_fields(cfg, folder, tok, dtype, device)
 
 
-def _load_native(family: str, cfg: dict, folder: Path, tok: Any, dtype: torch.dtype, device) -> ModelAdapter:
+def _native_fields(family: str, cfg: dict, folder: Path, tok: Any, dtype: torch.dtype, device) -> dict:
     """A LLaDA or Dream checkpoint in its native transformers class, with the family's ids."""
     if family == "llada":
         config = llada_config(cfg)
@@ -199,30 +204,27 @@ def _load_native(family: str, cfg: dict, folder: Path, tok: Any, dtype: torch.dt
     ends = end_ids(cfg, folder)
     cfg_eos = ends[0] if ends else None
     end = _first(cfg_eos, eos)
-    adapter = ModelAdapter(model=model, mask_id=_first(cfg.get("mask_token_id"), mask),
-                           eos_id=end, pad_id=_first(cfg.get("pad_token_id"), cfg_eos, eos),
-                           shift=(family == "dream"), family=family, attention="4d",
-                           tokenizer=tok, stop_ids=_stops(stops + ends, end))
+    fields = dict(model=model, mask_id=_first(cfg.get("mask_token_id"), mask), eos_id=end,
+                  pad_id=_first(cfg.get("pad_token_id"), cfg_eos, eos), shift=(family == "dream"), family=family,
+                  attention="4d", tokenizer=tok, stop_ids=_stops(stops + ends, end))
     if cfg.get("maskrl_stop_ids") is not None:  # a maskrl export (maskrl.models.export) keeps its stop ids
-        adapter.stop_ids = _stops(tuple(cfg["maskrl_stop_ids"]) + ends, end)
-    return adapter
+        fields["stop_ids"] = _stops(tuple(cfg["maskrl_stop_ids"]) + ends, end)
+    return fields
 
 
-def _load_masked_lm_adapter(cfg: dict, folder: Path, tok: Any, dtype: torch.dtype, device) -> ModelAdapter:
+def _masked_lm_fields(cfg: dict, folder: Path, tok: Any, dtype: torch.dtype, device) -> dict:
     """A ``*ForMaskedLM`` checkpoint (2-D attention mask, no shift) with its config's or tokenizer's ids."""
     model = _load_masked_lm(folder, dtype, device)
     c = model.config
     ends = end_ids(cfg, folder)
     end = _first(ends[0] if ends else None, getattr(c, "sep_token_id", None),
                  getattr(tok, "eos_token_id", None), getattr(tok, "sep_token_id", None))
-    return ModelAdapter(
-        model=model, shift=False, family="masked_lm", attention="2d", tokenizer=tok,
-        mask_id=_first(getattr(c, "mask_token_id", None), getattr(tok, "mask_token_id", None)),
-        eos_id=end, pad_id=_first(getattr(c, "pad_token_id", None), getattr(tok, "pad_token_id", None)),
-        stop_ids=_stops(ends, end))
+    return dict(model=model, shift=False, family="masked_lm", attention="2d", tokenizer=tok,
+                mask_id=_first(getattr(c, "mask_token_id", None), getattr(tok, "mask_token_id", None)),
+                eos_id=end, pad_id=_first(getattr(c, "pad_token_id", None), getattr(tok, "pad_token_id", None)),
+                stop_ids=_stops(ends, end))
 
 
-#: names accepted for a parameter dtype (``--dtype``, ``model.dtype``), with their common aliases
 # ----------------------------------------------------------------------------------------------
 # folders, configs, families
 # ----------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ Modules, one job each:
 
 - :mod:`~maskrl.sampling.config`: :class:`SamplerConfig`;
 - :mod:`~maskrl.sampling.commit`: the commit rule as pure functions (candidate ids, the Gumbel-max
-  draw :func:`gumbel_max` / :func:`propose`, ranking, fixed / threshold selection);
+  draw :func:`gumbel_max` / :func:`propose`, ranking, fixed / threshold selection, ``suppress_eos``'s
+  :func:`hold_stops`);
 - :mod:`~maskrl.sampling.cache`: which positions each step forwards (no cache, Fast-dLLM's prefix /
   dual caches: the one explanation of the caches is there), the forward-count rule, the output layer;
 - :mod:`~maskrl.sampling.view`: :class:`StepView`, observers, :class:`StepRecorder`;
@@ -20,8 +21,8 @@ Modules, one job each:
 """
 from maskrl.sampling.cache import (Forward, Hidden, KVCache, StepForwards, cached_forward_counts, full_logits, head_at,
                                    plan_forwards, window_hidden)
-from maskrl.sampling.commit import (candidate_logits, commit_scores, gumbel_max, propose, rank_positions, select_fixed,
-                                    select_threshold)
+from maskrl.sampling.commit import (candidate_logits, commit_scores, gumbel_max, hold_stops, propose, rank_positions,
+                                    select_fixed, select_threshold)
 from maskrl.sampling.config import CACHES, OBSERVER_LOGITS, REMASKING, SCHEDULES, SamplerConfig
 from maskrl.sampling.lockstep import RankLockstep, dummy_forwards
 from maskrl.sampling.mismatch import rollout_mismatch
@@ -38,4 +39,5 @@ __all__ = [
     "generate", "rollout_mismatch", "window_hidden", "cached_forward_counts", "exact_observers", "plan_forwards",
     "head_at", "full_logits", "dummy_forwards", "observer_view", "requested_positions",
     "candidate_logits", "gumbel_max", "propose", "commit_scores", "rank_positions", "select_fixed", "select_threshold",
+    "hold_stops",
 ]

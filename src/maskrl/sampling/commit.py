@@ -3,11 +3,12 @@
 
 One step of the sampler is, on the ``[n, b]`` positions of each row's current block::
 
-    logits = candidate_logits(head_output, mask_id)          # ids that can never be committed: -inf
-    cand, prob = propose(logits, temperature, generator)     # x̂_i and c_i = softmax(logits)[x̂_i]
+    logits = candidate_logits(head_output, mask_id, token_count)  # ids that can never be committed: -inf
+    cand, prob = propose(logits, temperature, generator)          # x̂_i and c_i = softmax(logits)[x̂_i]
     score = commit_scores(prob, eligible, remasking, generator, stop)
     rank = rank_positions(score)
     take = select_fixed(rank, k, eligible)  or  select_threshold(rank, prob, threshold, eligible)
+    take = hold_stops(take, stop, eligible)                       # suppress_eos only
 
 DiSPO's branch fillings (SPEC §4) draw with the same :func:`gumbel_max`.
 """
@@ -16,10 +17,15 @@ from __future__ import annotations
 import torch
 
 
-def candidate_logits(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+def candidate_logits(logits: torch.Tensor, mask_id: int, token_count: int | None = None) -> torch.Tensor:
     """Remove the ids that are never valid outputs from ``logits [..., V]`` (in place, returned): the
-    ``[M]`` token's logit becomes ``-inf``, so neither the draw nor the confidence ever sees it."""
+    ``[M]`` token's logit, and those of the ids ``>= token_count`` that have no tokenizer entry (the
+    padded output rows of Qwen2-based models such as Dream; ``None``: every id has one,
+    :attr:`~maskrl.models.adapter.ModelAdapter.token_count`), become ``-inf``, so neither the draw nor
+    the confidence ever sees them."""
     logits[..., mask_id] = float("-inf")
+    if token_count is not None and token_count < logits.shape[-1]:
+        logits[..., token_count:] = float("-inf")
     return logits
 
 
@@ -105,3 +111,21 @@ def select_threshold(rank: torch.Tensor, prob: torch.Tensor, threshold: float, e
     """Threshold schedule (Fast-dLLM): commit the best-ranked position plus every eligible one with
     confidence ``prob >= threshold``; ``[n, b]`` bool."""
     return ((rank == 0) | (prob >= threshold)) & eligible
+
+
+def hold_stops(take: torch.Tensor, stop: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
+    """``suppress_eos`` (SPEC §1.2): a stop candidate is committed only when no other candidate is left
+    in the block -- at a step where every eligible non-stop candidate of its row's block is committed
+    too. Whatever the schedule: the fixed schedule's top-k already ranks stops last (a no-op there);
+    under the threshold schedule a confident stop waits for the rest of the block.
+
+    Args:
+        take: ``[n, b]`` bool, the schedule's selection; stop: ``[n, b]`` bool, stop candidates;
+        eligible: ``[n, b]`` bool, positions still holding ``[M]``.
+
+    Returns:
+        ``[n, b]`` bool, ``take`` without the stop commits of rows that leave a non-stop candidate
+        uncommitted.
+    """
+    left = (eligible & ~stop & ~take).any(-1, keepdim=True)  # [n, 1]
+    return take & ~(stop & left)

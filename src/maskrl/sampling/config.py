@@ -32,7 +32,10 @@ class SamplerConfig:
         alg_temp: Dream's ``alg_temp``: > 0 draws the committed positions from
             ``softmax(confidence / alg_temp)`` instead of taking the most confident (0: top-k).
         cfg_scale: classifier-free guidance scale (0 = off); the unconditional pass masks the prompt.
-        suppress_eos: commit eos candidates after every other candidate of the block.
+        suppress_eos: a stop candidate (eos or any of the adapter's stop ids) is committed only when
+            no other candidate is left in the block: it ranks after every other candidate, and is
+            committed at a step only if every other candidate of the block is committed by then,
+            under either schedule (:func:`~maskrl.sampling.commit.hold_stops`).
         cache: ``"none"`` (every step is a full forward; the exact behaviour of maskrl <= 0.x, bit for
             bit), ``"prefix"`` or ``"dual"`` (Fast-dLLM key/value caches, refreshed at every block
             start; see :mod:`maskrl.sampling.cache`). Needs ``cfg_scale == 0`` and a 4-D-mask model.

@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from maskrl.models.adapter import ModelAdapter
+from maskrl.sampling.commit import candidate_logits
 from maskrl.types import Rollout
 
 
 @torch.no_grad()
 def rollout_mismatch(adapter: ModelAdapter, rollout: Rollout) -> dict[str, float]:
-    """How far the sampler's commit probabilities are from theta's full-forward ones (issue 12).
+    """How far the sampler's commit probabilities are from theta's full-forward ones.
 
     For every committed completion token ``(i, j)`` with commit step ``t``, recompute
     ``log p_theta(y_ij | x_t)`` by a full bidirectional forward at the commit state ``x_t`` (the
@@ -39,6 +40,7 @@ def rollout_mismatch(adapter: ModelAdapter, rollout: Rollout) -> dict[str, float
     cstep = rollout.commit_step.to(device)
     attn = torch.cat([rollout.prompt_mask.to(device).bool(), torch.ones_like(comp, dtype=torch.bool)], 1)
     shift = 1 if adapter.shift else 0
+    count = adapter.token_count
     diffs = []
     for t in cstep.unique().tolist():
         if t < 0:
@@ -53,8 +55,7 @@ def rollout_mismatch(adapter: ModelAdapter, rollout: Rollout) -> dict[str, float
             logits = adapter.head(h[rr, p_len + pp - shift])  # [m, V]
         else:
             logits = adapter.logits(xs, attn[rows])[rr, p_len + pp]
-        logits = logits.float()
-        logits[:, adapter.mask_id] = float("-inf")
+        logits = candidate_logits(logits.float(), adapter.mask_id, count)  # the sampler's candidate ids
         lp = torch.log_softmax(logits, -1).gather(-1, comp[rows][rr, pp][:, None]).squeeze(-1)
         diffs.append((rollout.commit_prob[rows][rr, pp].to(device).clamp_min(1e-30).log() - lp).abs())
     d = torch.cat(diffs) if diffs else torch.zeros(0, device=device)

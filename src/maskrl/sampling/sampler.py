@@ -4,7 +4,8 @@ write-back, the observers' view, the block advance), with the rank lockstep arou
 
 Departures from the reference implementations, on purpose:
 
-- the ``[M]`` token's own logit is excluded from candidates (it is never a valid output);
+- the ``[M]`` token's own logit is excluded from candidates (it is never a valid output), and so are
+  the ids without a tokenizer entry (the padded output rows of Qwen2-based models such as Dream);
 - Gumbel noise is drawn only for the current block's positions (float64), so memory is ``N·b·V``
   per step rather than ``N·L·V``;
 - in threshold mode each row advances through its blocks independently, so a row's trajectory is the
@@ -20,8 +21,8 @@ import torch
 
 from maskrl.models.adapter import ModelAdapter
 from maskrl.sampling.cache import KVCache, head_at, plan_forwards
-from maskrl.sampling.commit import (candidate_logits, commit_scores, propose, rank_positions, select_fixed,
-                                    select_threshold)
+from maskrl.sampling.commit import (candidate_logits, commit_scores, hold_stops, propose, rank_positions,
+                                    select_fixed, select_threshold)
 from maskrl.sampling.config import SamplerConfig
 from maskrl.sampling.dream import dream_commit_counts, dream_reveal_prob, dream_step, dream_timesteps
 from maskrl.sampling.lockstep import IDLE, STOP, RankLockstep
@@ -97,8 +98,10 @@ class Denoising:
         rank = rank_positions(commit_scores(prob, eligible, config.remasking, generator, stop))
         if config.schedule == "fixed":
             k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
-            return select_fixed(rank, k, eligible), cand, prob
-        return select_threshold(rank, prob, config.threshold, eligible), cand, prob
+            take = select_fixed(rank, k, eligible)
+        else:
+            take = select_threshold(rank, prob, config.threshold, eligible)
+        return (hold_stops(take, stop, eligible) if stop is not None else take), cand, prob
 
     def _dream_commits(self, st: StepRows, logits: torch.Tensor, fidx: torch.Tensor, generator: torch.Generator | None,
                        mask_logit: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -251,7 +254,7 @@ def generate(
     dec = Denoising(adapter, prompt_ids, prompt_mask, config)
     cache = KVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids)
     lock = RankLockstep(adapter, config.cache != "none", config.cfg_scale, all_done, ranks_max)
-    to_candidates = partial(candidate_logits, mask_id=adapter.mask_id)
+    to_candidates = partial(candidate_logits, mask_id=adapter.mask_id, token_count=adapter.token_count)
     step = 0
     while True:
         rows = dec.unfinished()  # [n]

@@ -37,7 +37,9 @@ class StepView:
             in every step, so it is also the row's own step index.
         rows: ``[n]`` long, indices (into the full batch of N) of the rows decoded at this step.
         logits: ``[M, V]`` position-aligned completion logits before temperature, model dtype, at the
-            ``M = covered.sum()`` covered positions; the ``[M]`` token's logit is ``-inf``.
+            ``M = covered.sum()`` covered positions; the ``[M]`` token's logit is ``-inf``, and so are
+            those of the ids without a tokenizer entry (never candidates,
+            :func:`~maskrl.sampling.commit.candidate_logits`).
         covered: ``[n, L]`` bool, completion positions whose logits are in :attr:`logits`.
         exact: ``[n]`` bool, True where the row's logits come from a full (uncached) forward.
         masked: ``[n, L]`` bool, completion positions holding ``[M]`` *before* this step.
