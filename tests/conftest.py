@@ -1,6 +1,7 @@
 """Shared fixtures: tiny models built in milliseconds, never downloaded."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -34,6 +35,61 @@ TINY_RL = ("train.prompts_per_step=2", "train.group_size=2", "train.inner_iterat
 def _threads():
     torch.set_num_threads(TEST_THREADS)
     yield
+
+
+def _registries():
+    from maskrl.credit import CREDITS
+    from maskrl.likelihood import LIKELIHOODS
+    from maskrl.objectives import OBJECTIVES
+    from maskrl.tasks import TASKS
+
+    return (CREDITS, LIKELIHOODS, OBJECTIVES, TASKS)
+
+
+@contextlib.contextmanager
+def registrations_undone():
+    """Undo what the block registered from outside ``maskrl`` (its plug-ins, ``plugins:`` / ``--plugin``, or
+    classes of its own), so test order does not matter: afterwards, every registry entry it added
+    whose module is not ``maskrl``'s is unregistered, and each module of those the block imported is
+    dropped from ``sys.modules`` with every plug-in file it loaded (so the next ``load_plugins`` of it
+    imports, and registers, afresh). Built-in entries registered by a lazy import of a ``maskrl``
+    module stay, as their module stays imported."""
+    import sys
+
+    registries = _registries()
+    before = [set(r.names()) for r in registries]
+    modules = set(sys.modules)
+    try:
+        yield
+    finally:
+        _undo(registries, before, modules)
+
+
+def _undo(registries, before: list[set[str]], modules: set[str]) -> None:
+    """Unregister the entries of ``registries`` not in ``before`` whose module is not maskrl's; drop
+    those modules, and plug-in files, not in ``modules`` from ``sys.modules``."""
+    import sys
+
+    def ours(module: str) -> bool:
+        return module == "maskrl" or module.startswith("maskrl.")
+
+    owners = set()
+    for registry, names in zip(registries, before):
+        for name in set(registry.names()) - names:
+            module = getattr(registry.get(name), "__module__", None) or ""
+            if not ours(module):
+                registry.unregister(name)
+                owners.add(module)
+    new = set(sys.modules) - modules
+    for name in new & owners | {m for m in new if m.startswith("maskrl_plugin_")}:  # load_plugins' file names
+        del sys.modules[name]
+
+
+@pytest.fixture(autouse=True)
+def _plugin_registrations():
+    """Every test runs in :func:`registrations_undone`: no test sees another's plug-ins."""
+    with registrations_undone():
+        yield
 
 
 def fresh_tiny():

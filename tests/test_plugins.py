@@ -98,6 +98,36 @@ def test_plugin_errors_name_the_plugin(tmp_path):
         load_config([], ["credit=[{name: toy_credit, lam: 1}]"], plugins=[str(PLUGIN)])
 
 
+def test_a_plugins_registrations_are_undone_after_its_test():
+    """What conftest's autouse fixture does for every test: the toy plug-in's three entries and its
+    module are gone afterwards (another test's registry listings stay the built-ins), and loading it
+    again imports and registers it afresh."""
+    from conftest import registrations_undone
+
+    builtin = (OBJECTIVES.names(), CREDITS.names(), LIKELIHOODS.names())
+    with registrations_undone():
+        load_config([], plugins=[str(PLUGIN)])
+        assert {"toy_obj", "toy_credit", "toy_lik"} <= set(OBJECTIVES) | set(CREDITS) | set(LIKELIHOODS)
+    assert (OBJECTIVES.names(), CREDITS.names(), LIKELIHOODS.names()) == builtin
+    assert not any(name.startswith("maskrl_plugin_toy_plugin") for name in sys.modules)
+    load_config([], plugins=[str(PLUGIN)])
+    assert "toy_obj" in OBJECTIVES and type(load_config([], ["objective.name=toy_obj"]).objective).__name__ \
+        == "ToyObjective"
+
+
+def test_unregister_frees_the_name_and_names_the_valid_ones():
+    from maskrl.registry import Registry
+
+    r: Registry = Registry("widget")
+    r.register("a")(int)
+    r.register("b")(str)
+    assert r.unregister("a") is int and r.names() == ["b"] and "a" not in r
+    r.register("a")(float)  # the name is free again
+    assert r.get("a") is float
+    with pytest.raises(KeyError, match="unknown widget 'z'; valid widgets: a, b"):
+        r.unregister("z")
+
+
 # ----------------------------------------------------------------------------------- protocols
 def _rollout(adapter, schedule="fixed"):
     ids, mask = encode_prompts(adapter.tokenizer, ["ab", "a longer prompt", "c"])

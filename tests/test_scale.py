@@ -92,6 +92,32 @@ def test_lora_initialisation_is_seeded_and_leaves_the_global_rng_alone():
     assert len(runs) == 1  # two fresh processes, the same adapter
 
 
+def test_a_runs_lora_is_initialised_from_train_seed():
+    """load_policy passes ``train.seed`` to apply_lora: equal seeds give identical A matrices, other
+    seeds other ones, and each is exactly apply_lora's adapter of that seed on the same base; the
+    base weights (``model.tiny.seed``) do not move with ``train.seed``."""
+    from maskrl.config import load_config
+    from maskrl.policy import load_policy
+
+    def policy(seed):
+        return load_policy(load_config([], ["model.tiny={hidden_size: 32, num_layers: 2, num_heads: 2, "
+                                             "intermediate_size: 64}", "model.lora_rank=2", f"train.seed={seed}"]))
+
+    def params(p, lora):
+        return {n: t.detach().clone() for n, t in p.model.named_parameters() if ("lora_A" in n) == lora}
+
+    a, b, c = policy(0), policy(0), policy(7)
+    a_lora, c_lora = params(a, True), params(c, True)
+    assert a_lora and a_lora.keys() == params(b, True).keys() == c_lora.keys()
+    assert all(torch.equal(a_lora[k], params(b, True)[k]) for k in a_lora)  # equal seeds: the same adapter
+    assert not any(torch.equal(a_lora[k], c_lora[k]) for k in a_lora)  # another seed: every A differs
+    base_a, base_c = params(a, False), params(c, False)
+    assert all(torch.equal(base_a[k], base_c[k]) for k in base_a)
+    direct = apply_lora(build_tiny(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), rank=2,
+                        alpha=32.0, seed=7)
+    assert all(torch.equal(t, params(direct, True)[k]) for k, t in c_lora.items())
+
+
 def test_apply_lora_twice_is_refused():
     policy = apply_lora(_tiny(), rank=2, alpha=4)
     with pytest.raises(ValueError, match="already has peft adapters"):

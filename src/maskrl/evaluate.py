@@ -1,9 +1,8 @@
 """Evaluation on the same sampler as training (SPEC §5: greedy, one sample per problem), and the
-benchmark harness behind ``maskrl eval`` (:func:`run_harness`)."""
+benchmark harness behind ``maskrl eval`` (:func:`run_harness`; its output folder: :mod:`maskrl.eval_store`)."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -13,12 +12,12 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from maskrl.eval_store import (SETTINGS_FILE, check_settings, default_eval_dir, read_samples, samples_path,
+                               write_lines)
 from maskrl.models.adapter import ModelAdapter
 from maskrl.sampling import SamplerConfig, generate
 from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,19 +65,6 @@ def evaluate_examples(adapter: ModelAdapter, task: Task, examples: Sequence[Exam
 #: SPEC §5 evaluation lengths and block size
 DEFAULT_GEN_LENGTHS = (128, 256, 512)
 DEFAULT_BLOCK_LENGTH = 32
-SETTINGS_FILE = "settings.json"
-_SAMPLE_KEYS = ("id", "gen_length", "prompt", "completion", "reward", "correct")
-#: settings that must match for ``resume`` to reuse stored samples, and for a folder to be rewritten
-#: without ``overwrite``: the weights' fingerprint (:func:`maskrl.rundir.weights_fingerprint`), not
-#: the model's path, so replaced weights in the same folder never pass for the old ones
-_RESUME_KEYS = ("weights_sha256", "task", "data_sha256", "block_length", "steps", "chat_template", "dtype")
-#: the files :func:`run_harness` writes (removed by ``overwrite``)
-_EVAL_FILES = (SETTINGS_FILE, "summary.json", "summary.md")
-
-
-def samples_path(out_dir: str | os.PathLike, gen_length: int) -> Path:
-    """``OUT/samples_L{gen_length}.jsonl``: the per-sample file of one completion length."""
-    return Path(out_dir) / f"samples_L{gen_length}.jsonl"
 
 
 def parse_gen_lengths(gen_lengths: str | int | Sequence[int]) -> list[int]:
@@ -169,140 +155,6 @@ def harness_samplers(gen_lengths: str | int | Sequence[int] = DEFAULT_GEN_LENGTH
                              f"({origin('block_length')}), steps {s} ({origin('steps')}{card}): {e}{hint}") from None
     return out
 
-
-def read_samples(path: str | os.PathLike, prompts: dict[int, str], gen_length: int) -> dict[int, dict]:
-    """Rows of a samples file written by :func:`run_harness`, checked against this evaluation.
-
-    A last line without its newline that is not valid JSON is the trace of an interrupted write: it
-    is dropped (that sample is generated again). Every other problem is an error.
-
-    Args:
-        path: ``OUT/samples_L{L}.jsonl`` (a missing file holds no rows).
-        prompts: ``{id: model input text}`` of the rows being evaluated.
-        gen_length: the file's completion length ``L``.
-
-    Returns:
-        ``{id: row}`` with the ``{"id", "gen_length", "prompt", "completion", "reward", "correct"}`` rows.
-
-    Raises:
-        ValueError: naming file and line for a malformed line, a duplicate id, an id not among
-            ``prompts`` (another ``--limit`` or ``--data``), or a row whose ``gen_length`` or
-            ``prompt`` differs from this evaluation's.
-    """
-    path = Path(path)
-    if not path.exists():
-        return {}
-    lines = path.read_bytes().split(b"\n")
-    complete_tail = lines[-1] == b""
-    if complete_tail:
-        lines.pop()
-    rows: dict[int, dict] = {}
-    for lineno, raw in enumerate(lines, start=1):
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            if lineno == len(lines) and not complete_tail:
-                log.warning("%s: dropping the truncated last line (interrupted write); it is redone", where)
-                break
-            raise ValueError(f"{where}: not a valid JSON line ({e}); remove it or evaluate without --resume") from None
-        if not isinstance(obj, dict) or any(k not in obj for k in _SAMPLE_KEYS):
-            raise ValueError(f"{where}: expected an object with fields {', '.join(_SAMPLE_KEYS)}")
-        pid = obj["id"]
-        if not isinstance(pid, int) or isinstance(pid, bool):
-            raise ValueError(f"{where}: field 'id' must be an integer, got {pid!r:.40}")
-        if pid not in prompts:
-            raise ValueError(f"{where}: id {pid} is not among the {len(prompts)} rows of this evaluation "
-                             f"(another --limit or --data?); use another --out or drop --resume")
-        if pid in rows:
-            raise ValueError(f"{where}: duplicate id {pid}")
-        if obj["gen_length"] != gen_length:
-            raise ValueError(f"{where}: gen_length {obj['gen_length']!r} but the file is for {gen_length}")
-        if obj["prompt"] != prompts[pid]:
-            raise ValueError(f"{where}: the stored prompt of id {pid} differs from this evaluation's "
-                             f"(changed data or chat template?); use another --out or drop --resume")
-        if not isinstance(obj["completion"], str) or not isinstance(obj["reward"], (int, float)) \
-                or not isinstance(obj["correct"], bool):
-            raise ValueError(f"{where}: fields completion (str), reward (number), correct (bool) have wrong types")
-        rows[pid] = obj
-    return rows
-
-
-def _write_lines(path: Path, rows: Sequence[dict]) -> None:
-    """Replace ``path`` atomically by ``rows`` as JSONL (a crash leaves the old or the new file)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
-def _stored_rows(path: Path) -> int:
-    """Number of non-empty lines of a samples file (0 when there is none)."""
-    if not path.is_file():
-        return 0
-    with open(path, "rb") as fh:
-        return sum(1 for line in fh if line.strip())
-
-
-def _check_settings(out: Path, settings: dict, resume: bool, overwrite: bool,
-                    gen_lengths: Sequence[int] = ()) -> None:
-    """Check ``out`` before an evaluation writes into it.
-
-    A folder holding a training run (:data:`maskrl.rundir.RUN_FILES`) and no ``settings.json`` is
-    refused, ``overwrite`` or not. ``out`` holding samples of other settings (:data:`_RESUME_KEYS`: another model's weights, task,
-    data, sampler, template or dtype) is refused, with ``resume`` (its rows would pass for this
-    evaluation's) and without (they would be replaced), unless ``overwrite``: then the old files are
-    removed. Finished samples of the same settings, in the files of ``gen_lengths`` that this
-    evaluation writes, are refused without ``resume`` (they would be discarded) unless ``overwrite``.
-
-    Raises:
-        ValueError: ``resume`` with ``overwrite``; a run's folder; an unreadable ``settings.json``;
-            other settings without ``overwrite`` (naming each key ``old -> new``); finished samples
-            without ``resume`` or ``overwrite`` (naming each file and its rows).
-    """
-    if resume and overwrite:
-        raise ValueError("--resume and --overwrite exclude each other")
-    path = out / SETTINGS_FILE
-    from maskrl.rundir import run_files
-
-    if not path.exists() and run_files(out):  # e.g. --out runs/demo: its summary.json is not an evaluation's
-        raise ValueError(f"{out} holds a run ({', '.join(run_files(out))}), not an evaluation; use another --out")
-    if overwrite:
-        for p in [*out.glob("samples_L*.jsonl"), *(out / n for n in _EVAL_FILES)]:
-            if p.is_file():
-                p.unlink()
-        return
-    if not path.exists():
-        return
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: unreadable ({e}); use another --out or --overwrite") from None
-    diff = [f"{k}: {old.get(k)!r} -> {settings[k]!r}" for k in _RESUME_KEYS if old.get(k) != settings[k]]
-    if diff and resume:
-        raise ValueError(f"--resume: {out} was evaluated with other settings ({'; '.join(diff)}); "
-                         f"use another --out, or --overwrite to start afresh")
-    if diff:
-        raise ValueError(f"{out} holds an evaluation with other settings ({'; '.join(diff)}); pass --overwrite "
-                         f"to replace it, or use another --out")
-    finished = [(samples_path(out, L), _stored_rows(samples_path(out, L))) for L in gen_lengths]
-    finished = [(p, n) for p, n in finished if n]
-    if finished and not resume:
-        files = ", ".join(f"{p} ({n} row{'s' if n != 1 else ''})" for p, n in finished)
-        raise ValueError(f"{out} already holds finished samples of this evaluation: {files}; pass --resume to "
-                         f"keep them and generate only the missing rows, --overwrite to discard them and start "
-                         f"afresh, or use another --out")
-
-
-def default_eval_dir(task_name: str, settings: dict) -> Path:
-    """``runs/eval/<task>/<key>``: ``key`` is the first 12 hex digits of the sha256 of the settings in
-    :data:`_RESUME_KEYS` (weights fingerprint included), so another model or other settings get their
-    own folder and an evaluation is never replaced by another model's."""
-    import hashlib
-
-    key = hashlib.sha256(json.dumps({k: settings[k] for k in _RESUME_KEYS}, sort_keys=True).encode()).hexdigest()
-    return Path("runs") / "eval" / task_name / key[:12]
 
 
 def harness_markdown(summary: dict, out_dir: str | os.PathLike | None = None) -> str:
@@ -410,19 +262,9 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     steps, blocks of ``block_length``, one sample per data row, ``batch_size`` rows per forward batch;
     prompts go through the model's chat template when its tokenizer has one (and ``chat_template``).
 
-    Writes into ``out_dir`` (default :func:`default_eval_dir`: ``runs/eval/<task>/<key of the weights'
-    sha256 and the settings>``), holding its lock (:func:`maskrl.rundir.run_lock`) meanwhile:
-
-    - ``samples_L{L}.jsonl``: one ``{"id", "gen_length", "prompt", "completion", "reward", "correct"}``
-      line per row (``prompt`` is the model input text, after the chat template; ``reward`` is the
-      task reward of ``completion``; ``correct`` is ``task.is_correct(reward)``), appended and flushed
-      after every batch, rewritten in data order once the length is done;
-    - ``settings.json``: what ``resume`` checks (the weights' sha256, task, data sha256, block, steps,
-      chat template, dtype; plus the model's path, for information);
-    - ``summary.json``: model, task, data source (path, sha256), per-``L`` accuracy with its Wilson 95 %
-      interval, mean reward with a normal 95 % interval, ``n``, the task's extra metrics, sampler
-      settings and generation seconds;
-    - ``summary.md``: a Markdown table, one row per ``L`` (cells as in ``maskrl score``).
+    Writes ``samples_L{L}.jsonl`` (one line per row, flushed after every batch), ``settings.json``,
+    ``summary.json`` and ``summary.md`` into ``out_dir`` (default :func:`default_eval_dir`), holding its
+    lock (:func:`maskrl.rundir.run_lock`) meanwhile; :mod:`maskrl.eval_store` describes each file.
 
     Settings left ``None`` (``gen_lengths``, ``block_length``, ``steps``, ``prompt_template``,
     ``chat_template``) come from the model folder's prompt card when it has one for this task (how the
@@ -467,23 +309,73 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
         KeyError: unknown task (listing the valid ones).
         FileNotFoundError: missing model or data file.
     """
-    from maskrl.health import check_rewards
-    from maskrl.models import load
-    from maskrl.devices import resolve_device
     from maskrl.files import write_json
-    from maskrl.prompt_card import read_prompt_card
-    from maskrl.prompts import check_lengths, prompt_formatter
-    from maskrl.rundir import run_lock, weights_fingerprint
-    from maskrl.scoring import file_source
-    from maskrl.tasks import get_task
-
-    from maskrl.models.loading import parse_dtype
+    from maskrl.rundir import run_lock
 
     t_start = time.time()
+    h = _prepare_harness(model, task_name, gen_lengths, limit, data_path, block_length, steps, batch_size, device,
+                         dtype, chat_template, prompt_template)
+    out = Path(out_dir) if out_dir is not None else default_eval_dir(h.task.name, h.settings)
+    with run_lock(out, "maskrl eval"):
+        check_settings(out, h.settings, resume, overwrite, list(h.samplers))
+        write_json(out / SETTINGS_FILE, h.settings)
+        results = _evaluate_lengths(h, out, resume, batch_size, progress)
+        summary = _harness_summary(h, out, results, limit, batch_size, time.time() - t_start)
+        write_json(out / "summary.json", summary)
+        markdown = harness_markdown(summary, out)
+        (out / "summary.md").write_text(markdown, encoding="utf-8")
+    return {**summary, "markdown": markdown}
+
+
+# ----------------------------------------------------------------------------------------------
+# the stages of run_harness, in the order it runs them (each raises what run_harness documents)
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Harness:
+    """What :func:`run_harness` has checked and loaded before it takes the output folder's lock."""
+
+    used: dict[str, dict]  # resolve_prompt_settings: each setting's value and origin
+    samplers: dict[int, SamplerConfig]  # {L: sampler} in the order given
+    task: Task
+    data_file: Path
+    n_data_rows: int  # rows in the data file (before limit)
+    examples: list[Example]  # the rows evaluated
+    adapter: ModelAdapter
+    model_name: str
+    templated: bool  # the chat template is applied
+    prompts: dict[int, str]  # {row id: model input text}
+    settings: dict  # settings.json
+    data_src: dict  # maskrl.scoring.file_source of data_file
+
+
+def _prepare_harness(model, task_name: str, gen_lengths, limit, data_path, block_length, steps, batch_size,
+                     device: str, dtype: str, chat_template, prompt_template) -> _Harness:
+    """Resolve the settings (prompt card, defaults), check every argument, load the task's rows and the
+    model and encode the prompts, in this order, so a bad setting is refused before the model loads.
+    Raises what :func:`run_harness` documents (all but the output folder's errors)."""
     used = resolve_prompt_settings(model, task_name, gen_lengths, block_length, steps, prompt_template, chat_template)
-    gen_lengths, block_length, steps, prompt_template, chat_template = (
-        used[k]["value"] for k in ("gen_lengths", "block_length", "steps", "prompt_template", "chat_template"))
-    samplers = harness_samplers(gen_lengths, block_length, steps, used)
+    samplers = harness_samplers(used["gen_lengths"]["value"], used["block_length"]["value"], used["steps"]["value"],
+                                used)
+    _check_harness_args(model, dtype, batch_size, limit)
+    task, data_file, all_examples, examples = _harness_examples(model, task_name, used["prompt_template"]["value"],
+                                                                data_path, limit)
+    adapter, model_name = _harness_adapter(model, dtype, device)
+    templated, prompts = _harness_prompts(adapter, model_name, examples, used["chat_template"]["value"], samplers,
+                                          used, data_file)
+    settings, data_src = _harness_settings(model, adapter, model_name, task, data_file, used, templated)
+    return _Harness(used, samplers, task, data_file, len(all_examples), examples, adapter, model_name, templated,
+                    prompts, settings, data_src)
+
+
+def _check_harness_args(model, dtype: str, batch_size, limit) -> None:
+    """Refuse a bad ``dtype`` (for a model still to load), ``batch_size`` or ``limit`` before anything is
+    loaded; each error names its CLI flag.
+
+    Raises:
+        ValueError: unknown dtype name, non-positive ``batch_size``, negative or non-integer ``limit``.
+    """
+    from maskrl.models.loading import parse_dtype
+
     if not isinstance(model, ModelAdapter):
         try:
             parse_dtype(dtype)
@@ -493,6 +385,21 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
         raise ValueError(f"batch_size (--batch-size) must be a positive integer, got {batch_size!r}")
     if limit is not None and (not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit (--limit) must be a non-negative integer (0: all rows), got {limit!r}")
+
+
+def _harness_examples(model, task_name: str, prompt_template: str | None, data_path, limit: int | None
+                      ) -> tuple[Task, Path, list[Example], list[Example]]:
+    """The task (with the prompt card's task options when the card is for this task) and its data rows.
+
+    Returns:
+        ``(task, data file, all rows, the first limit rows (all for 0/None))``.
+
+    Raises:
+        KeyError: unknown task. FileNotFoundError: missing data file. ValueError: no rows to evaluate.
+    """
+    from maskrl.prompt_card import read_prompt_card
+    from maskrl.tasks import get_task
+
     card = read_prompt_card(model) if not isinstance(model, ModelAdapter) else None
     options = card.get("task_options", {}) if card and card["task"] == task_name else {}  # e.g. the file task's
     task = get_task(task_name, prompt_template, **options)
@@ -501,13 +408,38 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     examples = all_examples[:limit] if limit else all_examples
     if not examples:
         raise ValueError(f"{data_file}: no rows to evaluate")
+    return task, data_file, all_examples, examples
+
+
+def _harness_adapter(model, dtype: str, device: str) -> tuple[ModelAdapter, str]:
+    """``(adapter, model name for the summary)``: ``model`` itself when it is an adapter (named by its
+    config's ``_name_or_path``), else loaded with :func:`maskrl.models.load` (named by its resolved path,
+    or the Hub id).
+
+    Raises:
+        FileNotFoundError: missing model.
+    """
+    from maskrl.devices import resolve_device
+    from maskrl.models import load
 
     if isinstance(model, ModelAdapter):
-        adapter = model
-        model_name = str(getattr(adapter.model.config, "_name_or_path", "") or "in-memory model")
-    else:
-        model_name = str(Path(model).resolve()) if Path(model).exists() else str(model)
-        adapter = load(model, dtype=dtype, device=resolve_device(device))
+        return model, str(getattr(model.model.config, "_name_or_path", "") or "in-memory model")
+    model_name = str(Path(model).resolve()) if Path(model).exists() else str(model)
+    return load(model, dtype=dtype, device=resolve_device(device)), model_name
+
+
+def _harness_prompts(adapter: ModelAdapter, model_name: str, examples: Sequence[Example], chat_template: bool,
+                     samplers: dict[int, SamplerConfig], used: dict[str, dict], data_file: Path
+                     ) -> tuple[bool, dict[int, str]]:
+    """``(whether the chat template is applied, {row id: model input text})``, checked to fit the model
+    with the largest completion length.
+
+    Raises:
+        ValueError: a model without a tokenizer; a prompt too long for the largest length (naming the
+            row and where that length came from).
+    """
+    from maskrl.prompts import check_lengths, prompt_formatter
+
     if adapter.tokenizer is None:
         raise ValueError(f"model {model_name!r} has no tokenizer files; the harness needs one to encode prompts")
     templated = bool(chat_template and getattr(adapter.tokenizer, "chat_template", None))
@@ -518,62 +450,90 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
                       [f"row {i} of {data_file}" for i in prompts])
     except ValueError as e:  # say which gen_length that was and where it came from
         raise ValueError(f"{e}. {_length_origin(used, max(samplers))}") from None
+    return templated, prompts
+
+
+def _harness_settings(model, adapter: ModelAdapter, model_name: str, task: Task, data_file: Path,
+                      used: dict[str, dict], templated: bool) -> tuple[dict, dict]:
+    """``(settings, data source)``: ``settings`` is what ``settings.json`` holds (the keys
+    :data:`maskrl.eval_store.RESUME_KEYS` that ``resume`` checks, plus the model's name); the weights'
+    fingerprint is the model folder's when it has one, else the adapter's parameters'; the data source
+    is :func:`maskrl.scoring.file_source` of ``data_file``."""
+    from maskrl.rundir import weights_fingerprint
+    from maskrl.scoring import file_source
 
     data_src = file_source(data_file)
     weights = (None if isinstance(model, ModelAdapter) else weights_fingerprint(model)) or weights_fingerprint(adapter)
     settings = {"weights_sha256": weights, "model": model_name, "task": task.name, "data_sha256": data_src["sha256"],
-                "block_length": block_length, "steps": steps, "chat_template": templated,
-                "dtype": str(adapter.dtype).removeprefix("torch.")}
-    out = Path(out_dir) if out_dir is not None else default_eval_dir(task.name, settings)
-    with run_lock(out, "maskrl eval"):
-        _check_settings(out, settings, resume, overwrite, list(samplers))
-        write_json(out / SETTINGS_FILE, settings)
-        results = []
-        was_training = adapter.model.training
-        adapter.model.eval()
-        try:
-            for L, sampler in samplers.items():
-                path = samples_path(out, L)
-                done = read_samples(path, prompts, L) if resume else {}
-                _write_lines(path, [done[ex.id] for ex in examples if ex.id in done])  # drops a truncated tail
-                pending = [ex for ex in examples if ex.id not in done]
-                t0 = time.time()
-                with open(path, "a", encoding="utf-8") as fh, \
-                        tqdm(total=len(examples), initial=len(examples) - len(pending), unit="row",
-                             desc=f"eval {task.name} L={L}", disable=not progress, dynamic_ncols=True) as bar:
-                    for s in range(0, len(pending), batch_size):
-                        batch = pending[s:s + batch_size]
-                        completions = complete(adapter, [prompts[ex.id] for ex in batch], sampler,
-                                               batch_size=len(batch))
-                        rewards = check_rewards(task.score_examples(batch, completions), task.name,
-                                                [ex.id for ex in batch], completions)
-                        for ex, c, r in zip(batch, completions, rewards):
-                            row = {"id": ex.id, "gen_length": L, "prompt": prompts[ex.id], "completion": c,
-                                   "reward": r, "correct": bool(task.is_correct(r))}
-                            done[ex.id] = row
-                            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                        fh.flush()
-                        bar.update(len(batch))
-                seconds = time.time() - t0
-                rows = [done[ex.id] for ex in examples]
-                _write_lines(path, rows)  # data order, independent of interruptions
-                res: dict[str, Any] = {"gen_length": L}
-                res.update(task.metrics(examples, [r["completion"] for r in rows], [r["reward"] for r in rows]))
-                res.update({"sampler": asdict(sampler), "seconds": seconds, "generated": len(pending),
-                            "resumed": len(examples) - len(pending), "samples": path.name})
-                results.append(res)
-        finally:
-            adapter.model.train(was_training)
+                "block_length": used["block_length"]["value"], "steps": used["steps"]["value"],
+                "chat_template": templated, "dtype": str(adapter.dtype).removeprefix("torch.")}
+    return settings, data_src
 
-        summary: dict[str, Any] = {
-            "model": model_name, "weights_sha256": weights, "out": str(out), "task": task.name, "data": data_src,
-            "n": len(examples),
-            "n_data_rows": len(all_examples), "limit": limit or None, "chat_template": templated,
-            "device": str(adapter.device), "dtype": settings["dtype"], "batch_size": batch_size,
-            "results": results, "seconds": time.time() - t_start,
-            "prompt_template": task.prompt_template, "settings_used": used,
-        }
-        write_json(out / "summary.json", summary)
-        markdown = harness_markdown(summary, out)
-        (out / "summary.md").write_text(markdown, encoding="utf-8")
-    return {**summary, "markdown": markdown}
+
+def _evaluate_lengths(h: _Harness, out: Path, resume: bool, batch_size: int, progress: bool) -> list[dict]:
+    """One result per completion length (:func:`_evaluate_length`), the model in eval mode meanwhile
+    (its training flag restored afterwards, also on an error)."""
+    results = []
+    was_training = h.adapter.model.training
+    h.adapter.model.eval()
+    try:
+        for L, sampler in h.samplers.items():
+            results.append(_evaluate_length(h.adapter, h.task, h.examples, h.prompts, L, sampler, out, resume,
+                                            batch_size, progress))
+    finally:
+        h.adapter.model.train(was_training)
+    return results
+
+
+def _evaluate_length(adapter: ModelAdapter, task: Task, examples: Sequence[Example], prompts: dict[int, str],
+                     L: int, sampler: SamplerConfig, out: Path, resume: bool, batch_size: int,
+                     progress: bool) -> dict[str, Any]:
+    """Sample and score every row at completion length ``L`` into ``samples_L{L}.jsonl`` (with
+    ``resume``, only the rows not stored yet), then rewrite the file in data order.
+
+    Returns:
+        ``{"gen_length", <the task's metrics>, "sampler", "seconds", "generated", "resumed", "samples"}``.
+    """
+    from maskrl.health import check_rewards
+
+    path = samples_path(out, L)
+    done = read_samples(path, prompts, L) if resume else {}
+    write_lines(path, [done[ex.id] for ex in examples if ex.id in done])  # drops a truncated tail
+    pending = [ex for ex in examples if ex.id not in done]
+    t0 = time.time()
+    with open(path, "a", encoding="utf-8") as fh, \
+            tqdm(total=len(examples), initial=len(examples) - len(pending), unit="row",
+                 desc=f"eval {task.name} L={L}", disable=not progress, dynamic_ncols=True) as bar:
+        for s in range(0, len(pending), batch_size):
+            batch = pending[s:s + batch_size]
+            completions = complete(adapter, [prompts[ex.id] for ex in batch], sampler, batch_size=len(batch))
+            rewards = check_rewards(task.score_examples(batch, completions), task.name,
+                                    [ex.id for ex in batch], completions)
+            for ex, c, r in zip(batch, completions, rewards):
+                row = {"id": ex.id, "gen_length": L, "prompt": prompts[ex.id], "completion": c,
+                       "reward": r, "correct": bool(task.is_correct(r))}
+                done[ex.id] = row
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            fh.flush()
+            bar.update(len(batch))
+    seconds = time.time() - t0
+    rows = [done[ex.id] for ex in examples]
+    write_lines(path, rows)  # data order, independent of interruptions
+    res: dict[str, Any] = {"gen_length": L}
+    res.update(task.metrics(examples, [r["completion"] for r in rows], [r["reward"] for r in rows]))
+    res.update({"sampler": asdict(sampler), "seconds": seconds, "generated": len(pending),
+                "resumed": len(examples) - len(pending), "samples": path.name})
+    return res
+
+
+def _harness_summary(h: _Harness, out: Path, results: list[dict], limit: int | None, batch_size: int,
+                     seconds: float) -> dict[str, Any]:
+    """What ``summary.json`` holds (see :mod:`maskrl.eval_store`): the run's model, data and settings,
+    and ``results``, one entry per completion length; ``seconds`` since the harness started."""
+    return {
+        "model": h.model_name, "weights_sha256": h.settings["weights_sha256"], "out": str(out),
+        "task": h.task.name, "data": h.data_src, "n": len(h.examples), "n_data_rows": h.n_data_rows,
+        "limit": limit or None, "chat_template": h.templated, "device": str(h.adapter.device),
+        "dtype": h.settings["dtype"], "batch_size": batch_size, "results": results,
+        "seconds": seconds, "prompt_template": h.task.prompt_template, "settings_used": h.used,
+    }

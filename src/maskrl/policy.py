@@ -38,7 +38,10 @@ def tiny_tokenizer(name: str):
 
 def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
     """The model of a run: ``path`` (or ``cfg.model.path``) loaded with :func:`maskrl.models.load`,
-    else a freshly initialised tiny model (cast to ``model.dtype``); then LoRA and gradient checkpointing as configured."""
+    else a freshly initialised tiny model (cast to ``model.dtype``); then LoRA and gradient checkpointing as configured.
+
+    LoRA (``model.lora_rank`` > 0) is initialised from ``train.seed`` (:func:`maskrl.models.apply_lora`'s
+    ``seed``): runs of equal seeds start from the same ``A`` matrices, runs of other seeds from others."""
     from maskrl.models import load
 
     mc = cfg.model
@@ -66,7 +69,7 @@ def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
         targets = mc.lora_target_modules
         modules = targets if targets == "all-linear" else [m.strip() for m in targets.split(",") if m.strip()]
         adapter = apply_lora(adapter, rank=mc.lora_rank, alpha=mc.lora_alpha, dropout=mc.lora_dropout,
-                             target_modules=modules)
+                             target_modules=modules, seed=cfg.train.seed)
     return adapter
 
 

@@ -36,6 +36,17 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> T:
+        """Remove the entry called ``name`` and return it (e.g. to drop a plug-in's registrations, or
+        to register a changed version under the same name).
+
+        Raises:
+            KeyError: naming the unknown entry and listing the valid ones.
+        """
+        entry = self.get(name)
+        del self._entries[name]
+        return entry
+
     def get(self, name: str) -> T:
         """Return the entry called ``name``.
 

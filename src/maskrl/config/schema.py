@@ -173,7 +173,8 @@ class TrainConfig:
         warmup_steps: RL steps of linear warm-up.
         lr_scheduler: one of ``constant_with_warmup``, ``constant``, ``linear``, ``cosine``
             (``transformers.get_scheduler`` names), over steps × μ optimizer steps.
-        seed: seed of prompt order, rollouts, likelihood masks and credit generators.
+        seed: seed of prompt order, rollouts, likelihood masks, credit generators and the LoRA
+            initialisation (``model.lora_rank`` > 0).
         log_every: write metrics every this many steps.
         eval_every: evaluate a validation split every this many steps with the ``eval`` sampler and log
             ``eval/...`` metrics (0 = never during training). The split: ``train.eval_data`` when set,
