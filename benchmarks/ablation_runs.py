@@ -24,23 +24,20 @@ from maskrl.config import load_config
 from maskrl.demo import sft_cache_key
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny, save_model
+from maskrl.stats import t_interval as stats_t_interval
 from maskrl.pipeline import PROMPT_CARD, load_policy, prompt_formatter, save_prompt_card, sft_from_config, task_and_data
 from maskrl.trainer import RLTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 EVAL_KEYS = ("accuracy", "cell_accuracy", "mean_reward")
 
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and two-sided 95 % Student-t interval (the mean alone for one value)."""
-    n = len(values)
-    m = sum(values) / n
-    if n < 2:
-        return m, m, m
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    h = T95.get(n - 1, 1.96) * sd / math.sqrt(n)
-    return m, m - h, m + h
+    """Mean and two-sided 95 % Student-t interval with the exact quantile (:func:`maskrl.stats.t_interval`;
+    the mean alone for one value); NaN for a list holding a NaN (a field some records lack)."""
+    if any(isinstance(v, float) and math.isnan(v) for v in values):
+        return (float("nan"),) * 3
+    return stats_t_interval(values)
 
 
 def differences(d: list[float]) -> dict:

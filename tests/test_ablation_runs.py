@@ -14,9 +14,10 @@ from ablation_runs import already_recorded, load_results, save_results, summary_
 
 
 def test_t_interval_by_hand():
-    m, lo, hi = t_interval([1.0, 2.0, 3.0])  # sd 1, t_{0.975, 2} = 4.303
-    assert m == 2.0 and hi - m == pytest.approx(4.303 / math.sqrt(3)) and m - lo == pytest.approx(hi - m)
+    m, lo, hi = t_interval([1.0, 2.0, 3.0])  # sd 1, exact t_{0.975, 2} = 0.95 / sqrt(2 .975 .025) = 4.30265...
+    assert m == 2.0 and hi - m == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025) / math.sqrt(3), rel=1e-12) and m - lo == pytest.approx(hi - m)
     assert t_interval([0.5]) == (0.5, 0.5, 0.5)
+    assert all(math.isnan(x) for x in t_interval([0.5, float("nan")]))  # a field some records lack
 
 
 def test_summary_and_resumable_file(tmp_path):
@@ -27,7 +28,7 @@ def test_summary_and_resumable_file(tmp_path):
     assert load_results(out)["runs"] == runs and load_results(tmp_path / "none.json") == {"runs": {}}
     (row,) = summary_rows(load_results(out))
     assert row["seeds"] == [0, 1] and row["val"]["accuracy_mean"] == pytest.approx(0.3)
-    assert row["val"]["accuracy_ci95"][1] == pytest.approx(0.3 + 12.706 * math.sqrt(0.02) / math.sqrt(2))
+    assert row["val"]["accuracy_ci95"][1] == pytest.approx(0.3 + math.tan(0.475 * math.pi) * math.sqrt(0.02) / math.sqrt(2))
 
 
 def test_dispo_bins_pool_counts_not_ratios():

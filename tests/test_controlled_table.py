@@ -32,7 +32,7 @@ def test_paired_difference_is_per_seed():
     d = [0.1, 0.0, 0.2]
     sd = math.sqrt(sum((x - 0.1) ** 2 for x in d) / 2)
     assert p["mean"] == pytest.approx(0.1) and p["positive"] == 2 and p["negative"] == 0 and p["seeds"] == [0, 1, 2]
-    assert p["ci95"][1] == pytest.approx(0.1 + 4.303 * sd / math.sqrt(3))
+    assert p["ci95"][1] == pytest.approx(0.1 + 0.95 / math.sqrt(2 * 0.975 * 0.025) * sd / math.sqrt(3))
     assert ct.paired(rows, {7: base[0]}, "val", "accuracy") is None  # no shared seed: no pairing
 
 
