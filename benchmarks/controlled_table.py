@@ -124,6 +124,10 @@ CELLS: dict[str, dict] = {
     "sml@wd1": cell("method", "wd1", {"name": "wd1"}, SML_WD1),
     "dispo@diffu_grpo_state": cell("method", "diffu_grpo_state", DIFFU, STATE, [DISPO]),
     "dispo@spg": cell("method", "spg", {"name": "spg", "omega": 0.5}, SPG_BOUNDS, [DISPO]),
+    "dispo-kl@spg": cell("method", "spg", {"name": "spg", "omega": 0.5}, SPG_BOUNDS,
+                         [{**DISPO, "beta": 0.0, "p_mask_prompt": 0.0}],
+                         note="DiSPO's step term without the KL to the reference (beta 0) and prompt masking (0) it "
+                              "adds over SPG: the branch credit alone (the control of dispo@spg)"),
     "dtca@rldf": cell("method", "rldf", {"name": "rldf"}, {"name": "state", "p_mask_prompt": 0.0}, [dtca()],
                       rollout=THRESHOLD),
     "dtca-cal@rldf": cell("method", "rldf", {"name": "rldf"}, {"name": "state", "p_mask_prompt": 0.0},
@@ -144,7 +148,10 @@ CELLS: dict[str, dict] = {
 }
 #: cells of the second task (the bases, each seed method on its paper's base, the compositions)
 SECOND_TASK = [c for c in CELLS if c not in ("diffu_grpo_state@4blocks", "diffu_grpo_state@4blocks+dual",
-                                              "dps@diffu_grpo_state", "diffu_grpo_mf_mu4")]
+                                              "dps@diffu_grpo_state", "diffu_grpo_mf_mu4", "dispo-kl@spg")]
+#: cells a task runs when --cells is not given: every cell but the grid's controls (DEFAULT_FIRST on the
+#: first task, SECOND_TASK on the others): the committed tables' documented commands keep their meaning
+DEFAULT_FIRST = [c for c in CELLS if c != "dispo-kl@spg"]
 
 
 def cell_recipe(base_yaml: Path, name: str, pos_weights: Path | None, out_dir: Path) -> Path:
@@ -241,14 +248,37 @@ def pos_table(setup: Setup, task: str, out: Path, samples: int) -> Path:
     return out
 
 
+def run_key(task: str, name: str, seed: int, point: str = "") -> str:
+    """A record's key: ``<task>/<cell>/seed<s>``, with the grid point (``lr=...``) before the seed in a grid file."""
+    return f"{task}/{name}/" + (f"{point}/" if point else "") + f"seed{seed}"
+
+
+def run_settings(overrides: list[str], val_size: int, eval_every: int, confirm_size: int = 0) -> dict:
+    """The settings a recorded run must share with a resumed one (:func:`ablation_runs.already_recorded`);
+    the confirmation size only where a confirmation split is scored (the older records have none)."""
+    settings = {"overrides": overrides, "val_size": val_size, "eval_every": eval_every}
+    if confirm_size:
+        settings["confirm_size"] = confirm_size
+    return settings
+
+
 def run(setup: Setup, out: Path, task: str, name: str, recipe: Path, overrides: list[str], seed: int,
-        eval_every: int, test: bool, runs_dir: Path) -> dict | None:
+        eval_every: int, test: bool, runs_dir: Path, point: str = "", confirm: bool = False) -> dict | None:
     """Train one (task, cell, seed) run unless ``out`` records it already (as it is on disk now: other
-    processes may be filling the same file); add its record to ``out`` at once."""
-    key = f"{task}/{name}/seed{seed}"
-    settings = {"overrides": overrides, "val_size": len(setup.val), "eval_every": eval_every}
+    processes may be filling the same file); add its record to ``out`` at once.
+
+    The validation curve is scored on the selection split (``setup.val``); with ``confirm`` the final
+    model is also scored once on the confirmation split (``setup.confirm``), with ``test`` once on the
+    test file. The record says which splits it scored (``scored_on``), how often it read the test file
+    (``test_reads``, 0 unless ``test``) and the confirmation split (``confirmation_reads``), and carries
+    :meth:`TaskSetup.provenance`; ``point`` (a grid point's label) goes into its key.
+    """
+    key = run_key(task, name, seed, point)
+    settings = run_settings(overrides, len(setup.val), eval_every, len(setup.confirm) if confirm else 0)
     if already_recorded(out, key, settings, "table"):
         return None
+    if confirm and not setup.confirm:
+        raise SystemExit(f"error: {key}: no confirmation split to score (--confirm-size)")
     from maskrl.config import load_config
 
     cfg = load_config([recipe], overrides + [f"train.seed={seed}", f"output_dir={runs_dir / key.replace('/', '_')}",
@@ -282,12 +312,22 @@ def run(setup: Setup, out: Path, task: str, name: str, recipe: Path, overrides: 
            "rl_seconds": rl_seconds, "rl_cpu_seconds": rl_cpu_seconds, "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "val": curve[-1][1], "val_curve": curve, "rewards": [h["reward"] for h in hist],
            "recipe": str(recipe.relative_to(ROOT)) if recipe.is_relative_to(ROOT) else str(recipe), **settings}
+    if point:
+        row["grid_point"] = point
     mism = [h["rollout/mismatch"] for h in hist if "rollout/mismatch" in h]
     if mism:
         row["rollout_mismatch"] = mism
+    row["scored_on"] = ["selection"]
+    if confirm:
+        row["confirmation"] = setup.evaluate(tr.policy_eval, cfg, setup.confirm)
+        row["confirmation_reads"] = 1
+        row["scored_on"].append("confirmation")
+    row["test_reads"] = 0
     if test:
         row["test"] = setup.evaluate(tr.policy_eval, cfg, setup.test)
         row["test_source"], row["test_reads"] = setup.source, 1
+        row["scored_on"].append("test")
+    row["provenance"] = setup.provenance()
     update_results(out, lambda d: d["runs"].__setitem__(key, row))  # keeps other processes' records
     print(f"[table] {key}: val accuracy {row['val']['accuracy']:.3f} ({rl_seconds:.0f} s RL)", flush=True)
     return row
@@ -489,15 +529,104 @@ def resolve_bases(recipes: str, out_dir: Path) -> dict[str, Path]:
     raise SystemExit(f"error: --recipes {recipes!r}: expected cpu or 8b")
 
 
-def main() -> None:
+# ---------------------------------------------------------------------------------------------
+# the tuning grid (--grid) and the confirmation runs (--confirm)
+# ---------------------------------------------------------------------------------------------
+#: the learning rates every base and its credit arms are tuned over (on the selection split)
+GRID_LRS = (2e-5, 5e-5, 1e-4, 2e-4)
+GRID_SEEDS = (0, 1)
+CONFIRM_SEEDS = tuple(range(10, 20))  # >= 10 paired seeds, none of them a grid seed
+GRID_EVERY = 13  # the selection curve every 13 of the 65 steps, as the third-round table
+CONFIRM_SIZE = 500
+#: what the grid's and the confirmation runs' recipes share over configs/table/<task>.yaml: the third
+#: round's "recipe that learns" (10-step warm-up, no prompt masking, 8 prompts x 6, 65 steps), less its lr
+GRID_RECIPE = {task: [f"sft.steps={sft}", "train.warmup_steps=10", "likelihood.p_mask_prompt=0",
+                      "train.prompts_per_step=8", "train.steps=65"]
+               for task, sft in (("sudoku", 250), ("countdown", 1000))}
+#: each base with its credit arms; ``beta``: the grid of the objective's KL weight where the base has one
+#: (SPG and wd1 have none in their papers' recipes). The same grid for the base and each of its arms.
+GRID_FAMILIES: dict[str, dict] = {
+    "spg": {"arms": ("spg", "dispo@spg", "dispo-kl@spg"), "beta": ()},
+    "rldf": {"arms": ("rldf", "dtca@rldf"), "beta": (0.01, 0.04)},
+    "wd1": {"arms": ("wd1", "sml@wd1", "dps@wd1"), "beta": ()},
+    "state": {"arms": ("diffu_grpo_state", "dispo@diffu_grpo_state", "dps@diffu_grpo_state"), "beta": (0.04, 0.1)},
+}
+
+
+def grid_points(family: str, lrs=GRID_LRS) -> list[tuple[str, list[str]]]:
+    """The grid of ``family``: ``(label, overrides)`` per point, lr outer, β inner (``lr=0.0001,beta=0.04``).
+
+    Raises:
+        SystemExit: an unknown family (lists the known ones).
+    """
+    if family not in GRID_FAMILIES:
+        raise SystemExit(f"error: unknown grid family {family!r}; known: {', '.join(GRID_FAMILIES)}")
+    betas = GRID_FAMILIES[family]["beta"] or (None,)
+    return [(f"lr={lr:g}" + ("" if b is None else f",beta={b:g}"),
+             [f"train.lr={lr:g}"] + ([] if b is None else [f"objective.beta={b:g}"])) for lr in lrs for b in betas]
+
+
+def grid_path(kind: str, task: str, family: str, root: Path = OUT.parent) -> Path:
+    """``results/grid/<task>_<family>.json`` (``kind`` grid) or ``results/confirm/<task>_<family>.json``."""
+    return root / kind / f"{task}_{family}.json"
+
+
+def best_points(data: dict, task: str, family: str, seeds, lrs=GRID_LRS) -> dict[str, dict]:
+    """Each arm's best grid point in grid record file ``data``: the highest seed-mean final selection
+    accuracy over ``seeds``, ties broken by the seed-mean AUC (:func:`curve_area`), then by grid order.
+    Only points with every seed recorded compete.
+
+    Returns:
+        ``{arm: {"point", "overrides", "val_mean", "auc", "seeds", "points": {label: val_mean}}}``.
+
+    Raises:
+        SystemExit: an arm with no complete grid point (names the missing runs).
+    """
+    out = {}
+    for arm in GRID_FAMILIES[family]["arms"]:
+        scored = []
+        for order, (label, over) in enumerate(grid_points(family, lrs)):
+            rows = [data["runs"].get(run_key(task, arm, s, label)) for s in seeds]
+            if all(rows):
+                m = sum(r["val"]["accuracy"] for r in rows) / len(rows)
+                auc = sum(curve_area(r["val_curve"]) for r in rows) / len(rows)
+                scored.append((-m, -auc, order, label, over, m, auc))
+        if not scored:
+            missing = [run_key(task, arm, s, label) for label, _ in grid_points(family, lrs) for s in seeds]
+            raise SystemExit(f"error: no complete grid point for {task}/{arm} (runs {', '.join(missing[:4])}, ...); "
+                             f"run --grid {family} first")
+        best = min(scored)
+        out[arm] = {"point": best[3], "overrides": best[4], "val_mean": best[5], "auc": best[6], "seeds": list(seeds),
+                    "points": {x[3]: x[5] for x in sorted(scored, key=lambda x: x[2])}}
+    return out
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x != ""]
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main` (also what the documented commands are checked against)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="sudoku")
-    ap.add_argument("--cells", default="", help="comma-separated cells (default: all on the first task, "
+    ap.add_argument("--cells", default="", help="comma-separated cells (default: DEFAULT_FIRST on the first task, "
                                                 "SECOND_TASK on the others)")
     ap.add_argument("--seeds", default="0,1,2,3,4")
-    ap.add_argument("--val-size", type=int, default=300)
-    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--val-size", type=int, default=300, help="rows of the selection split")
+    ap.add_argument("--eval-every", type=int, default=None,
+                    help="score the selection split every N RL steps (default: the cadence the task's records in "
+                         f"--out were made with, else 5; {GRID_EVERY} with --grid / --confirm)")
     ap.add_argument("--test", action="store_true", help="score the test file once per run at its end")
+    ap.add_argument("--generated-data", action="store_true",
+                    help="allow generated evaluation rows when no local data file exists (changes every split)")
+    ap.add_argument("--grid", default="", help=f"comma-separated families ({', '.join(GRID_FAMILIES)}): every arm at "
+                                               "every grid point on the selection split (GRID_FAMILIES, GRID_LRS)")
+    ap.add_argument("--confirm", default="", help="comma-separated families: each arm at its own best grid point, "
+                                                  "scored once on the confirmation split")
+    ap.add_argument("--grid-lrs", default=",".join(f"{x:g}" for x in GRID_LRS))
+    ap.add_argument("--grid-seeds", default=",".join(map(str, GRID_SEEDS)))
+    ap.add_argument("--confirm-seeds", default=",".join(map(str, CONFIRM_SEEDS)))
+    ap.add_argument("--confirm-size", type=int, default=CONFIRM_SIZE, help="rows of the confirmation split")
     ap.add_argument("--base", action="append", default=[], help="TASK=YAML: another base recipe for a task")
     ap.add_argument("--recipes", choices=("cpu", "8b"), default="cpu",
                     help="8b: the GPU cells, each task's base its shipped LLaDA-8B recipe (RECIPES_8B, gpu_base)")
@@ -506,44 +635,145 @@ def main() -> None:
     ap.add_argument("--pos-samples", type=int, default=128)
     ap.add_argument("--smoke", action="store_true", help="every cell, 1 step, tiny shapes (proves each cell runs)")
     ap.add_argument("--out", default=None, help=f"records (default {OUT.relative_to(ROOT)}; with --recipes 8b "
-                                                    f"{OUT_8B.relative_to(ROOT)})")
+                                                    f"{OUT_8B.relative_to(ROOT)}; with --grid / --confirm "
+                                                    "results/{grid,confirm}/<task>_<family>.json)")
     ap.add_argument("--summary", action="store_true", help="only regenerate docs/results.md and the plot")
+    ap.add_argument("--verdicts", action="store_true", help="only regenerate the verdict table, the headline figure "
+                                                           "and the generated readings of docs/results.md")
     ap.add_argument("--doc", default=str(DOC))
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "table"), help="run folders and resolved cell recipes")
     ap.add_argument("--list", action="store_true", help="print the cells and exit")
-    args = ap.parse_args()
+    return ap
+
+
+def eval_cadence(out: Path, task: str, given: int | None) -> int:
+    """The validation cadence of ``task``'s runs: ``given`` when set, else the one the task's records in
+    ``out`` were made with (so a documented resume command needs no flag), else 5.
+
+    Raises:
+        SystemExit: no ``given`` and the task's records hold several cadences.
+    """
+    if given is not None:
+        return given
+    seen = {r.get("eval_every") for r in load_results(out)["runs"].values() if r.get("task") == task}
+    if len(seen) > 1:
+        raise SystemExit(f"error: {out} holds {task} runs at several --eval-every values {sorted(seen)}; pass one")
+    return seen.pop() if seen else 5
+
+
+def planned_runs(args: argparse.Namespace) -> list[dict]:
+    """Every run a plain (table) invocation would make or skip: ``{"out", "task", "cell", "seed", "key",
+    "settings"}``, without building any data, model or recipe (what the documented-commands test reads)."""
+    out = Path(args.out or (OUT_8B if args.recipes == "8b" else OUT))
+    overrides = list(args.overrides) + (["train.steps=1"] if args.smoke else [])
+    if args.smoke:
+        overrides = SMOKE + overrides
+    plan = []
+    for i, task in enumerate(t for t in args.tasks.split(",") if t):
+        every = 0 if args.smoke else eval_cadence(out, task, args.eval_every)
+        names = [c for c in args.cells.split(",") if c] or (
+            (list(CELLS) if args.smoke else DEFAULT_FIRST) if i == 0 else SECOND_TASK)
+        for name in names:
+            for seed in _ints(args.seeds):
+                plan.append({"out": out, "task": task, "cell": name, "seed": seed, "key": run_key(task, name, seed),
+                             "settings": run_settings(overrides, min(args.val_size, 8) if args.smoke else args.val_size,
+                                                      every)})
+    return plan
+
+
+def _pos(setup: Setup, task: str, names, pos_dir: Path, smoke: bool, samples: int) -> Path | None:
+    if any(e.get("pos_weights") == "<table>" for n in names for e in CELLS.get(n, {}).get("credit", [])):
+        tag = "smoke" if smoke else setup.sft_dir.name
+        return pos_table(setup, task, pos_dir / f"{task}_{tag}.json", samples)
+    return None
+
+
+def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]:
+    """``--grid`` and then ``--confirm``: for each task and family, every arm at every grid point on the
+    grid seeds (selection split), then each arm at its own best point (:func:`best_points`) on the
+    confirmation seeds, each scored once on the confirmation split. Returns the record files written."""
+    written = []
+    lrs = [float(x) for x in args.grid_lrs.split(",") if x]
+    runs_dir = Path(args.runs_dir)
+    for task in [t for t in args.tasks.split(",") if t]:
+        if task not in GRID_RECIPE and not args.smoke:
+            raise SystemExit(f"error: no grid recipe for task {task!r}; known: {', '.join(GRID_RECIPE)}")
+        common = GRID_RECIPE.get(task, []) + (SMOKE if args.smoke else []) + list(args.overrides) \
+            + (["train.steps=1"] if args.smoke else [])
+        every = 0 if args.smoke else (args.eval_every if args.eval_every is not None else GRID_EVERY)
+        val_size = min(args.val_size, 8) if args.smoke else args.val_size
+        confirm_size = (min(args.confirm_size, 8) if args.smoke else args.confirm_size) if args.confirm else 0
+        setup = Setup(task, bases[task], common, "table", val_size, gen_kw=GEN_KW.get(task), confirm_size=confirm_size,
+                      require_file=not args.generated_data)
+        root = Path(args.out).parent if args.out else OUT.parent
+        pos_dir = (root if args.smoke else OUT.parent) / "pos_weights"
+        for mode, families in (("grid", args.grid), ("confirm", args.confirm)):
+            for family in [f for f in families.split(",") if f]:
+                grid_points(family)  # an unknown family: SystemExit naming the known ones
+                arms = GRID_FAMILIES[family]["arms"]
+                table = _pos(setup, task, arms, pos_dir, args.smoke, args.pos_samples)
+                recipes = {a: cell_recipe(bases[task], a, table, runs_dir / "recipes") for a in arms}
+                gpath = grid_path("grid", task, family, root)
+                if mode == "grid":
+                    for seed in _ints(args.grid_seeds):
+                        for label, over in grid_points(family, lrs):
+                            for arm in arms:
+                                run(setup, gpath, task, arm, recipes[arm], common + over, seed, every, False,
+                                    runs_dir / "grid", point=label)
+                    written.append(gpath)
+                    continue
+                best = best_points(load_results(gpath, must_exist=True), task, family, _ints(args.grid_seeds), lrs)
+                cpath = grid_path("confirm", task, family, root)
+                for seed in _ints(args.confirm_seeds):
+                    for arm in arms:
+                        run(setup, cpath, task, arm, recipes[arm], common + best[arm]["overrides"], seed, every, False,
+                            runs_dir / "confirm", confirm=True)
+                update_results(cpath, lambda d: d.__setitem__("selected", best))
+                written.append(cpath)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.list:
         for name, spec in CELLS.items():
             print(f"{name:32s} {spec['kind']:12s} base={spec['base']}  {spec['note']}")
         return
     torch.set_num_threads(args.threads)
-    out = Path(args.out or (OUT_8B if args.recipes == "8b" else OUT))
-    load_results(out)  # a file that is not a results file: an error before any run
+    if args.verdicts:
+        write_verdicts(Path(args.doc))
+        return
     bases = resolve_bases(args.recipes, Path(args.runs_dir) / "recipes")
     for item in args.base:
         task, _, path = item.partition("=")
         if not path:
             raise SystemExit(f"error: --base {item!r}: expected TASK=YAML")
         bases[task] = Path(path).resolve()
-    overrides = list(args.overrides)
+    if args.grid or args.confirm:
+        for path in run_families(args, bases):
+            print(f"[table] records in {path}", flush=True)
+        return
+    out = Path(args.out or (OUT_8B if args.recipes == "8b" else OUT))
+    load_results(out)  # a file that is not a results file: an error before any run
     if args.smoke:
-        overrides = SMOKE + overrides + ["train.steps=1"]
-        args.val_size, args.eval_every, args.pos_samples = min(args.val_size, 8), 0, 2
-    if not args.summary:
-        for i, task in enumerate(t for t in args.tasks.split(",") if t):
-            if task not in bases:
-                raise SystemExit(f"error: no base recipe for task {task!r}; known: {', '.join(bases)} (or --base TASK=YAML)")
-            names = [c for c in args.cells.split(",") if c] or (list(CELLS) if i == 0 else SECOND_TASK)
-            setup = Setup(task, bases[task], overrides, "table", args.val_size, gen_kw=GEN_KW.get(task))
-            table = None
-            if any(e.get("pos_weights") == "<table>" for n in names for e in CELLS.get(n, {}).get("credit", [])):
-                tag = "smoke" if args.smoke else setup.sft_dir.name
-                table = pos_table(setup, task, (out.parent / "pos_weights" / f"{task}_{tag}.json"), args.pos_samples)
-            recipes = Path(args.runs_dir) / "recipes"  # resolved cells (absolute paths inside)
-            for name in names:
-                recipe = cell_recipe(bases[task], name, table, recipes)
-                for seed in [int(s) for s in args.seeds.split(",") if s]:
-                    run(setup, out, task, name, recipe, overrides, seed, args.eval_every, args.test, Path(args.runs_dir))
+        args.pos_samples = 2
+    plan = planned_runs(args) if not args.summary else []
+    by_task: dict[str, list[dict]] = {}
+    for p in plan:
+        by_task.setdefault(p["task"], []).append(p)
+    for task, items in by_task.items():
+        if task not in bases:
+            raise SystemExit(f"error: no base recipe for task {task!r}; known: {', '.join(bases)} (or --base TASK=YAML)")
+        overrides, val_size = items[0]["settings"]["overrides"], items[0]["settings"]["val_size"]
+        setup = Setup(task, bases[task], overrides, "table", val_size, gen_kw=GEN_KW.get(task),
+                      require_file=not args.generated_data)
+        names = list(dict.fromkeys(p["cell"] for p in items))
+        table = _pos(setup, task, names, out.parent / "pos_weights", args.smoke, args.pos_samples)
+        recipes = Path(args.runs_dir) / "recipes"  # resolved cells (absolute paths inside)
+        paths = {n: cell_recipe(bases[task], n, table, recipes) for n in names}
+        for p in items:
+            run(setup, out, task, p["cell"], paths[p["cell"]], overrides, p["seed"], p["settings"]["eval_every"],
+                args.test, Path(args.runs_dir))
     if not load_results(out)["runs"]:
         raise SystemExit(f"error: no runs in {out}; nothing to summarise")
     data = update_results(out, lambda d: d.__setitem__("summary", summarize(d)))
@@ -552,6 +782,10 @@ def main() -> None:
         write_doc(doc, markdown(data["summary"], out, data["runs"]), markers(out))
         plot(data, plot_path(doc, out))
         print(f"[table] wrote {args.doc}", flush=True)
+
+
+def write_verdicts(doc: Path) -> None:  # filled in below (the headline page)
+    raise SystemExit("error: --verdicts is not built yet")
 
 
 if __name__ == "__main__":

@@ -185,3 +185,109 @@ def test_gpu_cells_dry_run_on_the_plan_stand_in(tmp_path):
     for task, name, path in _gpu_cells(tmp_path):
         if task == "countdown":
             assert dry_run(load_config([path]), prompt_length=16)["step"] == 1, name
+
+
+def test_grid_points_and_best_point_rule():
+    assert [p for p, _ in ct.grid_points("spg", (1e-4, 2e-4))] == ["lr=0.0001", "lr=0.0002"]
+    assert ct.grid_points("rldf", (1e-4,)) == [("lr=0.0001,beta=0.01", ["train.lr=0.0001", "objective.beta=0.01"]),
+                                               ("lr=0.0001,beta=0.04", ["train.lr=0.0001", "objective.beta=0.04"])]
+    with pytest.raises(SystemExit, match="unknown grid family"):
+        ct.grid_points("nope")
+    for fam in ct.GRID_FAMILIES.values():  # every arm is a cell, and each arm's base is the family's base
+        assert all(a in ct.CELLS for a in fam["arms"]) and all(
+            ct.CELLS[a]["base"] in (None, fam["arms"][0]) for a in fam["arms"])
+
+    def rec(arm, point, seed, final, mid):
+        return {"val": {"accuracy": final}, "val_curve": [[0, {"accuracy": 0.3}], [5, {"accuracy": mid}],
+                                                          [10, {"accuracy": final}]]}
+    lrs = (1e-4, 2e-4)
+    runs = {}
+    for arm, vals in (("spg", {"lr=0.0001": (0.30, 0.32), "lr=0.0002": (0.36, 0.30)}),  # 0.0002 higher mean
+                      ("dispo@spg", {"lr=0.0001": (0.35, 0.35), "lr=0.0002": (0.30, 0.40)}),  # tie: AUC decides
+                      ("dispo-kl@spg", {"lr=0.0001": (0.2, 0.2)})):  # one point incomplete (no 0.0002)
+        for point, (a, b) in vals.items():
+            runs[ct.run_key("sudoku", arm, 0, point)] = rec(arm, point, 0, a, 0.3)
+            runs[ct.run_key("sudoku", arm, 1, point)] = rec(arm, point, 1, b, 0.5 if point == "lr=0.0002" else 0.3)
+    best = ct.best_points({"runs": runs}, "sudoku", "spg", [0, 1], lrs)
+    assert best["spg"]["point"] == "lr=0.0002" and best["spg"]["val_mean"] == pytest.approx(0.33)
+    assert best["dispo@spg"]["point"] == "lr=0.0002"  # both 0.35; lr=0.0002's seed 1 curve has the larger AUC
+    assert best["dispo@spg"]["overrides"] == ["train.lr=0.0002"]
+    assert best["dispo-kl@spg"]["point"] == "lr=0.0001" and list(best["dispo-kl@spg"]["points"]) == ["lr=0.0001"]
+    del runs[ct.run_key("sudoku", "dispo-kl@spg", 1, "lr=0.0001")]
+    with pytest.raises(SystemExit, match="no complete grid point for sudoku/dispo-kl@spg"):
+        ct.best_points({"runs": runs}, "sudoku", "spg", [0, 1], lrs)
+
+
+def test_grid_and_confirm_modes_smoke(tmp_path):
+    """--grid then --confirm at tiny shape: every arm at every point on the selection split, then each
+    at its own best point on the confirmation split, scored once; records carry their provenance."""
+    out = tmp_path / "t.json"
+    ct.main(["--smoke", "--grid", "spg", "--confirm", "spg", "--grid-lrs", "1e-4,2e-4", "--grid-seeds", "0",
+             "--confirm-seeds", "3,4", "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
+    grid = json.loads(ct.grid_path("grid", "sudoku", "spg", tmp_path).read_text())
+    assert sorted(grid["runs"]) == sorted(ct.run_key("sudoku", a, 0, p) for a in ct.GRID_FAMILIES["spg"]["arms"]
+                                          for p in ("lr=0.0001", "lr=0.0002"))
+    conf = json.loads(ct.grid_path("confirm", "sudoku", "spg", tmp_path).read_text())
+    assert sorted(conf["runs"]) == sorted(ct.run_key("sudoku", a, s) for a in ct.GRID_FAMILIES["spg"]["arms"] for s in (3, 4))
+    for key, r in list(grid["runs"].items()) + list(conf["runs"].items()):
+        confirm = key in conf["runs"]
+        assert r["test_reads"] == 0 and "test" not in r, key
+        assert r["scored_on"] == (["selection", "confirmation"] if confirm else ["selection"]), key
+        assert ("confirmation" in r) == confirm and r.get("confirmation_reads", 0) == int(confirm), key
+        pv = r["provenance"]
+        assert len(pv["sft"]["sha256"]) == 64 and pv["data"]["source"] == "file" and len(pv["data"]["sha256"]) == 64
+        assert pv["splits"]["selection"] == {"source": "generated", "seed": 4242, "size": 8}
+        if confirm:  # (a grid run of the same invocation describes the split too, but never scores it)
+            assert pv["splits"]["confirmation"] == {"source": "generated", "seed": 5353, "size": 8}
+        assert pv["torch"] and pv["cpu_capability"] and len(pv["code"]["commit"] or "x" * 40) == 40
+    chosen = conf["selected"]
+    for arm, sel in chosen.items():
+        assert conf["runs"][ct.run_key("sudoku", arm, 3)]["overrides"][-len(sel["overrides"]):] == sel["overrides"]
+    # resuming the same command runs nothing new
+    before = out.parent.joinpath("confirm", "sudoku_spg.json").read_text()
+    ct.main(["--smoke", "--confirm", "spg", "--grid-lrs", "1e-4,2e-4", "--grid-seeds", "0", "--confirm-seeds", "3,4",
+             "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
+    assert json.loads(before)["runs"] == json.loads(out.parent.joinpath("confirm", "sudoku_spg.json").read_text())["runs"]
+
+
+@pytest.mark.parametrize("task", ["sudoku", "countdown"])
+def test_splits_are_disjoint_on_the_real_data(task):
+    """Training rows, the selection split, the confirmation split and the test file share no instance, on
+    the shipped data and generators (the confirmation split at its real size)."""
+    from maskrl.tasks.base import default_data_dir
+
+    if default_data_dir() is None:
+        pytest.skip("no ../shared/data")
+    setup = ct.Setup(task, ct.BASES[task], [], "table", 300, gen_kw=ct.GEN_KW.get(task),
+                     confirm_size=ct.CONFIRM_SIZE, require_file=True)
+    key = setup.task.instance_key
+    sets = {name: [key(e) for e in rows] for name, rows in
+            (("train", setup.train), ("selection", setup.val), ("confirmation", setup.confirm), ("test", setup.test))}
+    assert len(sets["selection"]) == 300 and len(sets["confirmation"]) == ct.CONFIRM_SIZE
+    for name in ("selection", "confirmation"):  # no duplicate within a held-out split (training rows may repeat)
+        assert len(set(sets[name])) == len(sets[name]), name
+    names = list(sets)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not set(sets[a]) & set(sets[b]), (a, b)
+    assert setup.splits["confirmation"]["seed"] != setup.splits["selection"]["seed"]
+    if task == "sudoku":
+        # both validation splits have the test file's 8 blanks per puzzle (GEN_KW)
+        assert {e.fields["puzzle"].count("0") for e in setup.val + setup.confirm} == {8}
+
+
+def test_missing_data_folder_is_an_error_unless_asked(tmp_path, monkeypatch):
+    """Without a local test file the table stops (the splits exclude the file's rows, so generated
+    stand-ins change every number) unless --generated-data asks for them; then the records say so."""
+    import ablation_runs
+
+    monkeypatch.setattr(ablation_runs, "task_and_data",
+                        lambda cfg: (__import__("maskrl.tasks", fromlist=["get_task"]).get_task("sudoku4x4", "{puzzle}="),
+                                     [], "generated:seed=99", []))
+    with pytest.raises(SystemExit, match="--generated-data"):
+        ct.Setup("sudoku", ct.BASES["sudoku"], [], "table", 4, require_file=True)
+    setup = ct.Setup("sudoku", ct.BASES["sudoku"], [], "table", 4, require_file=False)
+    assert setup.data_provenance() == {"source": "generated", "seed": 99}
+    with pytest.raises(SystemExit, match="--generated-data"):
+        ct.main(["--smoke", "--tasks", "sudoku", "--cells", "spg", "--seeds", "0", "--out", str(tmp_path / "x.json"),
+                 "--runs-dir", str(tmp_path / "runs")])
