@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ablation_runs import (ROOT, TaskSetup, already_recorded, differences, format_differences, load_results,
+from ablation_runs import (ROOT, TaskSetup, already_recorded, code_version, differences, format_differences, load_results,
                           t_interval, update_results)
 from maskrl.config import to_dict
 from maskrl.evaluate import evaluate_examples
@@ -735,6 +735,7 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    code_version()  # the commit this process runs, read now: later commits in the checkout do not change its code
     if args.list:
         for name, spec in CELLS.items():
             print(f"{name:32s} {spec['kind']:12s} base={spec['base']}  {spec['note']}")
