@@ -291,3 +291,91 @@ def test_missing_data_folder_is_an_error_unless_asked(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="--generated-data"):
         ct.main(["--smoke", "--tasks", "sudoku", "--cells", "spg", "--seeds", "0", "--out", str(tmp_path / "x.json"),
                  "--runs-dir", str(tmp_path / "runs")])
+
+
+def documented_commands(text: str) -> list[list[str]]:
+    """Every ``python benchmarks/<script>.py ...`` command in the page's code (fenced blocks and
+    4-space-indented blocks), continuation lines joined and trailing comments dropped, as argv lists."""
+    import shlex
+
+    lines, out, fenced = text.splitlines(), [], False
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.strip().startswith("```"):
+            fenced = not fenced
+            i += 1
+            continue
+        code = fenced or line.startswith("    ")
+        if code and line.strip().startswith("python benchmarks/"):
+            cmd = line.strip()
+            while cmd.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                cmd = cmd[:-1] + " " + lines[i].strip()
+            out.append(shlex.split(cmd, comments=True)[1:])
+        i += 1
+    return out
+
+
+def _check_resume(argv: list[str], where: str) -> int:
+    """A documented table command: it parses, and every run it would make that is recorded in its
+    --out file is recorded with the same settings (so resuming skips it instead of stopping). Returns
+    how many of its runs are recorded."""
+    args = ct.parser().parse_args(argv)
+    if args.summary:
+        assert ct.load_results(Path(args.out or ct.OUT), must_exist=True)["runs"], where
+        return 0
+    if args.verdicts:
+        return 0
+    for fam in [f for f in (args.grid + "," + args.confirm).split(",") if f]:
+        ct.grid_points(fam)  # a documented family exists
+    if args.grid or args.confirm:
+        return 0
+    recorded = 0
+    for p in ct.planned_runs(args):
+        rec = ct.load_results(p["out"])["runs"].get(p["key"])
+        if rec is not None:
+            recorded += 1
+            got = {k: rec.get(k) for k in p["settings"]}
+            assert got == p["settings"], f"{where}: {p['key']} recorded with {got}, the command asks {p['settings']}"
+    return recorded
+
+
+def test_every_documented_command_parses_and_resumes_against_the_records(monkeypatch):
+    """Each command of docs/results.md runs through its script's argument parser; a table or pilot command
+    whose runs are recorded would skip them (same overrides, split size and --eval-every), not stop."""
+    import testbed_search as ts
+
+    monkeypatch.chdir(ct.ROOT)
+    cmds = documented_commands(ct.DOC.read_text())
+    assert len(cmds) >= 8
+    scripts = {c[0] for c in cmds}
+    assert {"benchmarks/controlled_table.py", "benchmarks/testbed_search.py"} <= scripts
+    total = 0
+    for argv in cmds:
+        where = " ".join(argv)
+        assert (ct.ROOT / argv[0]).is_file(), where
+        if argv[0] == "benchmarks/controlled_table.py":
+            total += _check_resume(argv[1:], where)
+        elif argv[0] == "benchmarks/testbed_search.py":
+            args = ts.parser().parse_args(argv[1:])
+            for name in [n for n in args.run.split(",") if n]:
+                total += _check_resume(ts.table_argv(name, args.seeds, args.eval_every), where)
+    assert total >= 300  # table 1 (220 runs) and the third-round table (60) resume from their records
+
+
+def test_documented_commands_extraction():
+    text = ("text\n\n    python benchmarks/controlled_table.py --tasks a \\\n      --seeds 0  # note\n\n"
+            "```bash\npython benchmarks/testbed_search.py --summary\n```\npython benchmarks/not_code.py\n")
+    assert documented_commands(text) == [["benchmarks/controlled_table.py", "--tasks", "a", "--seeds", "0"],
+                                         ["benchmarks/testbed_search.py", "--summary"]]
+
+
+def test_eval_cadence_follows_the_records(tmp_path):
+    out = tmp_path / "r.json"
+    ct.save_results(out, {"runs": {"a": {"task": "countdown", "eval_every": 10}, "b": {"task": "sudoku", "eval_every": 5}}})
+    assert ct.eval_cadence(out, "countdown", None) == 10 and ct.eval_cadence(out, "sudoku", None) == 5
+    assert ct.eval_cadence(out, "wordmath", None) == 5 and ct.eval_cadence(out, "countdown", 13) == 13
+    ct.save_results(out, {"runs": {"a": {"task": "countdown", "eval_every": 10}, "b": {"task": "countdown", "eval_every": 5}}})
+    with pytest.raises(SystemExit, match="several --eval-every"):
+        ct.eval_cadence(out, "countdown", None)
