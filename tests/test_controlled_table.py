@@ -379,3 +379,82 @@ def test_eval_cadence_follows_the_records(tmp_path):
     ct.save_results(out, {"runs": {"a": {"task": "countdown", "eval_every": 10}, "b": {"task": "countdown", "eval_every": 5}}})
     with pytest.raises(SystemExit, match="several --eval-every"):
         ct.eval_cadence(out, "countdown", None)
+
+
+def test_verdict_rule_by_hand():
+    st = lambda m, lo, hi: {"mean": m, "ci95": [lo, hi]}  # noqa: E731
+    assert ct.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.02) == "reproduced"
+    assert ct.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.0625) == "undecided"  # 5 seeds: the sign-flip floor
+    assert ct.verdict(st(0.05, 0.02, 0.08), "superior", 0.06, 0.002) == "undecided"
+    assert ct.verdict(st(-0.01, -0.02, 0.009), "superior", 0.5, 0.5) == "not reproduced"  # below +1 point
+    assert ct.verdict(st(-0.05, -0.08, -0.02), "superior", 0.001, 0.002) == "not reproduced"
+    assert ct.verdict(st(0.0, -0.005, 0.011), "superior", 1.0, 1.0) == "undecided"
+    assert ct.verdict(st(0.0, -0.009, 0.011), "noninferior", 1.0, 1.0) == "reproduced"  # above -1 point
+    assert ct.verdict(st(-0.05, -0.08, -0.02), "noninferior", 0.001, 0.002) == "not reproduced"
+    assert ct.verdict(st(-0.01, -0.03, 0.01), "noninferior", 0.3, 0.3) == "undecided"
+
+
+def _rec(task, cell, seed, final, sft, confirm=None):
+    r = {"task": task, "cell": cell, "seed": seed, "val": {"accuracy": final},
+         "val_curve": [[0, {"accuracy": sft}], [10, {"accuracy": final}]]}
+    return r | ({"confirmation": {"accuracy": confirm}} if confirm is not None else {})
+
+
+def test_claim_differences_prefer_the_confirmation_file(tmp_path):
+    conf, sel = tmp_path / "confirm" / "sudoku_spg.json", tmp_path / "sel.json"
+    ct.save_results(sel, {"runs": {f"s{s}{c}": _rec("sudoku", c, s, a, 0.3) for s in range(3)
+                                   for c, a in (("spg", 0.2), ("dispo@spg", 0.25 + 0.01 * s))}})
+    claim = ct._claim("x", "p", "sudoku", "dispo@spg", "spg", [conf, sel])
+    d = ct.claim_differences(claim)  # no confirmation file yet: the selection records
+    assert d["split"] == "selection" and d["seeds"] == [0, 1, 2] and d["d"] == pytest.approx([0.05, 0.06, 0.07])
+    runs = {f"c{s}{c}": _rec("sudoku", c, s, 0.9, 0.3, a) for s in (10, 11, 12)
+            for c, a in (("spg", 0.4), ("dispo@spg", 0.38))}
+    runs["grid"] = _rec("sudoku", "dispo@spg", 13, 0.9, 0.3, 0.9) | {"grid_point": "lr=1"}  # never a headline row
+    ct.save_results(conf, {"runs": runs, "sft_confirmation": {"sudoku": {"accuracy": 0.35}}})
+    d = ct.claim_differences(claim)
+    assert d["split"] == "confirmation" and d["seeds"] == [10, 11, 12] and d["d"] == pytest.approx([-0.02] * 3)
+    vs_sft = ct.claim_differences(ct._claim("x", "p", "sudoku", "spg", "sft", [conf]))
+    assert vs_sft["d"] == pytest.approx([0.05] * 3)  # 0.40 on the confirmation split against the SFT model's 0.35
+    assert ct.claim_differences(ct._claim("x", "p", "countdown", "spg", "sft", [conf, sel])) is None
+
+
+def test_verdict_rows_correct_over_the_family(tmp_path):
+    from maskrl.stats import holm, paired_t_test, sign_flip_test
+
+    sel = tmp_path / "sel.json"
+    gains = {"a": [0.05, 0.06, 0.07, 0.05, 0.06], "b": [0.01, -0.02, 0.0, 0.01, 0.02]}
+    ct.save_results(sel, {"runs": {f"{c}{s}": _rec("sudoku", c, s, 0.3 + g[s], 0.3) for c, g in gains.items()
+                                   for s in range(5)}})
+    claims = [ct._claim(c, "p", "sudoku", c, "sft", [sel]) for c in gains]
+    claims.append(ct._claim("none", "p", "sudoku", "zzz", "sft", [sel]))
+    rows = ct.verdict_rows(claims)
+    p_t = holm([paired_t_test(g)["p"] for g in gains.values()])
+    p_f = holm([sign_flip_test(g) for g in gains.values()])
+    for r, pt, pf in zip(rows, p_t, p_f):
+        assert r["p_t_holm"] == pytest.approx(pt) and r["p_signflip_holm"] == pytest.approx(pf)
+    assert rows[0]["verdict"] == "undecided"  # p_t tiny, but 5 seeds cannot give a sign-flip p under 0.0625 x 2
+    assert rows[1]["verdict"] == "undecided" and rows[2]["stat"] is None and "verdict" not in rows[2]
+    text = ct.verdict_markdown(rows, {"runs": 10, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "f.png")
+    assert "| a | sudoku | p | +5.8 [" in text and "| none | sudoku | p | not run yet |" in text and "(f.png)" in text
+
+
+def test_headline_page_is_generated_from_the_records():
+    """The verdict table in docs/results.md is what --verdicts computes from the committed records now."""
+    rows = ct.verdict_rows()
+    text = ct.DOC.read_text()
+    block = text[text.index(ct.VERDICT_MARKS[0]):text.index(ct.VERDICT_MARKS[1])]
+    gen = ct.verdict_markdown(rows, {"runs": 0, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "x")
+    table = [line for line in gen.splitlines() if line.startswith("| ")]
+    assert len(table) == len(ct.CLAIMS) + 2 and all(line in block for line in table)
+    assert text.index(ct.VERDICT_MARKS[0]) < 200  # the page opens with it
+    assert f"]({ct.DOC.stem}_headline.png)" in block and (ct.DOC.parent / f"{ct.DOC.stem}_headline.png").is_file()
+
+
+def test_figure_panels_hold_a_base_with_its_arms_and_few_curves():
+    cells = ["diffu_grpo_state", "dps@diffu_grpo_state", "dispo@diffu_grpo_state", "dps+dispo@diffu_grpo_state",
+             "spg", "dispo@spg", "rldf", "dtca@rldf"]
+    panels = ct.curve_panels(cells, 5)
+    assert panels == [cells[:4], cells[4:]]
+    assert all(len(p) <= 5 for p in ct.curve_panels(list(ct.CELLS), 5))
+    assert sorted(c for p in ct.curve_panels(list(ct.CELLS), 7) for c in p) == sorted(ct.CELLS)
+    assert ct.root_base("dps+dispo@diffu_grpo_state") == "diffu_grpo_state" and ct.root_base("sml+dispo@diffu_grpo") == "diffu_grpo_mf"
