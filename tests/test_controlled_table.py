@@ -458,3 +458,29 @@ def test_figure_panels_hold_a_base_with_its_arms_and_few_curves():
     assert all(len(p) <= 5 for p in ct.curve_panels(list(ct.CELLS), 5))
     assert sorted(c for p in ct.curve_panels(list(ct.CELLS), 7) for c in p) == sorted(ct.CELLS)
     assert ct.root_base("dps+dispo@diffu_grpo_state") == "diffu_grpo_state" and ct.root_base("sml+dispo@diffu_grpo") == "diffu_grpo_mf"
+
+
+def test_backfill_provenance_verifies_the_checkpoint_it_has(tmp_path):
+    """Older records get an explicit test_reads and a 'backfilled' provenance block; the SFT weights' hash
+    only where the checkpoint present scores exactly the record's step 0."""
+    over = ct.SMOKE + ["train.steps=1"]
+    setup = ct.Setup("sudoku", ct.BASES["sudoku"], over, "table", 8, gen_kw=ct.GEN_KW.get("sudoku"))
+    step0 = setup.sft_val(setup.policy(), setup.cfg)
+    other = {k: v + 0.5 for k, v in step0.items()}
+    base = {"task": "sudoku", "cell": "spg", "overrides": over, "val_size": 8, "cpu_capability": "AVX2", "threads": 1}
+    runs = {"a": base | {"seed": 0, "val_curve": [[0, step0]]}, "b": base | {"seed": 1, "val_curve": [[0, other]]},
+            "c": base | {"seed": 2, "val_curve": [[0, step0]], "test": {"accuracy": 0.1}},
+            "d": base | {"seed": 3, "val_curve": [[0, step0]], "provenance": {"sft": "kept"}}}
+    path = tmp_path / "old.json"
+    ct.save_results(path, {"runs": runs})
+    counts = ct.backfill_provenance([path])
+    assert counts == {"records": 4, "backfilled": 3, "verified": 2}
+    got = ct.load_results(path)["runs"]
+    assert got["d"] == runs["d"]  # a record with provenance is left alone
+    assert [got[k]["test_reads"] for k in "abc"] == [0, 0, 1]
+    a, b = got["a"]["provenance"], got["b"]["provenance"]
+    assert a["backfilled"] and a["sft"]["verified"] and a["sft"]["sha256"] == ct.checkpoint_sha256(setup.sft_dir)
+    assert not b["sft"]["verified"] and b["sft"]["sha256"] is None and b["sft"]["settings_key"] == setup.sft_dir.name
+    assert a["splits"]["selection"] == {"source": "generated", "seed": 4242, "size": 8} and a["torch"] is None
+    assert a["data"]["source"] == "file" and len(a["data"]["sha256"]) == 64 and a["code"]["recorded_in"] is None
+    assert ct.backfill_provenance([path]) == {"records": 4, "backfilled": 0, "verified": 0}  # idempotent
