@@ -1009,6 +1009,8 @@ def record_census(paths: list[Path]) -> dict:
                 seen.add(ident)
                 runs.append(r)
     return {"runs": len(runs), "with_provenance": sum("provenance" in r for r in runs),
+            "backfilled": sum(bool(r.get("provenance", {}).get("backfilled")) for r in runs),
+            "sft_verified": sum(bool((r.get("provenance", {}).get("sft") or {}).get("sha256")) for r in runs),
             "test_reads": sum(r.get("test_reads", 1 if "test" in r else 0) for r in runs),
             "confirmation_reads": sum(r.get("confirmation_reads", 0) for r in runs)}
 
@@ -1040,9 +1042,13 @@ def verdict_markdown(rows: list[dict], census: dict, figure: str) -> str:
                      f"{_pts(st['ci95'][1])}] ({st['positive']}+/{st['negative']}−) | {_p(r['p_t_holm'])} / "
                      f"{_p(r['p_signflip_holm'])} | **{r['verdict']}** | {r['diff']['split']}, {st['n']} |")
     lines += ["", f"![Validation curves of the recipe that learns, seed mean with the seed range]({figure})", "",
-              f"Records: {census['runs']} runs, {census['with_provenance']} with a provenance block (SFT weights' "
-              f"sha256, data file and sha256, splits, code commit, torch and CPU kernel set; the older ones were "
-              f"recorded before it existed). Test-file reads over all of them: **{census['test_reads']}**. "
+              f"Records: {census['runs']} distinct runs, {census['with_provenance']} with a provenance block (SFT "
+              f"weights' sha256, data file and sha256, splits, code commit, torch and CPU kernel set). "
+              f"{census.get('backfilled', 0)} of the blocks were filled in afterwards for runs made before records "
+              f"carried one (`--backfill-provenance`: torch version and code commit unknown, the commit that first "
+              f"recorded the run instead); {census.get('sft_verified', 0)} runs carry their SFT checkpoint's weights "
+              f"hash, checked for the older ones by re-scoring the retrained checkpoint's step 0 exactly. "
+              f"Test-file reads over all of them: **{census['test_reads']}**. "
               f"Confirmation-split reads: {census['confirmation_reads']} (one per final run).", "",
               "Readings (generated):", ""]
     for r in rows:
