@@ -554,10 +554,10 @@ def grid_path(kind: str, task: str, family: str, root: Path = OUT.parent) -> Pat
     return root / kind / f"{task}_{family}.json"
 
 
-def best_points(data: dict, task: str, family: str, seeds, lrs=GRID_LRS) -> dict[str, dict]:
+def best_points(data: dict, task: str, family: str, seeds, lrs=GRID_LRS, arms=None) -> dict[str, dict]:
     """Each arm's best grid point in grid record file ``data``: the highest seed-mean final selection
     accuracy over ``seeds``, ties broken by the seed-mean AUC (:func:`curve_area`), then by grid order.
-    Only points with every seed recorded compete.
+    Only points with every seed recorded compete; ``arms`` (default: the family's) limits the arms.
 
     Returns:
         ``{arm: {"point", "overrides", "val_mean", "auc", "seeds", "points": {label: val_mean}}}``.
@@ -566,7 +566,7 @@ def best_points(data: dict, task: str, family: str, seeds, lrs=GRID_LRS) -> dict
         SystemExit: an arm with no complete grid point (names the missing runs).
     """
     out = {}
-    for arm in GRID_FAMILIES[family]["arms"]:
+    for arm in arms or GRID_FAMILIES[family]["arms"]:
         scored = []
         for order, (label, over) in enumerate(grid_points(family, lrs)):
             rows = [data["runs"].get(run_key(task, arm, s, label)) for s in seeds]
@@ -1161,6 +1161,44 @@ def _wrap(words: list[str], width: int = 104) -> str:
     return "\n".join(lines + [cur])
 
 
+def grid_markdown(root: Path = OUT.parent) -> str:
+    """The tuning grids recorded under ``root/grid``: per task and family, each arm's seed-mean final
+    selection-split solved rate (%) and seeds at each grid point, and the point it would run at now
+    (:func:`best_points` over the seeds every point has; '' when no grid is recorded)."""
+    parts = []
+    for path in sorted((root / "grid").glob("*.json")):
+        task, _, family = path.stem.partition("_")
+        if family not in GRID_FAMILIES:
+            continue
+        runs = load_results(path)["runs"]
+        labels = [lab for lab, _ in grid_points(family)]
+        sft = sorted({round(100 * r["val_curve"][0][1]["accuracy"], 1) for r in runs.values()})
+        lines = [f"`{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}` ({task}, {family}): seed-mean final "
+                 f"solved rate on the selection split, % (seeds); the SFT model: {', '.join(map(str, sft))} %", "",
+                 "| arm | " + " | ".join(labels) + " | best so far |", "| --- " * (len(labels) + 2) + "|"]
+        for arm in GRID_FAMILIES[family]["arms"]:
+            cells, complete = [], {}
+            for lab in labels:
+                rs = [r for r in runs.values() if r["cell"] == arm and r.get("grid_point") == lab and r["task"] == task]
+                if rs:
+                    cells.append(f"{100 * sum(r['val']['accuracy'] for r in rs) / len(rs):.1f} ({len(rs)})")
+                    complete[lab] = {r["seed"] for r in rs}
+                else:
+                    cells.append("–")
+            shared = set.intersection(*complete.values()) if complete else set()
+            best = "–"
+            if shared:
+                b = best_points({"runs": runs}, task, family, sorted(shared), arms=[arm])[arm]
+                best = f"{b['point']} ({100 * b['val_mean']:.1f}, seeds {','.join(map(str, b['seeds']))})"
+            lines.append(f"| {arm} | " + " | ".join(cells) + f" | {best} |")
+        parts.append("\n".join(lines) + "\n")
+    if not parts:
+        return ""
+    return ("### Tuning grid (selection split)\n\nThe same learning-rate grid (and β where the base has one) for each "
+            "base and its credit arms, seeds 0 and 1; each arm then runs at its own best point on 10 fresh seeds "
+            "on the confirmation split (`--confirm`).\n\n" + "\n".join(parts))
+
+
 def reproduce_commands() -> str:
     """The commands that regenerate the page and resume every record file, read from the records
     themselves (cells, seeds, ``--eval-every`` and ``--set`` overrides per task), as a shell block."""
@@ -1217,7 +1255,8 @@ def write_verdicts(doc: Path) -> list[dict]:
     headline_figure(figure)
     paths = sorted({Path(p) for c in CLAIMS for p in c["sources"]} | {OUT, R3}
                    | set((OUT.parent / "testbed_search").glob("*.json")) | set((OUT.parent / "grid").glob("*.json")))
-    block = verdict_markdown(rows, record_census(paths), figure.name) + (
+    grid = grid_markdown()
+    block = verdict_markdown(rows, record_census(paths), figure.name) + ("\n" + grid if grid else "") + (
         "\n### Reproduce\n\nGenerated from the records (each command resumes: recorded runs are skipped, a run "
         "recorded with other settings stops it). Runs are bit-reproducible on the same machine, software, thread "
         "count and CPU kernel set.\n\n" + reproduce_commands())

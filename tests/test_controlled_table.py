@@ -484,3 +484,16 @@ def test_backfill_provenance_verifies_the_checkpoint_it_has(tmp_path):
     assert a["splits"]["selection"] == {"source": "generated", "seed": 4242, "size": 8} and a["torch"] is None
     assert a["data"]["source"] == "file" and len(a["data"]["sha256"]) == 64 and a["code"]["recorded_in"] is None
     assert ct.backfill_provenance([path]) == {"records": 4, "backfilled": 0, "verified": 0}  # idempotent
+
+
+def test_grid_markdown_by_hand(tmp_path):
+    runs = {ct.run_key("sudoku", "spg", s, "lr=2e-05"): _rec("sudoku", "spg", s, a, 0.32) | {"grid_point": "lr=2e-05"}
+            for s, a in ((0, 0.30), (1, 0.34))}
+    runs[ct.run_key("sudoku", "spg", 0, "lr=5e-05")] = _rec("sudoku", "spg", 0, 0.40, 0.32) | {"grid_point": "lr=5e-05"}
+    ct.save_results(tmp_path / "grid" / "sudoku_spg.json", {"runs": runs})
+    text = ct.grid_markdown(tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| spg |"))
+    # 2e-05 over seeds 0, 1: 32.0; 5e-05 on seed 0 only; the best over the seeds both share (0): 5e-05
+    assert row == "| spg | 32.0 (2) | 40.0 (1) | – | – | lr=5e-05 (40.0, seeds 0) |"
+    assert "| dispo@spg | – | – | – | – | – |" in text and "the SFT model: 32.0 %" in text
+    assert ct.grid_markdown(tmp_path / "none") == ""
