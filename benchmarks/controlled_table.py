@@ -1,5 +1,5 @@
-"""The controlled table (issue 22): every base × credit module, their compositions and cached
-rollouts under one protocol, on one SFT checkpoint per task.
+"""The controlled table: every base × credit module, their compositions and cached rollouts under one
+protocol, on one SFT checkpoint per task; the tuning grid and confirmation runs behind its verdicts.
 
 Protocol
 - Per task one base recipe (``configs/table/<task>.yaml``: model, task, SFT, samplers, the RL
@@ -11,15 +11,31 @@ Protocol
   inner iterations, with 4× the optimizer steps; it is labelled).
 - Cells are paired by seed: ``train.seed = s`` fixes the prompt order and the rollout generator's
   seed, so seed s of every cell sees the same prompts (rollouts then differ as the models do).
-- Validation (a generated split, disjoint from training rows and the test file) is scored greedily
-  every ``--eval-every`` RL steps and at the end (the curve starts at the SFT model, step 0); the
-  test file only with ``--test``, once per run at its end. Each row records how often it was read.
+- Two validation splits, generated disjoint from the training rows, the test file and each other:
+  the *selection* split (300 rows, seed 4242; every choice is made on it) is scored greedily every
+  ``--eval-every`` RL steps and at the end (the curve starts at the SFT model, step 0); the
+  *confirmation* split (500 rows, seed 5353) scores only the final models of ``--confirm``, once each.
+  The test file only with ``--test``, once per run at its end. Each record says which splits it scored
+  (``scored_on``), how often it read the test file (``test_reads``, 0 written out) and the confirmation
+  split, and carries its provenance: the SFT weights' sha256, the test file's path and sha256 (or
+  ``generated`` and its seed), the splits' seeds and sizes, the code commit, the torch version and CPU
+  kernel set (:meth:`ablation_runs.TaskSetup.provenance`). Without a local data file the table stops
+  unless ``--generated-data`` asks for generated rows (they change every split and every number).
+- ``--grid FAMILY``: each base and its credit arms (:data:`GRID_FAMILIES`) over the same learning-rate
+  grid (:data:`GRID_LRS`, and β where the base has one) on the selection split, seeds 0 and 1
+  (``results/grid/<task>_<family>.json``); ``--confirm FAMILY``: each arm at its own best grid point
+  (:func:`best_points`) on 10 fresh paired seeds, scored once on the confirmation split
+  (``results/confirm/<task>_<family>.json``, with the SFT model's confirmation score).
+- ``--verdicts`` regenerates the top of ``docs/results.md``: for each headline claim (:data:`CLAIMS`)
+  the paired difference with its exact t-interval, the paired-t and exact sign-flip p-values
+  Holm-corrected over the family, and a verdict (:func:`verdict`), from the confirmation records where
+  they exist, else the selection records (marked); the headline figure; generated readings.
 - One JSON record per run, written as soon as it finishes (``--out``, default the committed
   ``results/controlled_table.json``): an interrupted table resumes, and the table can be finished
   over several sessions. ``--summary`` regenerates ``docs/results.md`` (markdown) and the curve
   plot from the records alone.
 
-Statistics per cell: mean and 95 % t-interval over seeds of the solved rate and the task's reward
+Statistics per cell: mean and 95 % t-interval (exact quantile, ``maskrl.stats``) over seeds of the solved rate and the task's reward
 metric (Sudoku: cell accuracy), the paired difference to the cell's base row (same seeds) with its
 interval and sign count, the area under the validation curve (trapezoid over steps, divided by the
 steps: the mean accuracy along the run) and the first evaluated step at which the seed-mean curve
@@ -28,6 +44,8 @@ reaches the base's final accuracy, and the RL wall time.
     python benchmarks/controlled_table.py --tasks sudoku --seeds 0,1,2,3,4            # the CPU table
     python benchmarks/controlled_table.py --summary                                    # docs/results.md
     python benchmarks/controlled_table.py --smoke --out /tmp/table_smoke.json          # every cell, 1 step
+    python benchmarks/controlled_table.py --tasks sudoku --grid spg --confirm spg      # fair bases: grid, confirmation
+    python benchmarks/controlled_table.py --verdicts                                   # the headline page
     python benchmarks/controlled_table.py --recipes 8b --tasks gsm8k,math500,countdown,sudoku --seeds 0,1,2
         # the GPU cells: the same cells at the papers' shapes (LLaDA-8B-Instruct, L 256, block 32)
     python benchmarks/controlled_table.py --base gsm8k=configs/llada8b_gsm8k_diffu_grpo.yaml --tasks gsm8k ...

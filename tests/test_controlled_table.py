@@ -240,6 +240,7 @@ def test_grid_and_confirm_modes_smoke(tmp_path):
         if confirm:  # (a grid run of the same invocation describes the split too, but never scores it)
             assert pv["splits"]["confirmation"] == {"source": "generated", "seed": 5353, "size": 8}
         assert pv["torch"] and pv["cpu_capability"] and len(pv["code"]["commit"] or "x" * 40) == 40
+    assert set(conf["sft_confirmation"]["sudoku"]) >= {"accuracy", "cell_accuracy"}  # the SFT model, scored once
     chosen = conf["selected"]
     for arm, sel in chosen.items():
         assert conf["runs"][ct.run_key("sudoku", arm, 3)]["overrides"][-len(sel["overrides"]):] == sel["overrides"]
