@@ -1077,7 +1077,7 @@ def verdict_markdown(rows: list[dict], census: dict, figure: str) -> str:
         floor = 2 / 2 ** st["n"]
         lines.append(
             f"- {r['claim']} ({r['task']}, `{d['source']}`, {d['split']} split, seeds {d['seeds'][0]}–{d['seeds'][-1]}): "
-            f"{_pts(st['mean'])} points [{_pts(st['ci95'][0])}, {_pts(st['ci95'][1])}], {st['positive']} of {st['n']} "
+            f"{100 * st['mean']:+.2f} points [{100 * st['ci95'][0]:+.2f}, {100 * st['ci95'][1]:+.2f}], {st['positive']} of {st['n']} "
             f"seeds above, {st['negative']} below; d_z {st['d_z']:.2f} [{st['d_z_ci95'][0]:.2f}, {st['d_z_ci95'][1]:.2f}]. "
             f"Paired t p {_p(st['p_t'])} (Holm {_p(r['p_t_holm'])}); sign-flip p {_p(st['p_signflip'])} (Holm "
             f"{_p(r['p_signflip_holm'])}; its floor at {st['n']} seeds is {floor:.4f}); Wilcoxon p {_p(st['p_wilcoxon'])}. "
