@@ -128,3 +128,29 @@ def test_already_recorded_skips_the_same_settings_and_refuses_others(tmp_path, c
     assert "[x] t/c/seed0: recorded, skipped" in capsys.readouterr().out
     with pytest.raises(SystemExit, match=r"t/c/seed0 is already in .* other settings \(\{'steps': 2\}; now \{'steps': 3\}\)"):
         already_recorded(out, "t/c/seed0", {"steps": 3}, "x")
+
+
+def test_provenance_hashes(tmp_path):
+    import hashlib
+
+    from ablation_runs import checkpoint_sha256, code_version, file_sha256, software
+
+    f = tmp_path / "x.csv"
+    f.write_bytes(b"a,b\n1,2\n" * 100_000)  # several read chunks
+    assert file_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest()
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    with pytest.raises(FileNotFoundError, match="no weight file"):
+        checkpoint_sha256(ck)
+    (ck / "model.safetensors").write_bytes(b"\x00\x01")
+    (ck / "config.json").write_text("{}")
+    first = checkpoint_sha256(ck)
+    want = hashlib.sha256(b"model.safetensors\0" + hashlib.sha256(b"\x00\x01").hexdigest().encode()).hexdigest()
+    assert first == want
+    (ck / "config.json").write_text('{"other": 1}')
+    assert checkpoint_sha256(ck) == first  # the weights' identity, not the metadata's
+    (ck / "model.safetensors").write_bytes(b"\x00\x02")
+    assert checkpoint_sha256(ck) != first
+    code = code_version()
+    assert set(code) == {"commit", "dirty"} and (code["commit"] is None or len(code["commit"]) == 40)
+    assert set(software()) == {"torch", "cpu_capability", "threads"}
