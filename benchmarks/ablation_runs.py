@@ -11,6 +11,7 @@ JSON at once, so an interrupted ablation resumes where it stopped.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -24,23 +25,20 @@ from maskrl.config import load_config
 from maskrl.demo import sft_cache_key
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny, save_model
+from maskrl.stats import t_interval as stats_t_interval
 from maskrl.pipeline import PROMPT_CARD, load_policy, prompt_formatter, save_prompt_card, sft_from_config, task_and_data
 from maskrl.trainer import RLTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 EVAL_KEYS = ("accuracy", "cell_accuracy", "mean_reward")
 
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and two-sided 95 % Student-t interval (the mean alone for one value)."""
-    n = len(values)
-    m = sum(values) / n
-    if n < 2:
-        return m, m, m
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    h = T95.get(n - 1, 1.96) * sd / math.sqrt(n)
-    return m, m - h, m + h
+    """Mean and two-sided 95 % Student-t interval with the exact quantile (:func:`maskrl.stats.t_interval`;
+    the mean alone for one value); NaN for a list holding a NaN (a field some records lack)."""
+    if any(isinstance(v, float) and math.isnan(v) for v in values):
+        return (float("nan"),) * 3
+    return stats_t_interval(values)
 
 
 def differences(d: list[float]) -> dict:
@@ -166,32 +164,149 @@ def start(args: argparse.Namespace, extra_keys: tuple[str, ...] = ()) -> tuple[P
     return out, data, [int(s) for s in args.seeds.split(",") if s != ""], [t for t in args.tasks.split(",") if t]
 
 
+#: the selection split's generator seed (every choice: recipes, grid points) and the confirmation split's
+#: (only final cells, scored once each); both are generated disjoint from training rows, the test file
+#: and each other (TaskSetup)
+SELECTION_SEED = 4242
+CONFIRM_SEED = 5353
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of the file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def checkpoint_sha256(folder: Path) -> str:
+    """Hex sha256 over a saved model folder's weight files (``*.safetensors``, ``*.bin``; name and bytes,
+    in sorted order): the identity of the weights, whatever the cache key of the settings says.
+
+    Raises:
+        FileNotFoundError: the folder holds no weight file.
+    """
+    files = sorted(p for p in Path(folder).rglob("*") if p.suffix in (".safetensors", ".bin") and p.is_file())
+    if not files:
+        raise FileNotFoundError(f"no weight file (*.safetensors, *.bin) in {folder}")
+    h = hashlib.sha256()
+    for p in files:
+        h.update(str(p.relative_to(folder)).encode() + b"\0" + file_sha256(p).encode())
+    return h.hexdigest()
+
+
+_CODE: dict | None = None
+
+
+def code_version() -> dict:
+    """``{"commit", "dirty"}`` of the checkout this process runs (``git rev-parse HEAD`` at the first call,
+    and whether ``src/``, ``benchmarks/`` or ``configs/`` differ from it); ``commit`` None outside git."""
+    global _CODE
+    if _CODE is None:
+        import subprocess
+
+        try:
+            commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    check=True).stdout.strip()
+            dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "src", "benchmarks",
+                                         "configs"], capture_output=True, text=True, check=True).stdout.strip())
+        except (OSError, subprocess.CalledProcessError):
+            commit, dirty = None, None
+        _CODE = {"commit": commit, "dirty": dirty}
+    return dict(_CODE)
+
+
+def software() -> dict:
+    """The torch version, CPU kernel set (``torch.backends.cpu.get_cpu_capability()``) and thread count."""
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads()}
+
+
 class TaskSetup:
-    """Task, training rows, test file and validation split of one task, and its SFT checkpoint.
+    """Task, training rows, test file, selection split and (optionally) confirmation split of one task,
+    and its SFT checkpoint.
 
     ``base_recipe`` decides the SFT model (its ``model``, ``sft``, ``task`` sections): every cell of
     the task must share them. The SFT checkpoint is cached under ``runs/<group>/<name>_sft/<hash>``.
-    The validation split is generated (``task.generate``, disjoint from the training and test rows)
-    where the task has a generator, else the last ``val_size`` training rows, removed from training.
+    The *selection* split (``self.val``: every choice is made on it) is generated with ``val_seed``
+    (``task.generate``, disjoint from the training and test rows) where the task has a generator, else
+    the last ``val_size`` training rows, removed from training. The *confirmation* split
+    (``self.confirm``, ``confirm_size`` rows, empty for 0: only final cells are scored on it, once each)
+    is generated with ``confirm_seed`` disjoint from the training, test and selection rows (a fixed
+    data set: the ``confirm_size`` training rows before the selection rows, removed from training).
+
+    ``require_file``: the test file (whose rows every split excludes) must be a local file; without
+    one (no ``../shared/data``, ``$MASKRL_DATA_DIR`` or ``task.data_path``) the pipeline would fall back
+    to generated rows, which changes every split and every number.
 
     Raises:
-        SystemExit: a task without a generator whose training rows do not exceed ``val_size``.
+        SystemExit: a task without a generator whose training rows cannot spare the held-out rows; or
+            ``require_file`` and the evaluation rows are generated.
     """
 
-    def __init__(self, name: str, base_recipe: Path, overrides: list[str], group: str, val_size: int, val_seed: int = 4242,
-                 gen_kw: dict | None = None, log: Callable[[str], None] = print):
+    def __init__(self, name: str, base_recipe: Path, overrides: list[str], group: str, val_size: int,
+                 val_seed: int = SELECTION_SEED, gen_kw: dict | None = None, log: Callable[[str], None] = print,
+                 confirm_size: int = 0, confirm_seed: int = CONFIRM_SEED, require_file: bool = False):
         self.cfg = load_config([base_recipe], overrides)
         self.task, self.test, self.source, self.train = task_and_data(self.cfg)
+        if require_file and not self.source.startswith("file:"):
+            raise SystemExit(f"error: task {name}: no local data file (evaluation rows {self.source}); the splits "
+                             "exclude the test file's rows, so generated stand-ins change every number. Put the data "
+                             "in ../shared/data or $MASKRL_DATA_DIR, or pass --generated-data to run on generated rows")
+        self.confirm: list = []
         if hasattr(self.task, "generate"):
-            banned = {self.task.instance_key(e) for e in self.test} | {self.task.instance_key(e) for e in self.train}
+            key = self.task.instance_key
+            banned = {key(e) for e in self.test} | {key(e) for e in self.train}
             self.val = self.task.generate(val_size, seed=val_seed, exclude=banned, **(gen_kw or {}))
-        else:  # a fixed data set (GSM8K, MATH): the validation rows are held out of the training rows
-            if len(self.train) <= val_size:
+            if confirm_size:
+                self.confirm = self.task.generate(confirm_size, seed=confirm_seed,
+                                                  exclude=banned | {key(e) for e in self.val}, **(gen_kw or {}))
+            split_source = "generated"
+        else:  # a fixed data set (GSM8K, MATH): the held-out rows come out of the training rows
+            if len(self.train) <= val_size + confirm_size:
                 raise SystemExit(f"error: task {name}: {len(self.train)} training rows cannot spare {val_size} "
-                                 "for validation (--val-size)")
+                                 f"selection + {confirm_size} confirmation rows (--val-size, --confirm-size)")
             self.train, self.val = self.train[:-val_size], self.train[-val_size:]
+            if confirm_size:
+                self.train, self.confirm = self.train[:-confirm_size], self.train[-confirm_size:]
+            split_source = "held out of the training rows"
+        self.splits = {"train": {"source": "generated" if hasattr(self.task, "generate") else "file",
+                                 "seed": self.cfg.task.train_seed, "size": len(self.train)},
+                       "selection": {"source": split_source, "seed": val_seed if split_source == "generated" else None,
+                                     "size": len(self.val)},
+                       "confirmation": ({"source": split_source, "seed": confirm_seed if split_source == "generated"
+                                         else None, "size": len(self.confirm)} if confirm_size else None),
+                       "test": {"source": self.source, "size": len(self.test)}}
         self.sft_dir = ROOT / "runs" / group / f"{name}_sft" / sft_cache_key(self.cfg)
         self.name, self.group, self.log = name, group, log
+        self._sft_sha: str | None = None
+
+    def data_provenance(self) -> dict:
+        """Where the test file's rows (which every split excludes) came from: ``{"source": "file", "path",
+        "sha256"}`` or ``{"source": "generated", "seed"}``."""
+        if self.source.startswith("file:"):
+            path = Path(self.source[len("file:"):])
+            return {"source": "file", "path": str(path), "sha256": file_sha256(path) if path.is_file() else None}
+        seed = self.source.partition("seed=")[2]
+        return {"source": "generated", "seed": int(seed) if seed.isdigit() else seed}
+
+    def sft_provenance(self) -> dict:
+        """The starting checkpoint: ``{"path", "settings_key", "sha256"}`` of the cached SFT folder (the
+        weights' hash, :func:`checkpoint_sha256`), or ``{"model"}`` for a recipe's own checkpoint."""
+        if self.cfg.model.path:
+            return {"model": str(self.cfg.model.path), "sha256": None}
+        folder = self.ensure_sft()
+        if self._sft_sha is None:
+            self._sft_sha = checkpoint_sha256(folder)
+        rel = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
+        return {"path": str(rel), "settings_key": folder.name, "sha256": self._sft_sha}
+
+    def provenance(self) -> dict:
+        """Everything a record needs to be traced: the SFT checkpoint, the data source, the splits (names,
+        seeds, sizes), the code commit and the software (:func:`code_version`, :func:`software`)."""
+        return {"sft": self.sft_provenance(), "data": self.data_provenance(), "splits": self.splits,
+                "code": code_version(), **software()}
 
     def ensure_sft(self) -> Path:
         """Train the SFT checkpoint unless it is cached (only when a run or table needs it); its folder."""

@@ -104,18 +104,28 @@ PILOTS: dict[str, tuple] = {
 }
 
 
-def run(name: str, seeds: str, every: int) -> None:
-    """Run pilot ``name`` (a subprocess of the controlled table; its records land in OUT_DIR)."""
+def table_argv(name: str, seeds: str, every: int) -> list[str]:
+    """The controlled-table command line of pilot ``name`` (after the interpreter and the script): its
+    records land in ``OUT_DIR/<name>.json``.
+
+    Raises:
+        SystemExit: an unknown pilot (lists the known ones).
+    """
     if name not in PILOTS:
         raise SystemExit(f"error: unknown pilot {name!r}; known: {', '.join(PILOTS)}")
     task, overrides, *cell = PILOTS[name]
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "controlled_table.py"), "--tasks", task,
-           "--cells", cell[0] if cell else "diffu_grpo_state", "--seeds", seeds, "--eval-every", str(every),
-           "--out", str(OUT_DIR / f"{name}.json"), "--doc", str(Path(tempfile.gettempdir()) / f"testbed_search_{name}.md"),
-           "--runs-dir", str(ROOT / "runs" / "testbed_search" / name)]  # its own run folders: pilots may run side by side
+    argv = ["--tasks", task, "--cells", cell[0] if cell else "diffu_grpo_state", "--seeds", seeds, "--eval-every", str(every),
+            "--out", str(OUT_DIR / f"{name}.json"), "--doc", str(Path(tempfile.gettempdir()) / f"testbed_search_{name}.md"),
+            "--runs-dir", str(ROOT / "runs" / "testbed_search" / name)]  # its own run folders: pilots may run side by side
     for o in overrides:
-        cmd += ["--set", o]
-    subprocess.run(cmd, check=True)
+        argv += ["--set", o]
+    return argv
+
+
+def run(name: str, seeds: str, every: int) -> None:
+    """Run pilot ``name`` (a subprocess of the controlled table; its records land in OUT_DIR)."""
+    argv = table_argv(name, seeds, every)
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "controlled_table.py"), *argv], check=True)
 
 
 def rows() -> list[dict]:
@@ -167,14 +177,19 @@ def seed_summary(table: list[dict]) -> str:
             + "\n".join(lines) + "\n")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main` (also what the documented commands are checked against)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", default="", help="comma-separated pilots to run")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--summary", action="store_true", help="print the markdown table of every record")
     ap.add_argument("--list", action="store_true")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.list:
         for name, (task, ov, *cell) in PILOTS.items():
             print(f"{name:32s} {task:10s} {cell[0] if cell else 'diffu_grpo_state':18s} {' '.join(ov)}")

@@ -14,9 +14,10 @@ from ablation_runs import already_recorded, load_results, save_results, summary_
 
 
 def test_t_interval_by_hand():
-    m, lo, hi = t_interval([1.0, 2.0, 3.0])  # sd 1, t_{0.975, 2} = 4.303
-    assert m == 2.0 and hi - m == pytest.approx(4.303 / math.sqrt(3)) and m - lo == pytest.approx(hi - m)
+    m, lo, hi = t_interval([1.0, 2.0, 3.0])  # sd 1, exact t_{0.975, 2} = 0.95 / sqrt(2 .975 .025) = 4.30265...
+    assert m == 2.0 and hi - m == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025) / math.sqrt(3), rel=1e-12) and m - lo == pytest.approx(hi - m)
     assert t_interval([0.5]) == (0.5, 0.5, 0.5)
+    assert all(math.isnan(x) for x in t_interval([0.5, float("nan")]))  # a field some records lack
 
 
 def test_summary_and_resumable_file(tmp_path):
@@ -27,7 +28,7 @@ def test_summary_and_resumable_file(tmp_path):
     assert load_results(out)["runs"] == runs and load_results(tmp_path / "none.json") == {"runs": {}}
     (row,) = summary_rows(load_results(out))
     assert row["seeds"] == [0, 1] and row["val"]["accuracy_mean"] == pytest.approx(0.3)
-    assert row["val"]["accuracy_ci95"][1] == pytest.approx(0.3 + 12.706 * math.sqrt(0.02) / math.sqrt(2))
+    assert row["val"]["accuracy_ci95"][1] == pytest.approx(0.3 + math.tan(0.475 * math.pi) * math.sqrt(0.02) / math.sqrt(2))
 
 
 def test_dispo_bins_pool_counts_not_ratios():
@@ -127,3 +128,29 @@ def test_already_recorded_skips_the_same_settings_and_refuses_others(tmp_path, c
     assert "[x] t/c/seed0: recorded, skipped" in capsys.readouterr().out
     with pytest.raises(SystemExit, match=r"t/c/seed0 is already in .* other settings \(\{'steps': 2\}; now \{'steps': 3\}\)"):
         already_recorded(out, "t/c/seed0", {"steps": 3}, "x")
+
+
+def test_provenance_hashes(tmp_path):
+    import hashlib
+
+    from ablation_runs import checkpoint_sha256, code_version, file_sha256, software
+
+    f = tmp_path / "x.csv"
+    f.write_bytes(b"a,b\n1,2\n" * 100_000)  # several read chunks
+    assert file_sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest()
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    with pytest.raises(FileNotFoundError, match="no weight file"):
+        checkpoint_sha256(ck)
+    (ck / "model.safetensors").write_bytes(b"\x00\x01")
+    (ck / "config.json").write_text("{}")
+    first = checkpoint_sha256(ck)
+    want = hashlib.sha256(b"model.safetensors\0" + hashlib.sha256(b"\x00\x01").hexdigest().encode()).hexdigest()
+    assert first == want
+    (ck / "config.json").write_text('{"other": 1}')
+    assert checkpoint_sha256(ck) == first  # the weights' identity, not the metadata's
+    (ck / "model.safetensors").write_bytes(b"\x00\x02")
+    assert checkpoint_sha256(ck) != first
+    code = code_version()
+    assert set(code) == {"commit", "dirty"} and (code["commit"] is None or len(code["commit"]) == 40)
+    assert set(software()) == {"torch", "cpu_capability", "threads"}

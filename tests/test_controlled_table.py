@@ -32,7 +32,7 @@ def test_paired_difference_is_per_seed():
     d = [0.1, 0.0, 0.2]
     sd = math.sqrt(sum((x - 0.1) ** 2 for x in d) / 2)
     assert p["mean"] == pytest.approx(0.1) and p["positive"] == 2 and p["negative"] == 0 and p["seeds"] == [0, 1, 2]
-    assert p["ci95"][1] == pytest.approx(0.1 + 4.303 * sd / math.sqrt(3))
+    assert p["ci95"][1] == pytest.approx(0.1 + 0.95 / math.sqrt(2 * 0.975 * 0.025) * sd / math.sqrt(3))
     assert ct.paired(rows, {7: base[0]}, "val", "accuracy") is None  # no shared seed: no pairing
 
 
@@ -185,3 +185,316 @@ def test_gpu_cells_dry_run_on_the_plan_stand_in(tmp_path):
     for task, name, path in _gpu_cells(tmp_path):
         if task == "countdown":
             assert dry_run(load_config([path]), prompt_length=16)["step"] == 1, name
+
+
+def test_grid_points_and_best_point_rule():
+    assert [p for p, _ in ct.grid_points("spg", (1e-4, 2e-4))] == ["lr=0.0001", "lr=0.0002"]
+    assert ct.grid_points("rldf", (1e-4,)) == [("lr=0.0001,beta=0.01", ["train.lr=0.0001", "objective.beta=0.01"]),
+                                               ("lr=0.0001,beta=0.04", ["train.lr=0.0001", "objective.beta=0.04"])]
+    with pytest.raises(SystemExit, match="unknown grid family"):
+        ct.grid_points("nope")
+    for fam in ct.GRID_FAMILIES.values():  # every arm is a cell, and each arm's base is the family's base
+        assert all(a in ct.CELLS for a in fam["arms"]) and all(
+            ct.CELLS[a]["base"] in (None, fam["arms"][0]) for a in fam["arms"])
+
+    def rec(arm, point, seed, final, mid):
+        return {"val": {"accuracy": final}, "val_curve": [[0, {"accuracy": 0.3}], [5, {"accuracy": mid}],
+                                                          [10, {"accuracy": final}]]}
+    lrs = (1e-4, 2e-4)
+    runs = {}
+    for arm, vals in (("spg", {"lr=0.0001": (0.30, 0.32), "lr=0.0002": (0.36, 0.30)}),  # 0.0002 higher mean
+                      ("dispo@spg", {"lr=0.0001": (0.35, 0.35), "lr=0.0002": (0.30, 0.40)}),  # tie: AUC decides
+                      ("dispo-kl@spg", {"lr=0.0001": (0.2, 0.2)})):  # one point incomplete (no 0.0002)
+        for point, (a, b) in vals.items():
+            runs[ct.run_key("sudoku", arm, 0, point)] = rec(arm, point, 0, a, 0.3)
+            runs[ct.run_key("sudoku", arm, 1, point)] = rec(arm, point, 1, b, 0.5 if point == "lr=0.0002" else 0.3)
+    best = ct.best_points({"runs": runs}, "sudoku", "spg", [0, 1], lrs)
+    assert best["spg"]["point"] == "lr=0.0002" and best["spg"]["val_mean"] == pytest.approx(0.33)
+    assert best["dispo@spg"]["point"] == "lr=0.0002"  # both 0.35; lr=0.0002's seed 1 curve has the larger AUC
+    assert best["dispo@spg"]["overrides"] == ["train.lr=0.0002"]
+    assert best["dispo-kl@spg"]["point"] == "lr=0.0001" and list(best["dispo-kl@spg"]["points"]) == ["lr=0.0001"]
+    del runs[ct.run_key("sudoku", "dispo-kl@spg", 1, "lr=0.0001")]
+    with pytest.raises(SystemExit, match="no complete grid point for sudoku/dispo-kl@spg"):
+        ct.best_points({"runs": runs}, "sudoku", "spg", [0, 1], lrs)
+
+
+def test_grid_and_confirm_modes_smoke(tmp_path):
+    """--grid then --confirm at tiny shape: every arm at every point on the selection split, then each
+    at its own best point on the confirmation split, scored once; records carry their provenance."""
+    out = tmp_path / "t.json"
+    ct.main(["--smoke", "--grid", "spg", "--confirm", "spg", "--grid-lrs", "1e-4,2e-4", "--grid-seeds", "0",
+             "--confirm-seeds", "3,4", "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
+    grid = json.loads(ct.grid_path("grid", "sudoku", "spg", tmp_path).read_text())
+    assert sorted(grid["runs"]) == sorted(ct.run_key("sudoku", a, 0, p) for a in ct.GRID_FAMILIES["spg"]["arms"]
+                                          for p in ("lr=0.0001", "lr=0.0002"))
+    conf = json.loads(ct.grid_path("confirm", "sudoku", "spg", tmp_path).read_text())
+    assert sorted(conf["runs"]) == sorted(ct.run_key("sudoku", a, s) for a in ct.GRID_FAMILIES["spg"]["arms"] for s in (3, 4))
+    for key, r in list(grid["runs"].items()) + list(conf["runs"].items()):
+        confirm = key in conf["runs"]
+        assert r["test_reads"] == 0 and "test" not in r, key
+        assert r["scored_on"] == (["selection", "confirmation"] if confirm else ["selection"]), key
+        assert ("confirmation" in r) == confirm and r.get("confirmation_reads", 0) == int(confirm), key
+        pv = r["provenance"]
+        assert len(pv["sft"]["sha256"]) == 64 and pv["data"]["source"] == "file" and len(pv["data"]["sha256"]) == 64
+        assert pv["splits"]["selection"] == {"source": "generated", "seed": 4242, "size": 8}
+        if confirm:  # (a grid run of the same invocation describes the split too, but never scores it)
+            assert pv["splits"]["confirmation"] == {"source": "generated", "seed": 5353, "size": 8}
+        assert pv["torch"] and pv["cpu_capability"] and len(pv["code"]["commit"] or "x" * 40) == 40
+    assert set(conf["sft_confirmation"]["sudoku"]) >= {"accuracy", "cell_accuracy"}  # the SFT model, scored once
+    chosen = conf["selected"]
+    for arm, sel in chosen.items():
+        assert conf["runs"][ct.run_key("sudoku", arm, 3)]["overrides"][-len(sel["overrides"]):] == sel["overrides"]
+    # resuming the same command runs nothing new
+    before = out.parent.joinpath("confirm", "sudoku_spg.json").read_text()
+    ct.main(["--smoke", "--confirm", "spg", "--grid-lrs", "1e-4,2e-4", "--grid-seeds", "0", "--confirm-seeds", "3,4",
+             "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
+    assert json.loads(before)["runs"] == json.loads(out.parent.joinpath("confirm", "sudoku_spg.json").read_text())["runs"]
+
+
+@pytest.mark.parametrize("task", ["sudoku", "countdown"])
+def test_splits_are_disjoint_on_the_real_data(task):
+    """Training rows, the selection split, the confirmation split and the test file share no instance, on
+    the shipped data and generators (the confirmation split at its real size)."""
+    from maskrl.tasks.base import default_data_dir
+
+    if default_data_dir() is None:
+        pytest.skip("no ../shared/data")
+    setup = ct.Setup(task, ct.BASES[task], [], "table", 300, gen_kw=ct.GEN_KW.get(task),
+                     confirm_size=ct.CONFIRM_SIZE, require_file=True)
+    key = setup.task.instance_key
+    sets = {name: [key(e) for e in rows] for name, rows in
+            (("train", setup.train), ("selection", setup.val), ("confirmation", setup.confirm), ("test", setup.test))}
+    assert len(sets["selection"]) == 300 and len(sets["confirmation"]) == ct.CONFIRM_SIZE
+    for name in ("selection", "confirmation"):  # no duplicate within a held-out split (training rows may repeat)
+        assert len(set(sets[name])) == len(sets[name]), name
+    names = list(sets)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not set(sets[a]) & set(sets[b]), (a, b)
+    assert setup.splits["confirmation"]["seed"] != setup.splits["selection"]["seed"]
+    if task == "sudoku":
+        # both validation splits have the test file's 8 blanks per puzzle (GEN_KW)
+        assert {e.fields["puzzle"].count("0") for e in setup.val + setup.confirm} == {8}
+
+
+def test_missing_data_folder_is_an_error_unless_asked(tmp_path, monkeypatch):
+    """Without a local test file the table stops (the splits exclude the file's rows, so generated
+    stand-ins change every number) unless --generated-data asks for them; then the records say so."""
+    import ablation_runs
+
+    monkeypatch.setattr(ablation_runs, "task_and_data",
+                        lambda cfg: (__import__("maskrl.tasks", fromlist=["get_task"]).get_task("sudoku4x4", "{puzzle}="),
+                                     [], "generated:seed=99", []))
+    with pytest.raises(SystemExit, match="--generated-data"):
+        ct.Setup("sudoku", ct.BASES["sudoku"], [], "table", 4, require_file=True)
+    setup = ct.Setup("sudoku", ct.BASES["sudoku"], [], "table", 4, require_file=False)
+    assert setup.data_provenance() == {"source": "generated", "seed": 99}
+    with pytest.raises(SystemExit, match="--generated-data"):
+        ct.main(["--smoke", "--tasks", "sudoku", "--cells", "spg", "--seeds", "0", "--out", str(tmp_path / "x.json"),
+                 "--runs-dir", str(tmp_path / "runs")])
+
+
+def documented_commands(text: str) -> list[list[str]]:
+    """Every ``python benchmarks/<script>.py ...`` command in the page's code (fenced blocks and
+    4-space-indented blocks), continuation lines joined and trailing comments dropped, as argv lists."""
+    import shlex
+
+    lines, out, fenced = text.splitlines(), [], False
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.strip().startswith("```"):
+            fenced = not fenced
+            i += 1
+            continue
+        code = fenced or line.startswith("    ")
+        if code and line.strip().startswith("python benchmarks/"):
+            cmd = line.strip()
+            while cmd.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                cmd = cmd[:-1] + " " + lines[i].strip()
+            out.append(shlex.split(cmd, comments=True)[1:])
+        i += 1
+    return out
+
+
+def _check_resume(argv: list[str], where: str) -> int:
+    """A documented table command: it parses, and every run it would make that is recorded in its
+    --out file is recorded with the same settings (so resuming skips it instead of stopping). Returns
+    how many of its runs are recorded."""
+    args = ct.parser().parse_args(argv)
+    if args.summary:
+        assert ct.load_results(Path(args.out or ct.OUT), must_exist=True)["runs"], where
+        return 0
+    if args.verdicts:
+        return 0
+    for fam in [f for f in (args.grid + "," + args.confirm).split(",") if f]:
+        ct.grid_points(fam)  # a documented family exists
+    if args.grid or args.confirm:
+        return 0
+    recorded = 0
+    for p in ct.planned_runs(args):
+        rec = ct.load_results(p["out"])["runs"].get(p["key"])
+        if rec is not None:
+            recorded += 1
+            got = {k: rec.get(k) for k in p["settings"]}
+            assert got == p["settings"], f"{where}: {p['key']} recorded with {got}, the command asks {p['settings']}"
+    return recorded
+
+
+def test_every_documented_command_parses_and_resumes_against_the_records(monkeypatch):
+    """Each command of docs/results.md runs through its script's argument parser; a table or pilot command
+    whose runs are recorded would skip them (same overrides, split size and --eval-every), not stop."""
+    import testbed_search as ts
+
+    monkeypatch.chdir(ct.ROOT)
+    cmds = documented_commands(ct.DOC.read_text())
+    assert len(cmds) >= 8
+    scripts = {c[0] for c in cmds}
+    assert {"benchmarks/controlled_table.py", "benchmarks/testbed_search.py"} <= scripts
+    total = 0
+    for argv in cmds:
+        where = " ".join(argv)
+        assert (ct.ROOT / argv[0]).is_file(), where
+        if argv[0] == "benchmarks/controlled_table.py":
+            total += _check_resume(argv[1:], where)
+        elif argv[0] == "benchmarks/testbed_search.py":
+            args = ts.parser().parse_args(argv[1:])
+            for name in [n for n in args.run.split(",") if n]:
+                total += _check_resume(ts.table_argv(name, args.seeds, args.eval_every), where)
+    assert total >= 300  # table 1 (220 runs) and the third-round table (60) resume from their records
+
+
+def test_documented_commands_extraction():
+    text = ("text\n\n    python benchmarks/controlled_table.py --tasks a \\\n      --seeds 0  # note\n\n"
+            "```bash\npython benchmarks/testbed_search.py --summary\n```\npython benchmarks/not_code.py\n")
+    assert documented_commands(text) == [["benchmarks/controlled_table.py", "--tasks", "a", "--seeds", "0"],
+                                         ["benchmarks/testbed_search.py", "--summary"]]
+
+
+def test_eval_cadence_follows_the_records(tmp_path):
+    out = tmp_path / "r.json"
+    ct.save_results(out, {"runs": {"a": {"task": "countdown", "eval_every": 10}, "b": {"task": "sudoku", "eval_every": 5}}})
+    assert ct.eval_cadence(out, "countdown", None) == 10 and ct.eval_cadence(out, "sudoku", None) == 5
+    assert ct.eval_cadence(out, "wordmath", None) == 5 and ct.eval_cadence(out, "countdown", 13) == 13
+    ct.save_results(out, {"runs": {"a": {"task": "countdown", "eval_every": 10}, "b": {"task": "countdown", "eval_every": 5}}})
+    with pytest.raises(SystemExit, match="several --eval-every"):
+        ct.eval_cadence(out, "countdown", None)
+
+
+def test_verdict_rule_by_hand():
+    st = lambda m, lo, hi: {"mean": m, "ci95": [lo, hi]}  # noqa: E731
+    assert ct.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.02) == "reproduced"
+    assert ct.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.0625) == "undecided"  # 5 seeds: the sign-flip floor
+    assert ct.verdict(st(0.05, 0.02, 0.08), "superior", 0.06, 0.002) == "undecided"
+    assert ct.verdict(st(-0.01, -0.02, 0.009), "superior", 0.5, 0.5) == "not reproduced"  # below +1 point
+    assert ct.verdict(st(-0.05, -0.08, -0.02), "superior", 0.001, 0.002) == "not reproduced"
+    assert ct.verdict(st(0.0, -0.005, 0.011), "superior", 1.0, 1.0) == "undecided"
+    assert ct.verdict(st(0.0, -0.009, 0.011), "noninferior", 1.0, 1.0) == "reproduced"  # above -1 point
+    assert ct.verdict(st(-0.05, -0.08, -0.02), "noninferior", 0.001, 0.002) == "not reproduced"
+    assert ct.verdict(st(-0.01, -0.03, 0.01), "noninferior", 0.3, 0.3) == "undecided"
+
+
+def _rec(task, cell, seed, final, sft, confirm=None):
+    r = {"task": task, "cell": cell, "seed": seed, "val": {"accuracy": final},
+         "val_curve": [[0, {"accuracy": sft}], [10, {"accuracy": final}]]}
+    return r | ({"confirmation": {"accuracy": confirm}} if confirm is not None else {})
+
+
+def test_claim_differences_prefer_the_confirmation_file(tmp_path):
+    conf, sel = tmp_path / "confirm" / "sudoku_spg.json", tmp_path / "sel.json"
+    ct.save_results(sel, {"runs": {f"s{s}{c}": _rec("sudoku", c, s, a, 0.3) for s in range(3)
+                                   for c, a in (("spg", 0.2), ("dispo@spg", 0.25 + 0.01 * s))}})
+    claim = ct._claim("x", "p", "sudoku", "dispo@spg", "spg", [conf, sel])
+    d = ct.claim_differences(claim)  # no confirmation file yet: the selection records
+    assert d["split"] == "selection" and d["seeds"] == [0, 1, 2] and d["d"] == pytest.approx([0.05, 0.06, 0.07])
+    runs = {f"c{s}{c}": _rec("sudoku", c, s, 0.9, 0.3, a) for s in (10, 11, 12)
+            for c, a in (("spg", 0.4), ("dispo@spg", 0.38))}
+    runs["grid"] = _rec("sudoku", "dispo@spg", 13, 0.9, 0.3, 0.9) | {"grid_point": "lr=1"}  # never a headline row
+    ct.save_results(conf, {"runs": runs, "sft_confirmation": {"sudoku": {"accuracy": 0.35}}})
+    d = ct.claim_differences(claim)
+    assert d["split"] == "confirmation" and d["seeds"] == [10, 11, 12] and d["d"] == pytest.approx([-0.02] * 3)
+    vs_sft = ct.claim_differences(ct._claim("x", "p", "sudoku", "spg", "sft", [conf]))
+    assert vs_sft["d"] == pytest.approx([0.05] * 3)  # 0.40 on the confirmation split against the SFT model's 0.35
+    assert ct.claim_differences(ct._claim("x", "p", "countdown", "spg", "sft", [conf, sel])) is None
+
+
+def test_verdict_rows_correct_over_the_family(tmp_path):
+    from maskrl.stats import holm, paired_t_test, sign_flip_test
+
+    sel = tmp_path / "sel.json"
+    gains = {"a": [0.05, 0.06, 0.07, 0.05, 0.06], "b": [0.01, -0.02, 0.0, 0.01, 0.02]}
+    ct.save_results(sel, {"runs": {f"{c}{s}": _rec("sudoku", c, s, 0.3 + g[s], 0.3) for c, g in gains.items()
+                                   for s in range(5)}})
+    claims = [ct._claim(c, "p", "sudoku", c, "sft", [sel]) for c in gains]
+    claims.append(ct._claim("none", "p", "sudoku", "zzz", "sft", [sel]))
+    rows = ct.verdict_rows(claims)
+    p_t = holm([paired_t_test(g)["p"] for g in gains.values()])
+    p_f = holm([sign_flip_test(g) for g in gains.values()])
+    for r, pt, pf in zip(rows, p_t, p_f):
+        assert r["p_t_holm"] == pytest.approx(pt) and r["p_signflip_holm"] == pytest.approx(pf)
+    assert rows[0]["verdict"] == "undecided"  # p_t tiny, but 5 seeds cannot give a sign-flip p under 0.0625 x 2
+    assert rows[1]["verdict"] == "undecided" and rows[2]["stat"] is None and "verdict" not in rows[2]
+    text = ct.verdict_markdown(rows, {"runs": 10, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "f.png")
+    assert "| a | sudoku | p | +5.8 [" in text and "| none | sudoku | p | not run yet |" in text and "(f.png)" in text
+
+
+def test_headline_page_is_generated_from_the_records():
+    """The verdict table in docs/results.md is what --verdicts computes from the committed records now."""
+    rows = ct.verdict_rows()
+    text = ct.DOC.read_text()
+    block = text[text.index(ct.VERDICT_MARKS[0]):text.index(ct.VERDICT_MARKS[1])]
+    gen = ct.verdict_markdown(rows, {"runs": 0, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "x")
+    table = [line for line in gen.splitlines() if line.startswith("| ")]
+    assert len(table) == len(ct.CLAIMS) + 2 and all(line in block for line in table)
+    assert text.index(ct.VERDICT_MARKS[0]) < 200  # the page opens with it
+    assert f"]({ct.DOC.stem}_headline.png)" in block and (ct.DOC.parent / f"{ct.DOC.stem}_headline.png").is_file()
+
+
+def test_figure_panels_hold_a_base_with_its_arms_and_few_curves():
+    cells = ["diffu_grpo_state", "dps@diffu_grpo_state", "dispo@diffu_grpo_state", "dps+dispo@diffu_grpo_state",
+             "spg", "dispo@spg", "rldf", "dtca@rldf"]
+    panels = ct.curve_panels(cells, 5)
+    assert panels == [cells[:4], cells[4:]]
+    assert all(len(p) <= 5 for p in ct.curve_panels(list(ct.CELLS), 5))
+    assert sorted(c for p in ct.curve_panels(list(ct.CELLS), 7) for c in p) == sorted(ct.CELLS)
+    assert ct.root_base("dps+dispo@diffu_grpo_state") == "diffu_grpo_state" and ct.root_base("sml+dispo@diffu_grpo") == "diffu_grpo_mf"
+
+
+def test_backfill_provenance_verifies_the_checkpoint_it_has(tmp_path):
+    """Older records get an explicit test_reads and a 'backfilled' provenance block; the SFT weights' hash
+    only where the checkpoint present scores exactly the record's step 0."""
+    over = ct.SMOKE + ["train.steps=1"]
+    setup = ct.Setup("sudoku", ct.BASES["sudoku"], over, "table", 8, gen_kw=ct.GEN_KW.get("sudoku"))
+    step0 = setup.sft_val(setup.policy(), setup.cfg)
+    other = {k: v + 0.5 for k, v in step0.items()}
+    base = {"task": "sudoku", "cell": "spg", "overrides": over, "val_size": 8, "cpu_capability": "AVX2", "threads": 1}
+    runs = {"a": base | {"seed": 0, "val_curve": [[0, step0]]}, "b": base | {"seed": 1, "val_curve": [[0, other]]},
+            "c": base | {"seed": 2, "val_curve": [[0, step0]], "test": {"accuracy": 0.1}},
+            "d": base | {"seed": 3, "val_curve": [[0, step0]], "provenance": {"sft": "kept"}}}
+    path = tmp_path / "old.json"
+    ct.save_results(path, {"runs": runs})
+    counts = ct.backfill_provenance([path])
+    assert counts == {"records": 4, "backfilled": 3, "verified": 2}
+    got = ct.load_results(path)["runs"]
+    assert got["d"] == runs["d"]  # a record with provenance is left alone
+    assert [got[k]["test_reads"] for k in "abc"] == [0, 0, 1]
+    a, b = got["a"]["provenance"], got["b"]["provenance"]
+    assert a["backfilled"] and a["sft"]["verified"] and a["sft"]["sha256"] == ct.checkpoint_sha256(setup.sft_dir)
+    assert not b["sft"]["verified"] and b["sft"]["sha256"] is None and b["sft"]["settings_key"] == setup.sft_dir.name
+    assert a["splits"]["selection"] == {"source": "generated", "seed": 4242, "size": 8} and a["torch"] is None
+    assert a["data"]["source"] == "file" and len(a["data"]["sha256"]) == 64 and a["code"]["recorded_in"] is None
+    assert ct.backfill_provenance([path]) == {"records": 4, "backfilled": 0, "verified": 0}  # idempotent
+
+
+def test_grid_markdown_by_hand(tmp_path):
+    runs = {ct.run_key("sudoku", "spg", s, "lr=2e-05"): _rec("sudoku", "spg", s, a, 0.32) | {"grid_point": "lr=2e-05"}
+            for s, a in ((0, 0.30), (1, 0.34))}
+    runs[ct.run_key("sudoku", "spg", 0, "lr=5e-05")] = _rec("sudoku", "spg", 0, 0.40, 0.32) | {"grid_point": "lr=5e-05"}
+    ct.save_results(tmp_path / "grid" / "sudoku_spg.json", {"runs": runs})
+    text = ct.grid_markdown(tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| spg |"))
+    # 2e-05 over seeds 0, 1: 32.0; 5e-05 on seed 0 only; the best over the seeds both share (0): 5e-05
+    assert row == "| spg | 32.0 (2) | 40.0 (1) | – | – | lr=5e-05 (40.0, seeds 0) |"
+    assert "| dispo@spg | – | – | – | – | – |" in text and "the SFT model: 32.0 %" in text
+    assert ct.grid_markdown(tmp_path / "none") == ""
