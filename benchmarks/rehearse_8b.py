@@ -24,9 +24,10 @@ Phases (public entry points only; each a fresh process):
 ``run_a``
     ``accelerate launch --multi_gpu --num_processes 2 -m maskrl.cli train`` (torchrun, 2 gloo processes
     on CPU): 3 RL steps uninterrupted, then the CLI's own final checkpoint and ``model/`` export.
-``run_b`` / ``resume_b``
-    the same command for 2 steps, then ``--resume`` to step 3. ``resume_exact``: every tensor of the two
-    step-3 checkpoints (weights, AdamW states) and the step-3 metrics compared bit for bit.
+``resume_b``
+    the same command with ``--resume <run_a>/checkpoints/step_2`` into another folder, to step 3 (run_a
+    saves a checkpoint at step 2). ``resume_exact``: every LoRA and AdamW tensor of the two step-3
+    checkpoints and the step-3 metrics compared bit for bit.
 ``eval``
     ``maskrl eval --model <run_a>/model --task <task> --limit N --dtype bfloat16`` (the prompt card sets
     the sampler).
@@ -180,7 +181,7 @@ def recipe_path(name: str) -> Path:
 
 
 def rehearsal_overrides(cfg, standin: Path, out_dir: Path, steps: int, group_size: int, mu_cap: int = 2,
-                        train_rows: int = 32) -> list[str]:
+                        train_rows: int = 32, save_every: int = 0) -> list[str]:
     """``--set`` overrides that reduce a shipped recipe to the rehearsal: the stand-in model, the
     rehearsal task, completion 32 in one block at the recipe's tokens per step, 1 prompt × G per process,
     μ ≤ ``mu_cap``; everything else (LoRA, dtype, checkpointing, likelihood, objective, credit, cache,
@@ -194,7 +195,7 @@ def rehearsal_overrides(cfg, standin: Path, out_dir: Path, steps: int, group_siz
             f"eval.gen_length={GEN_LENGTH}", f"eval.block_length={GEN_LENGTH}", f"eval.steps={steps_eval}",
             "train.prompts_per_step=1", f"train.group_size={group_size}",
             f"train.inner_iterations={min(t.inner_iterations, mu_cap)}", f"train.steps={steps}",
-            "train.save_every=0", "train.log_every=1", "train.eval_every=0", "train.report_to=[]"]
+            f"train.save_every={save_every}", "train.log_every=1", "train.eval_every=0", "train.report_to=[]"]
 
 
 def load_recipe(name: str, overrides: list[str] = ()):
@@ -221,7 +222,7 @@ def _bin(name: str) -> str:
     return str(cand) if cand.exists() else name
 
 
-def run_cli_train(name: str, overrides: list[str], out: Path, log: Path, resume: bool = False,
+def run_cli_train(name: str, overrides: list[str], out: Path, log: Path, resume: bool | Path = False,
                   nproc: int = 2, timeout: float = 3600) -> dict:
     """One ``accelerate launch ... -m maskrl.cli train`` of the recipe, monitored (module docstring)."""
     cmd = [_bin("accelerate"), "launch", "--multi_gpu", "--num_processes", str(nproc), "--num_machines", "1",
@@ -229,7 +230,10 @@ def run_cli_train(name: str, overrides: list[str], out: Path, log: Path, resume:
            "-m", "maskrl.cli", "train", "--config", str(recipe_path(name)), "--plugin", str(PLUGIN)]
     for o in overrides:
         cmd += ["--set", o]
-    cmd += ["--resume"] if resume else ["--overwrite"]
+    if resume:
+        cmd += ["--resume"] + ([] if resume is True else [str(resume)])
+    else:
+        cmd += ["--overwrite"]
     t0 = time.time()
     with open(log, "a") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
@@ -341,6 +345,11 @@ def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Pat
     # ---- the live policy: the run's own construction, LoRA tensors of its last checkpoint
     live = load_policy(cfg)
     state = _lora_state(ckpt)
+    # a fresh construction of the same config draws LoRA's A matrices again: with a seeded init they equal the
+    # run's own up to its few small updates (lr ~1e-6 for 3 steps), otherwise they are another random draw
+    fresh = {k: v for k, v in live.model.state_dict().items() if "lora_A" in k}
+    drift = max(float((fresh[k].float() - state[k].float()).abs().max()) for k in fresh if k in state)
+    out["lora_init"] = {"max_abs_diff_fresh_vs_run": drift, "reproducible": drift < 1e-3}
     result = live.model.load_state_dict(state, strict=False)
     out["live_lora_tensors_loaded"] = len(state) - len(result.unexpected_keys)
     live.model.eval()
@@ -352,18 +361,21 @@ def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Pat
     per = {}
     names = sorted({k.split(".lora_")[0] for k in state})
     for mod in names:
-        a = state[f"{mod}.lora_A.default.weight"].double()
-        b = state[f"{mod}.lora_B.default.weight"].double()
+        a = state[f"{mod}.lora_A.default.weight"].float()  # float32: bf16 differences are exact in it
+        b = state[f"{mod}.lora_B.default.weight"].float()
         native = mod.removeprefix("base_model.model.") + ".weight"
         ck = llada_to_checkpoint(native) if family == "llada" else native
-        w_base = read_tensors(base_dir, [ck])[ck].double()
-        w_exp = read_tensors(export, [ck])[ck].double()
-        delta = scale * (b @ a)
-        got = w_exp - w_base
+        w_base = read_tensors(base_dir, [ck])[ck]
+        w_exp = read_tensors(export, [ck])[ck]
+        dtype = str(w_exp.dtype).removeprefix("torch.")
+        same = float((w_exp.float() == w_base.float()).float().mean())
+        got = w_exp.float().sub_(w_base.float())
+        del w_exp, w_base
+        delta = (b @ a).mul_(scale)
         dn = float(delta.norm())
-        per[ck] = {"update_norm": dn, "rel_error": float((got - delta).norm()) / dn if dn > 0 else None,
-                   "equal_to_base_frac": float((w_exp == w_base).double().mean()),
-                   "export_dtype": str(read_tensors(export, [ck])[ck].dtype).removeprefix("torch.")}
+        per[ck] = {"update_norm": dn, "rel_error": float(got.sub_(delta).norm()) / dn if dn > 0 else None,
+                   "equal_to_base_frac": same, "export_dtype": dtype}
+        del got, delta
     errs = [v["rel_error"] for v in per.values() if v["rel_error"] is not None]
     out["export_weights"] = {
         "matrices": len(per), "lora_scale": scale,
@@ -624,7 +636,7 @@ def rehearse(recipe: str, layers: int, args) -> dict:
         ph["data"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         rec["faults"].append(f"data: the shipped recipe cannot start `maskrl train`: {type(e).__name__}: {e}")
 
-    ov_a = rehearsal_overrides(shipped, standin, work / "a", steps, args.group_size)
+    ov_a = rehearsal_overrides(shipped, standin, work / "a", steps, args.group_size, save_every=0 if args.smoke else 2)
     cfg = load_recipe(recipe, ov_a)
     rec["rehearsal_config"] = {k: to_dict(cfg)[k] for k in ("model", "rollout", "eval", "train", "objective",
                                                              "likelihood", "credit")}
@@ -652,25 +664,21 @@ def rehearse(recipe: str, layers: int, args) -> dict:
         return rec
     save()
     if not args.smoke:
-        print("  run_b (2 steps) + resume to 3", flush=True)
-        ov_b = rehearsal_overrides(shipped, standin, work / "b", 2, args.group_size)
-        ph["run_b"] = run_cli_train(recipe, ov_b, work / "b", log)
-        ov_b3 = rehearsal_overrides(shipped, standin, work / "b", 3, args.group_size)
-        ph["resume_b"] = run_cli_train(recipe, ov_b3, work / "b", log, resume=True)
-        if ph["run_b"]["returncode"] or ph["resume_b"]["returncode"]:
-            rec["faults"].append("run_b/resume_b: maskrl train failed")
+        print("  resume_b (from run_a's step-2 checkpoint to step 3, 2 processes)", flush=True)
+        ov_b = [o if not o.startswith("output_dir=") else f"output_dir={work / 'b'}" for o in ov_a]
+        ph["resume_b"] = run_cli_train(recipe, ov_b, work / "b", log, resume=work / "a" / "checkpoints" / "step_2")
+        if ph["resume_b"]["returncode"]:
+            rec["faults"].append(f"resume_b: maskrl train --resume exited {ph['resume_b']['returncode']}")
             ph["resume_b"]["log_tail"] = _tail(log)
         else:
             ck = compare_checkpoints(work / "a" / "checkpoints" / "step_3", work / "b" / "checkpoints" / "step_3")
             mt = compare_metrics(work / "a" / "metrics.jsonl", work / "b" / "metrics.jsonl", 3)
             ph["resume_exact"] = {"checkpoints": ck, "metrics_step_3": mt, "equal": ck["equal"] and mt["equal"]}
             if not ph["resume_exact"]["equal"]:
-                rec["faults"].append("resume: a 2-process run resumed at step 2 differs from the uninterrupted run at "
-                                     f"step 3 ({ck['lora_tensors_different']}/{ck['lora_tensors']} LoRA tensors, "
-                                     f"{ck['optimizer_tensors_different']} optimizer tensors, metrics "
-                                     f"{sorted(mt['different'])[:6]})")
-            for d in ("b",):
-                shutil.rmtree(work / d / "checkpoints", ignore_errors=True)  # 3 GB each
+                rec["faults"].append("resume: 2 processes resumed from the uninterrupted run's own step-2 checkpoint "
+                                     f"differ from it at step 3 ({ck['lora_tensors_different']}/{ck['lora_tensors']} "
+                                     f"LoRA tensors, {ck['optimizer_tensors_different']} optimizer tensors; metrics "
+                                     f"that differ: {', '.join(sorted(mt['different'])[:8])})")
         save()
 
     print("  eval (maskrl eval on the export)", flush=True)
@@ -705,6 +713,11 @@ def rehearse(recipe: str, layers: int, args) -> dict:
                                  f"exported update {ew['median_rel_error']:.3g} (median over {ew['matrices']} matrices), "
                                  f"{100 * ew['mean_equal_to_base_frac']:.1f} % of adapted entries equal to the base "
                                  f"(export dtype {ew['export_dtypes']})")
+        if not c.get("lora_init", {}).get("reproducible", True):
+            rec["faults"].append("lora init: a second construction of the same config (maskrl.pipeline.load_policy, "
+                                 f"same train.seed) draws other LoRA A matrices (max |diff| "
+                                 f"{c['lora_init']['max_abs_diff_fresh_vs_run']:.3g}): two launches of one recipe and "
+                                 "seed train different models")
         if not c["completions"]["maskrl_eval_equal_live"]:
             rec["faults"].append("eval: maskrl eval's completions on the export differ from the live policy's")
         if not c["completions"]["lm_eval_equal_live"]:
@@ -729,6 +742,7 @@ def rehearse(recipe: str, layers: int, args) -> dict:
         shutil.rmtree(work / "a" / "checkpoints", ignore_errors=True)
         for d in ("a", "b"):
             shutil.rmtree(work / d / "model", ignore_errors=True)
+            shutil.rmtree(work / d / "checkpoints", ignore_errors=True)
     return rec
 
 
