@@ -106,7 +106,7 @@ def estimate_prompt_length(cfg, limit: int = 256, default: int = 256) -> tuple[i
                 return default, f"default {default} (no local tokenizer)"
             from transformers import AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(cfg.model.path)
+            tok = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=False)  # never asks to run remote code
         else:
             from maskrl.models.tokenizer import build_char_tokenizer
 

@@ -1,0 +1,234 @@
+"""Real-width stand-ins (``maskrl.models.standins``) and the 8B rehearsal harness (``benchmarks/rehearse_8b.py``).
+
+The published shapes are checked without allocating a weight (tensor shapes and parameter counts against
+the plan's meta-device model and the published LLaDA-8B count); folders are written at a reduced width
+(the real vocabularies and ids, width / 16) and loaded through ``maskrl.models.load``, whose logits must
+equal the family's own layout reader (a plain float32 forward from the checkpoint names). The smoke test
+runs the rehearsal itself on one recipe for one step on 2 processes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from maskrl.models import load, save_model
+from maskrl.models.standins import (DREAM_7B_CONFIG, LLADA_8B_CONFIG, SPECIAL_IDS, TOKENIZER_SIZE, build_tokenizer,
+                                    family_config, read_tensors, reference_logits, tensor_shapes, write_standin)
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ["Janet has 3 apples and buys 5 more. How many apples does she have?",
+          "Using the numbers 3, 5, 7 create an equation that equals 22."]
+
+
+def _params(cfg: dict) -> int:
+    n = 0
+    for shape in tensor_shapes(cfg).values():
+        k = 1
+        for s in shape:
+            k *= s
+        n += k
+    return n
+
+
+def test_published_shapes_match_the_published_parameter_count_and_the_plans_model():
+    """LLaDA-8B-Instruct has 8,015,581,184 parameters (its published count); both families' tensor shapes
+    give exactly the parameter count of the plan's transformers model built on the meta device."""
+    from maskrl.plan import KNOWN_MODELS, ModelShape, param_memory
+
+    assert _params(LLADA_8B_CONFIG) == 8_015_581_184
+    for cfg, hub in ((LLADA_8B_CONFIG, "GSAI-ML/LLaDA-8B-Instruct"), (DREAM_7B_CONFIG, "Dream-org/Dream-v0-Instruct-7B")):
+        for layers in (1, 2):
+            fam = "llada" if "d_model" in cfg else "dream"
+            shape = ModelShape(**{**KNOWN_MODELS[hub], "num_layers": layers})
+            pm = param_memory(shape, torch.bfloat16, None)
+            assert _params(family_config(fam, layers)) == pm["params"], (fam, layers)
+
+
+def test_family_config_keeps_every_published_value_but_the_depth():
+    for fam, full, key in (("llada", LLADA_8B_CONFIG, "n_layers"), ("dream", DREAM_7B_CONFIG, "num_hidden_layers")):
+        cfg = family_config(fam, 2)
+        assert cfg[key] == 2 and full[key] in (32, 28)
+        assert {k: v for k, v in cfg.items() if k not in (key, "max_window_layers")} == \
+               {k: v for k, v in full.items() if k not in (key, "max_window_layers")}
+    with pytest.raises(ValueError, match="family"):
+        family_config("gpt2", 2)
+    with pytest.raises(ValueError, match="num_layers"):
+        family_config("llada", 0)
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_tokenizer_has_the_family_size_ids_and_template(family):
+    tok = build_tokenizer(family, CORPUS, bpe_size=512)
+    assert len(tok) == TOKENIZER_SIZE[family]
+    for text, i in SPECIAL_IDS[family].items():
+        assert tok.convert_tokens_to_ids(text) == i
+    mask = {"llada": 126336, "dream": 151666}[family]
+    assert tok.mask_token_id == mask and tok.eos_token_id == tok.pad_token_id == {"llada": 126081, "dream": 151643}[family]
+    chat = tok.apply_chat_template([{"role": "user", "content": CORPUS[0]}], add_generation_prompt=True, tokenize=False)
+    ids = tok(chat, add_special_tokens=False).input_ids
+    assert tok.decode(ids) == chat  # byte-level BPE: lossless
+    start = {"llada": "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n",
+             "dream": "<|im_start|>system\n"}[family]
+    assert chat.startswith(start) and CORPUS[0] in chat
+    assert ids[0] == {"llada": 126080, "dream": 151644}[family]
+    # the same corpus gives the same tokenizer
+    again = build_tokenizer(family, CORPUS, bpe_size=512)
+    assert again.get_vocab() == tok.get_vocab() and again(chat).input_ids == tok(chat).input_ids
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("standins")
+    return {fam: write_standin(root / fam, fam, num_layers=2, width_divisor=16, corpus=CORPUS, bpe_size=512, seed=3)
+            for fam in ("llada", "dream")}
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_standin_loads_with_the_family_ids_and_matches_the_layout_reader(folders, family):
+    """The real vocabulary, ids and layout at width / 16: maskrl's loader and the independent reader agree."""
+    folder = folders[family]
+    ad = load(folder, dtype="float32")
+    assert ad.family == family
+    assert (ad.mask_id, ad.eos_id, ad.pad_id) == {"llada": (126336, 126081, 126081),
+                                                  "dream": (151666, 151643, 151643)}[family]
+    if family == "llada":
+        assert ad.stop_ids == (126348,)
+    v = {"llada": 126464, "dream": 152064}[family]
+    assert ad.model.get_output_embeddings().weight.shape[0] == v
+    if family == "dream":  # the output layer has rows no tokenizer id reaches, as Dream-7B does
+        assert v - len(ad.tokenizer) == 397
+    chat = ad.tokenizer.apply_chat_template([{"role": "user", "content": CORPUS[1]}], add_generation_prompt=True,
+                                            tokenize=False)
+    ids = torch.tensor([ad.tokenizer(chat, add_special_tokens=False).input_ids + [ad.mask_id] * 4])
+    with torch.no_grad():
+        got = ad.logits(ids).float()
+    ref = reference_logits(folder, ids)
+    lo = 1 if family == "dream" else 0
+    scale = ref[:, lo:].abs().max()
+    assert (got[:, lo:] - ref[:, lo:]).abs().max() <= 1e-4 * scale  # float32 both; summation order differs
+    # the reader is sensitive to the layout: reading Dream's logits unshifted puts them one position off
+    if family == "dream":
+        raw = reference_logits(folder, ids, aligned=False)
+        assert (raw[:, 1:-1] - got[:, 1:-1]).abs().max() > 100 * 1e-4 * scale
+
+
+def test_standin_weights_follow_the_seed_not_the_sharding(tmp_path, folders):
+    a = read_tensors(folders["llada"], ["model.transformer.blocks.1.q_proj.weight", "model.transformer.ln_f.weight"])
+    b_dir = write_standin(tmp_path / "b", "llada", num_layers=1, width_divisor=16, corpus=CORPUS, bpe_size=512, seed=3)
+    c_dir = write_standin(tmp_path / "c", "llada", num_layers=2, width_divisor=16, corpus=CORPUS, bpe_size=512, seed=4)
+    b = read_tensors(b_dir, ["model.transformer.blocks.0.q_proj.weight"])
+    c = read_tensors(c_dir, ["model.transformer.blocks.1.q_proj.weight"])
+    assert a["model.transformer.blocks.1.q_proj.weight"].dtype == torch.bfloat16
+    assert not torch.equal(a["model.transformer.blocks.1.q_proj.weight"], c["model.transformer.blocks.1.q_proj.weight"])
+    assert not torch.equal(a["model.transformer.blocks.1.q_proj.weight"], b["model.transformer.blocks.0.q_proj.weight"])
+    again = write_standin(tmp_path / "d", "llada", num_layers=2, width_divisor=16, corpus=CORPUS, bpe_size=512, seed=3)
+    d = read_tensors(again)
+    assert all(torch.equal(d[k], v) for k, v in read_tensors(folders["llada"]).items())
+    w = a["model.transformer.ln_f.weight"].float()
+    assert 0.8 < float(w.min()) and float(w.max()) < 1.2 and float(w.std()) > 0.01  # norms near 1, not all ones
+    index = json.loads((folders["llada"] / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) == 4  # embedding, 2 blocks, head
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_the_layout_reader_reads_maskrls_exports(folders, family, tmp_path):
+    """An export of a changed model (``save_model``) read by the family's layout reader gives the exported
+    adapter's logits: the reader checks exports, not only stand-ins."""
+    ad = load(folders[family], dtype="float32")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in ad.model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=g))
+    out = save_model(ad, tmp_path / "export")
+    ids = torch.tensor([[5, 9, 200, 31, ad.mask_id, ad.mask_id]])
+    with torch.no_grad():
+        want = ad.logits(ids).float()
+    got = reference_logits(out, ids)
+    lo = 1 if family == "dream" else 0
+    assert (got[:, lo:] - want[:, lo:]).abs().max() <= 1e-4 * want[:, lo:].abs().max()
+    base = reference_logits(folders[family], ids)
+    assert (base[:, lo:] - want[:, lo:]).abs().max() > 1e-2 * want[:, lo:].abs().max()  # the change is visible
+
+
+# ------------------------------------------------------------------------------------------------
+# the harness
+# ------------------------------------------------------------------------------------------------
+def _bench():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import rehearse_8b
+    finally:
+        sys.path.pop(0)
+    return rehearse_8b
+
+
+def test_every_shipped_8b_recipe_is_rehearsed_and_its_overrides_validate(tmp_path):
+    bench = _bench()
+    shipped = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml") if p.stem.startswith(("llada8b_", "dream7b_")))
+    assert sorted(bench.RECIPES) == shipped and len(shipped) == 12
+    for name in bench.RECIPES:
+        cfg = bench.load_recipe(name)
+        ov = bench.rehearsal_overrides(cfg, tmp_path / "model", tmp_path / "run", 3, 2)
+        r = bench.load_recipe(name, ov)  # validated by the config's own checks
+        assert (r.rollout.gen_length, r.rollout.block_length, r.train.prompts_per_step, r.train.group_size) == (32, 32, 1, 2)
+        assert r.rollout.gen_length // r.rollout.steps == cfg.rollout.gen_length // cfg.rollout.steps  # tokens per step
+        assert r.train.inner_iterations == min(2, cfg.train.inner_iterations)
+        for key in ("lora_rank", "lora_alpha", "lora_target_modules", "dtype", "gradient_checkpointing"):
+            assert getattr(r.model, key) == getattr(cfg.model, key), (name, key)
+        assert (r.objective, r.likelihood, r.credit, r.rollout.cache) == (cfg.objective, cfg.likelihood, cfg.credit,
+                                                                          cfg.rollout.cache)
+        assert r.task.name == f"rehearse_{cfg.task.name}"
+
+
+def test_plan_vs_measured_and_the_hashed_reward():
+    bench = _bench()
+    rec = {"phases": {"plan": {"peak_gib": 3.3, "static_gib": {"ddp_buckets": 0.3}, "flops": 10},
+                      "count": {"measured_peak_gib": 2.5, "measured_flops": 10, "base_rss_gib": 0.5},
+                      "run_a": {"windows": [{"name": "start_to_step_1", "peak_gib": {"0": 9.0}},
+                                            {"name": "step_2", "peak_gib": {"0": 3.5, "1": 3.4}},
+                                            {"name": "step_3", "peak_gib": {"0": 3.3, "1": 3.6}}]}}}
+    out = bench.plan_vs_measured(rec)
+    assert out["one_process_step"]["error"] == pytest.approx(3.0 / 2.5 - 1)
+    assert out["one_process_step"]["within_15pct"] is False and out["one_process_step"]["flops_equal"]
+    assert out["two_process_rank0_steps_2_3"]["measured_gib"] == pytest.approx(3.0)  # the first window is not a step
+    assert out["two_process_rank1_steps_2_3"]["measured_gib"] == pytest.approx(3.1)
+    assert out["two_process_rank1_steps_2_3"]["within_15pct"] is True
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import rehearse_plugin
+    finally:
+        sys.path.pop(0)
+    rewards = [rehearse_plugin.hashed_reward(f"completion {i}") for i in range(200)]
+    assert set(rewards) == {0.0, 1.0} and 60 < sum(rewards) < 140
+    assert rehearse_plugin.hashed_reward("abc") == rehearse_plugin.hashed_reward("abc")
+
+
+@pytest.mark.slow
+def test_rehearsal_smoke_one_recipe_one_step(tmp_path):
+    """``rehearse_8b.py --smoke``: the LLaDA diffu-GRPO recipe for one step on 2 gloo processes through
+    ``accelerate launch``, at width / 16 and 1 block, then ``maskrl eval`` and the checks of the export."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rehearse_8b.py"), "--smoke", "--width-divisor", "16",
+                        "--layers", "1", "--out-dir", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
+                       capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rec = json.loads((tmp_path / "out" / "llada8b_gsm8k_diffu_grpo_L1_w16.json").read_text())
+    ph = rec["phases"]
+    assert ph["data"]["ok"] and ph["run_a"]["returncode"] == 0 and ph["eval"]["returncode"] == 0
+    assert all(int(r) in (0, 1) for r in ph["run_a"]["peak_gib_per_rank"]) and len(ph["run_a"]["peak_gib_per_rank"]) == 2
+    assert all(v > 0.2 for v in ph["run_a"]["peak_gib_per_rank"].values())
+    c = ph["checks"]
+    assert "error" not in c, c
+    assert c["live_lora_tensors_loaded"] == 2 * 7  # A and B of the 7 linear layers of the one block
+    assert c["export_weights"]["matrices"] == 7 and c["export_weights"]["max_update_norm"] > 0  # training moved LoRA
+    lg = c["logits"]
+    assert lg["layout_reader_vs_maskrl_load_max_abs"] <= 2 ** -6 * lg["logit_scale_max_abs"]  # bf16 compute vs fp32
+    assert c["completions"]["rows"] == 2 and len(c["completions"]["lm_eval_export"]) == 2
