@@ -315,3 +315,23 @@ def _flat(d):
             yield from _flat(v)
         elif isinstance(v, (int, float)) or (torch.is_tensor(v) and v.numel() == 1):
             yield v
+
+
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy", "origin"])
+def test_dream_rule_composes_with_the_kv_caches(dream, alg):
+    """Dream's rule inside blocks runs under Fast-dLLM's prefix / dual caches; with one step per block
+    every step is a block's first (a full forward that refreshes the cache), so the cached rollout
+    equals the uncached one exactly; with more steps per block it stays a valid rollout (every
+    position committed once, commit steps inside each row's blocks in order)."""
+    ids, mask = encode_prompts(dream.tokenizer, PROMPTS)
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    exact = dict(gen_length=16, block_length=4, steps=4, schedule="dream", remasking=alg, top_k=50)
+    ref = generate(dream, ids, mask, SamplerConfig(**exact), generator=g())
+    for cache in ("prefix", "dual"):
+        r = generate(dream, ids, mask, SamplerConfig(**exact, cache=cache), generator=g())
+        for f in ("completion_ids", "commit_step", "commit_prob", "num_steps"):
+            assert torch.equal(getattr(r, f), getattr(ref, f)), (cache, f)
+        multi = generate(dream, ids, mask, SamplerConfig(**{**exact, "steps": 8}, cache=cache), generator=g())
+        assert (multi.commit_step >= 0).all() and (multi.commit_step < 8).all()
+        blocks = multi.commit_step.view(len(PROMPTS), 4, 4) // 2  # 2 steps per block: block j commits at 2j, 2j+1
+        assert torch.equal(blocks, torch.arange(4).view(1, 4, 1).expand_as(blocks))

@@ -5,19 +5,9 @@ The output layer runs only on the positions a step can commit (the current block
 observers ask for (:attr:`~maskrl.sampling.StepObserver.logit_scope`); no ``[N, L, V]`` tensor is
 built.
 
-``SamplerConfig.cache``:
-
-- ``"none"``: every step is one full forward of every decoding row (for 2-D-attention models and
-  classifier-free guidance, the model's own full logits).
-- ``"prefix"`` / ``"dual"``: at each block start (per row: threshold rows reach their next block at
-  different steps, and each row is refreshed at its own block start) one full forward of that row
-  fills its cache and gives that step's logits, so the first step of every block is exact. The
-  block's later steps run, against that cache, the block and everything right of it (``prefix``: one
-  forward per distinct block start, whose windows have equal widths) or the block alone (``dual``:
-  one forward for all those rows). For Dream-style shifted models the query also holds the position
-  left of the block, whose hidden state predicts the block's first token. Within a step every row's
-  computation depends on that row only, so batch and single decoding agree. Not supported with
-  ``cfg_scale > 0`` (``ValueError``).
+``SamplerConfig.cache`` is ``"none"`` (every step one full forward), ``"prefix"`` or ``"dual"``
+(refreshed at each row's block start, then window forwards against the cache); what each computes,
+when it is exact and what it costs: ``docs/sampler.md`` (the one explanation of the caches).
 
 One forward-count rule (:func:`plan_forwards`) decides, before any forward of a step, which decoder
 forwards run, which completion positions each row's forward computes (its *window*), and which rows'
