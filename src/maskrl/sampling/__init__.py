@@ -15,6 +15,8 @@ Modules, one job each:
 - :mod:`~maskrl.sampling.cache`: which positions each step forwards (no cache, Fast-dLLM's prefix /
   dual caches: the one explanation of the caches is there), the forward-count rule, the output layer;
 - :mod:`~maskrl.sampling.view`: :class:`StepView`, observers, :class:`StepRecorder`;
+- :mod:`~maskrl.sampling.dream`: Dream's own decoding rule (``schedule: dream``; ``remasking``
+  ``maskgit_plus`` / ``topk_margin`` / ``entropy`` / ``origin``, ``top_k``, ``top_p``, ``alg_temp``);
 - :mod:`~maskrl.sampling.lockstep`: the rank lockstep (:class:`RankLockstep`);
 - :mod:`~maskrl.sampling.sampler`: :func:`generate`, a loop of named stages;
 - :mod:`~maskrl.sampling.mismatch`: :func:`rollout_mismatch`.

@@ -222,7 +222,8 @@ def generate(
         prompt_mask: ``[N, P]`` bool, True on real prompt tokens.
         config: sampler settings.
         generator: ``torch.Generator`` on the model's device for the Gumbel draws and random
-            remasking; required when ``temperature > 0`` or ``remasking == "random"``.
+            remasking; required when ``temperature > 0``, ``alg_temp > 0`` or ``remasking`` is
+            ``"random"`` or ``"origin"``.
         observers: per-step statistic collectors (DPS's log-prob sums, DiSPO's branch fillings),
             called once per step with a :class:`~maskrl.sampling.StepView` of what the sampler
             computed anyway; their ``result()`` fills ``Rollout.step_stats``. Each may declare the
