@@ -125,6 +125,29 @@ def small_cfg(tmp_path, **over):
     return load_config([], sets)
 
 
+def tiny_dream(scale: float = 1.0, max_positions: int = 256):
+    """A tiny Dream-style model (Qwen2 class, 4-D all-attend mask, logits shifted by one), seed 1, fp32,
+    eval mode; ``scale`` multiplies the output layer (sharper distributions). ``max_positions`` sets
+    RoPE's limit only: the weights are the same for every value."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from maskrl.models.adapter import ModelAdapter
+    from maskrl.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_positions,
+                      use_sliding_window=False, tie_word_embeddings=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        model = Qwen2ForCausalLM(cfg).eval()
+    if scale != 1.0:
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(scale)
+    return ModelAdapter(model=model, mask_id=tok.mask_token_id, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                        shift=True, family="dream", tokenizer=tok)
+
+
 def sharp_tiny():
     """The tiny model with a 40x output layer: confident enough that the threshold schedule commits
     several tokens in some steps, so rows take different numbers of steps."""

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from maskrl.models.adapter import ModelAdapter
-from maskrl.models.tokenizer import build_char_tokenizer
 from maskrl.sampling import SamplerConfig, StepRecorder, StepView, generate, rollout_mismatch, window_hidden
 from maskrl.text import encode_prompts
+from conftest import tiny_dream
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _reference_sampler_v0 as ref  # noqa: E402
@@ -35,16 +34,8 @@ def _batch(ad, prompts=PROMPTS):
 
 @pytest.fixture
 def dream():
-    """A tiny Dream-style model: Qwen2 class, 4-D all-attend mask, logits shifted by one."""
-    tok = build_char_tokenizer()
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                      use_sliding_window=False, tie_word_embeddings=False)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        model = Qwen2ForCausalLM(cfg).eval()
-    return ModelAdapter(model=model, mask_id=tok.mask_token_id, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        shift=True, family="dream", tokenizer=tok)
+    """A tiny Dream-style model (:func:`conftest.tiny_dream`)."""
+    return tiny_dream()
 
 
 CONFIGS = [

@@ -17,32 +17,21 @@ import math
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from maskrl.models.adapter import ModelAdapter
-from maskrl.models.tokenizer import build_char_tokenizer
 from maskrl.sampling import SamplerConfig, generate
 from maskrl.sampling.dream import (demote_stops, dream_commit_counts, dream_confidence, dream_step, dream_timesteps,
                                    filter_top_k, filter_top_p)
 from maskrl.text import encode_prompts
+from conftest import tiny_dream
 
 PROMPTS = ["abc", "hello world", "x", "countdown 1,2,3"]
 
 
 @pytest.fixture(scope="module")
 def dream():
-    """A tiny Dream-style model: Qwen2 class, 4-D all-attend mask, logits shifted by one."""
-    tok = build_char_tokenizer()
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      use_sliding_window=False, tie_word_embeddings=False)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        model = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():  # sharper distributions: confidences differ clearly between positions
-        model.get_output_embeddings().weight.mul_(8)
-    return ModelAdapter(model=model, mask_id=tok.mask_token_id, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        shift=True, family="dream", tokenizer=tok)
+    """A tiny Dream-style model (:func:`conftest.tiny_dream`), output layer x 8: confidences differ
+    clearly between positions."""
+    return tiny_dream(scale=8.0, max_positions=512)
 
 
 # ---------------------------------------------------------------------------------------------------

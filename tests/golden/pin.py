@@ -65,21 +65,8 @@ def _tiny():
 
 
 def _dream():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from maskrl.models.adapter import ModelAdapter
-    from maskrl.models.tokenizer import build_char_tokenizer
-    tok = build_char_tokenizer()
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                      use_sliding_window=False, tie_word_embeddings=False)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        model = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(20.0)
-    return ModelAdapter(model=model, mask_id=tok.mask_token_id, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        shift=True, family="dream", tokenizer=tok)
+    from conftest import tiny_dream
+    return tiny_dream(scale=20.0)
 
 
 class ExactObserver:
