@@ -30,12 +30,16 @@ class EvalResult:
 
 
 def complete(adapter: ModelAdapter, prompts: Sequence[str], sampler: SamplerConfig, batch_size: int = 64,
-             generator: torch.Generator | None = None, progress: bool = False, desc: str = "generate") -> list[str]:
-    """Generate one completion per prompt text, in batches (prompts already chat-formatted)."""
+             generator: torch.Generator | None = None, progress: bool = False, desc: str = "generate",
+             empty_id: int | None = None) -> list[str]:
+    """Generate one completion per prompt text, in batches (prompts already chat-formatted).
+
+    ``empty_id``: the token a prompt that tokenises to no tokens stands for (see
+    :func:`~maskrl.text.encode_prompts`; default: such a prompt raises ``ValueError``)."""
     out: list[str] = []
     starts = range(0, len(prompts), batch_size)
     for s in tqdm(starts, desc=desc, disable=not progress, dynamic_ncols=True):
-        ids, mask = encode_prompts(adapter.tokenizer, prompts[s:s + batch_size])
+        ids, mask = encode_prompts(adapter.tokenizer, prompts[s:s + batch_size], empty_id=empty_id)
         r = generate(adapter, ids, mask, sampler, generator=generator)
         out.extend(decode_completions(adapter.tokenizer, r.completion_ids, r.completion_mask))
     return out
