@@ -277,7 +277,8 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     and in ``summary.md``.
 
     Args:
-        model: model folder or Hub id (loaded with :func:`maskrl.models.load`), or a loaded adapter.
+        model: model folder or Hub id (loaded with :func:`maskrl.models.load`), a training run folder
+            (its exported ``model/``, :func:`maskrl.rundir.run_model_folder`), or a loaded adapter.
         task_name: registered task name (``maskrl.tasks.TASKS``).
         gen_lengths: completion lengths in tokens, ``"128,256,512"`` or a sequence of ints.
         limit: evaluate the first ``limit`` data rows only (``0``/``None``: all).
@@ -311,12 +312,13 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
             ``resume``) stored samples that do not belong to this evaluation.
         maskrl.rundir.RunDirError: another process is writing ``out_dir``.
         KeyError: unknown task (listing the valid ones).
-        FileNotFoundError: missing model or data file.
+        FileNotFoundError: missing model or data file, or a run folder that exported no model yet.
     """
     from maskrl.files import write_json
-    from maskrl.rundir import run_lock
+    from maskrl.rundir import run_lock, run_model_folder
 
     t_start = time.time()
+    model = run_model_folder(model, "--model")  # a run folder: its model/ (adapters pass through)
     h = _prepare_harness(model, task_name, gen_lengths, limit, data_path, block_length, steps, batch_size, device,
                          dtype, chat_template, prompt_template)
     out = Path(out_dir) if out_dir is not None else default_eval_dir(h.task.name, h.settings)

@@ -117,7 +117,9 @@ class MaskrlLM(LM):
     """A masked diffusion LM behind lm-eval's ``LM`` interface (module docstring).
 
     Args:
-        pretrained: a model folder or Hub id for :func:`maskrl.models.load` (required).
+        pretrained: a model folder or Hub id for :func:`maskrl.models.load` (required), or a training
+            run folder: its exported ``model/`` (:func:`maskrl.rundir.run_model_folder`; a run that has
+            not exported one is a ``FileNotFoundError`` saying so).
         gen_length, steps, block_length, schedule, threshold, cache, temperature, remasking: the
             sampler (:class:`~maskrl.sampling.SamplerConfig`); default: the prompt card's evaluation
             sampler. ``steps`` 0 or absent without a card: ``gen_length // 2``.
@@ -156,8 +158,10 @@ class MaskrlLM(LM):
         from maskrl.models import load
         from maskrl.models.loading import parse_dtype
         from maskrl.prompt_card import read_prompt_card
+        from maskrl.rundir import run_model_folder
         from maskrl.sampling import SamplerConfig
 
+        pretrained = run_model_folder(pretrained, "model_args pretrained")
         card = read_prompt_card(pretrained)
         given = dict(gen_length=gen_length, steps=steps, block_length=block_length, schedule=schedule,
                      threshold=threshold, cache=cache, temperature=temperature, remasking=remasking)
