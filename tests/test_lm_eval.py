@@ -290,6 +290,42 @@ def test_empty_context_is_scored_after_the_prefix_token(bpe_models, bos):
     assert other.encode_pair("", "Paris") == ([tok.pad_token_id], paris)
 
 
+@pytest.mark.parametrize("bos", [False, True])
+def test_empty_context_is_generated_after_the_prefix_token(bpe_models, bos):
+    """generate_until with an empty context (lm-eval's contract: handled, not an error). Without bos
+    (Qwen2 / Dream) the context tokenises to nothing and is ``[eos]``, the loglikelihood prefix; with
+    bos it is ``[bos]`` as before. The completion equals the sampler's on that one-token prompt, and
+    the non-empty context in the same batch is unchanged."""
+    from lm_eval.api.instance import Instance
+
+    from maskrl.lm_eval_model import MaskrlLM
+    from maskrl.sampling import generate
+    from maskrl.text import decode_completions, encode_prompts
+
+    folder = bpe_models[bos, False]
+    lm = MaskrlLM(pretrained=str(folder), gen_length=8, block_length=8, steps=4, batch_size=2)
+    tok, a = lm.adapter.tokenizer, lm.adapter
+    prefix = tok.bos_token_id if bos else tok.eos_token_id
+    assert lm.prefix_token_id == prefix and (tok("", add_special_tokens=False)["input_ids"] == [])
+    if not bos:  # the fault: an empty prompt on a tokenizer without bos has no tokens
+        with pytest.raises(ValueError, match="prompt 0 .* tokenises to no tokens"):
+            encode_prompts(tok, [""])
+    reqs = [Instance("generate_until", {}, ("", {"until": []}), 0),
+            Instance("generate_until", {}, ("The capital of", {"until": []}), 1)]
+    empty, other = lm.generate_until(reqs)
+
+    def alone(ids):
+        ids = torch.tensor([ids])
+        r = generate(a, ids, torch.ones_like(ids, dtype=torch.bool), lm.sampler)
+        return decode_completions(tok, r.completion_ids, r.completion_mask)[0]
+
+    assert empty == alone([prefix])
+    assert other == alone(tok(("<|bos|>" if bos else "") + "The capital of", add_special_tokens=False)["input_ids"])
+    assert lm.generate_until(reqs[:1]) == [empty]  # an all-empty batch too
+    ids, mask = encode_prompts(tok, ["", "The capital of"], empty_id=prefix)
+    assert ids[0, -1].item() == prefix and mask[0].sum().item() == 1
+
+
 def _chat_task(tmp):
     rows = [{"q": "1+1=", "a": "2"}, {"q": "The capital of France is", "a": "Paris"}]
     (tmp / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -165,7 +165,8 @@ def test_metrics_do_not_depend_on_micro_batching(tmp_path, likelihood):
     batch = trainers[0].collect()
     assert batch.advantages.abs().sum() > 0
     metrics = [tr.optimize(batch) for tr in trainers]
-    keys = {"base/policy_loss", "base/kl", "base/kl_clamp_frac", "base/clip_frac", "base/ratio_mean", "grad_norm"}
+    keys = {"base/policy_loss", "base/kl", "base/kl_clamp_frac", "base/clip_frac", "base/ratio_mean",
+            "base/ratio_clamp_frac", "grad_norm"}
     assert keys <= metrics[0].keys()
     for m in metrics[1:]:
         assert m.keys() == metrics[0].keys()
@@ -173,7 +174,7 @@ def test_metrics_do_not_depend_on_micro_batching(tmp_path, likelihood):
             assert m[k] == pytest.approx(metrics[0][k], rel=1e-4, abs=1e-8), k
     # the whole batch's value: ratio 1 at μ = 1, so ratio_mean is exactly 1 and clip_frac 0
     assert metrics[2]["base/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
-    assert metrics[2]["base/clip_frac"] == 0.0
+    assert metrics[2]["base/clip_frac"] == 0.0 and metrics[2]["base/ratio_clamp_frac"] == 0.0
     # KL of the whole batch, recomputed in one call with the initial weights (the first step's input)
     tr = RLTrainer(_cfg(tmp_path / "ref", **over), copy.deepcopy(init), OddChars(), _examples())
     with torch.no_grad():

@@ -31,10 +31,21 @@ def _config(args):
     return load_config(args.config, args.overrides, plugins=args.plugins)
 
 
+def _model_config(args):
+    """:func:`_config` for a command that reads ``model.path`` (sft, train, plan): a training run folder
+    there stands for its exported ``model/`` (:func:`maskrl.rundir.run_model_folder`), so the run
+    records, fingerprints and plans the model it reads."""
+    from maskrl.rundir import run_model_folder
+
+    cfg = _config(args)
+    cfg.model.path = run_model_folder(cfg.model.path, "model.path")
+    return cfg
+
+
 def cmd_sft(args) -> int:
     from maskrl.pipeline import check_run_lengths, export_model, load_policy, sft_from_config, task_and_data, write_json
 
-    cfg = _config(args)
+    cfg = _model_config(args)
     out = Path(args.out or Path(cfg.output_dir) / "model")
     _open_model_dir(args, out)
     task, _, source, train = task_and_data(cfg)
@@ -56,7 +67,7 @@ def cmd_train(args) -> int:
     from maskrl.rundir import is_main_process, record_config
     from maskrl.trainer import RLTrainer, TrainingInterrupted
 
-    cfg = _config(args)
+    cfg = _model_config(args)
     run = _open_train_run(args, cfg)  # before any model is loaded
     task, held_out, source, train = task_and_data(cfg)
     val, val_source = validation_examples(cfg, task, held_out) if cfg.train.eval_every else ([], "")
@@ -120,7 +131,10 @@ def cmd_generate(args) -> int:
     from maskrl.sampling import SamplerConfig
     import torch
 
+    from maskrl.rundir import run_model_folder
+
     # every flag is checked before the model is loaded
+    args.model = run_model_folder(args.model, "--model")  # a run folder: its exported model/
     card = read_prompt_card(args.model)
     es = card["eval_sampler"] if card else {}
     used = []
@@ -215,7 +229,7 @@ def cmd_plan(args) -> int:
     from maskrl.pipeline import write_json
     from maskrl.plan import Hardware, format_plan, make_plan, parse_bytes, strategy_from_accelerate
 
-    cfg = _config(args)
+    cfg = _model_config(args)
     strategy = args.strategy or strategy_from_accelerate(args.accelerate_config, args.gpus)
     hw = Hardware(gpus=args.gpus, gpu_memory=parse_bytes(args.gpu_memory), tflops=args.tflops, mfu=args.mfu,
                   bandwidth=args.bandwidth * 1e12, strategy=strategy)
@@ -266,7 +280,7 @@ def _add_train_parsers(sub) -> None:
 def _add_eval_parsers(sub) -> None:
     """``maskrl eval`` and ``maskrl generate``."""
     p = sub.add_parser("eval", help="benchmark a model folder on a task (greedy, same sampler as training)")
-    p.add_argument("--model", required=True, help="model folder or hub id")
+    p.add_argument("--model", required=True, help="model folder, training run folder (its model/) or hub id")
     p.add_argument("--task", required=True)
     p.add_argument("--gen-length", default=None,
                    help="comma-separated completion lengths in tokens (default: the model's prompt card, else 128,256,512)")
@@ -289,7 +303,7 @@ def _add_eval_parsers(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("generate", help="complete prompts with a model")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="model folder, training run folder (its model/) or hub id")
     p.add_argument("--prompt", action="append", help="prompt text (repeatable; default: lines on stdin)")
     p.add_argument("--gen-length", type=int, default=None, help="default: the model's prompt card, else 64")
     p.add_argument("--block-length", type=int, default=None, help="default: the model's prompt card, else 32")
@@ -325,7 +339,7 @@ def _add_tool_parsers(sub) -> None:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("estimate-pos-weights", help="DTCA's offline POS contribution table (SPEC §3.1)")
-    p.add_argument("--model", required=True, help="model folder (frozen)")
+    p.add_argument("--model", required=True, help="model folder or training run folder (its model/), frozen")
     p.add_argument("--task", required=True, help="task whose training prompts are sampled")
     p.add_argument("--samples", type=int, default=256, help="trajectories (one per prompt)")
     p.add_argument("--out", required=True, help="JSON table to write")

@@ -30,12 +30,16 @@ class EvalResult:
 
 
 def complete(adapter: ModelAdapter, prompts: Sequence[str], sampler: SamplerConfig, batch_size: int = 64,
-             generator: torch.Generator | None = None, progress: bool = False, desc: str = "generate") -> list[str]:
-    """Generate one completion per prompt text, in batches (prompts already chat-formatted)."""
+             generator: torch.Generator | None = None, progress: bool = False, desc: str = "generate",
+             empty_id: int | None = None) -> list[str]:
+    """Generate one completion per prompt text, in batches (prompts already chat-formatted).
+
+    ``empty_id``: the token a prompt that tokenises to no tokens stands for (see
+    :func:`~maskrl.text.encode_prompts`; default: such a prompt raises ``ValueError``)."""
     out: list[str] = []
     starts = range(0, len(prompts), batch_size)
     for s in tqdm(starts, desc=desc, disable=not progress, dynamic_ncols=True):
-        ids, mask = encode_prompts(adapter.tokenizer, prompts[s:s + batch_size])
+        ids, mask = encode_prompts(adapter.tokenizer, prompts[s:s + batch_size], empty_id=empty_id)
         r = generate(adapter, ids, mask, sampler, generator=generator)
         out.extend(decode_completions(adapter.tokenizer, r.completion_ids, r.completion_mask))
     return out
@@ -273,7 +277,8 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     and in ``summary.md``.
 
     Args:
-        model: model folder or Hub id (loaded with :func:`maskrl.models.load`), or a loaded adapter.
+        model: model folder or Hub id (loaded with :func:`maskrl.models.load`), a training run folder
+            (its exported ``model/``, :func:`maskrl.rundir.run_model_folder`), or a loaded adapter.
         task_name: registered task name (``maskrl.tasks.TASKS``).
         gen_lengths: completion lengths in tokens, ``"128,256,512"`` or a sequence of ints.
         limit: evaluate the first ``limit`` data rows only (``0``/``None``: all).
@@ -307,12 +312,13 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
             ``resume``) stored samples that do not belong to this evaluation.
         maskrl.rundir.RunDirError: another process is writing ``out_dir``.
         KeyError: unknown task (listing the valid ones).
-        FileNotFoundError: missing model or data file.
+        FileNotFoundError: missing model or data file, or a run folder that exported no model yet.
     """
     from maskrl.files import write_json
-    from maskrl.rundir import run_lock
+    from maskrl.rundir import run_lock, run_model_folder
 
     t_start = time.time()
+    model = run_model_folder(model, "--model")  # a run folder: its model/ (adapters pass through)
     h = _prepare_harness(model, task_name, gen_lengths, limit, data_path, block_length, steps, batch_size, device,
                          dtype, chat_template, prompt_template)
     out = Path(out_dir) if out_dir is not None else default_eval_dir(h.task.name, h.settings)

@@ -19,7 +19,10 @@ or from the shell ``python -m maskrl.lm_eval_model run --model maskrl --model_ar
     ``generation_kwargs`` other than ``until`` do not change the sampler (a warning names them once; they describe an
     autoregressive decoder); ``until`` stop strings are honoured by cutting the completion at the
     first one. Requests run in their order in batches of ``batch_size`` (as ``maskrl eval`` does, so
-    greedy completions are the same).
+    greedy completions are the same). A context that tokenises to no tokens (an empty context on a
+    tokenizer without bos, Qwen2 / Dream style; with bos it is ``[bos]`` already) is generated after
+    the prefix token (``prefix_token_id``, as an empty ``loglikelihood`` context below), so the
+    completion is the model's unconditional text rather than an error.
 ``chat_template``
     An explicit argument (``true`` / ``false``); default: the prompt card's ``chat_template``, else
     whether the tokenizer has a chat template -- never inferred from the model path. When true, each
@@ -114,7 +117,9 @@ class MaskrlLM(LM):
     """A masked diffusion LM behind lm-eval's ``LM`` interface (module docstring).
 
     Args:
-        pretrained: a model folder or Hub id for :func:`maskrl.models.load` (required).
+        pretrained: a model folder or Hub id for :func:`maskrl.models.load` (required), or a training
+            run folder: its exported ``model/`` (:func:`maskrl.rundir.run_model_folder`; a run that has
+            not exported one is a ``FileNotFoundError`` saying so).
         gen_length, steps, block_length, schedule, threshold, cache, temperature, remasking: the
             sampler (:class:`~maskrl.sampling.SamplerConfig`); default: the prompt card's evaluation
             sampler. ``steps`` 0 or absent without a card: ``gen_length // 2``.
@@ -125,8 +130,9 @@ class MaskrlLM(LM):
             in ``model_args`` it would be given twice).
         max_batch_size: passed by lm-eval's command line to every model; not used (no ``auto`` search).
         elbo_nodes, elbo_draws: Gauss-Legendre nodes and masks per node of the ELBO.
-        prefix_token_id: the token an empty ``loglikelihood`` context is scored after (default: the
-            tokenizer's bos, else its eos, else the model's eos id).
+        prefix_token_id: the token an empty context is scored (``loglikelihood``) or generated
+            (``generate_until``) after (default: the tokenizer's bos, else its eos, else the model's
+            eos id).
         seed: seeds sampled generation (``temperature > 0``) and the ELBO masks.
         dtype, device: where and how the weights are loaded (``device`` default: accelerate's device;
             a CUDA device on a machine without one -- lm-eval's command-line default -- falls back to
@@ -152,8 +158,10 @@ class MaskrlLM(LM):
         from maskrl.models import load
         from maskrl.models.loading import parse_dtype
         from maskrl.prompt_card import read_prompt_card
+        from maskrl.rundir import run_model_folder
         from maskrl.sampling import SamplerConfig
 
+        pretrained = run_model_folder(pretrained, "model_args pretrained")
         card = read_prompt_card(pretrained)
         given = dict(gen_length=gen_length, steps=steps, block_length=block_length, schedule=schedule,
                      threshold=threshold, cache=cache, temperature=temperature, remasking=remasking)
@@ -255,7 +263,7 @@ class MaskrlLM(LM):
 
     @property
     def prefix_token_id(self) -> int:
-        """The token an empty context is scored after: ``prefix_token_id`` if given, else the
+        """The token an empty context is scored and generated after: ``prefix_token_id`` if given, else the
         tokenizer's bos, else its eos, else the model's eos id (lm-eval's ``hf`` rule)."""
         if self._custom_prefix is not None:
             return self._custom_prefix
@@ -264,6 +272,14 @@ class MaskrlLM(LM):
             if value is not None:
                 return int(value)
         raise ValueError("maskrl lm-eval model: no bos or eos id for an empty context; pass prefix_token_id")
+
+    def _prefix_or_none(self) -> int | None:
+        """:attr:`prefix_token_id`, or ``None`` for a model with no bos or eos id (a non-empty context
+        that tokenises to nothing then raises in :func:`~maskrl.text.encode_prompts`)."""
+        try:
+            return self.prefix_token_id
+        except ValueError:
+            return None
 
     def all_gather(self, tensor):
         return tensor if self.world_size <= 1 else self.accelerator.gather(tensor)
@@ -326,7 +342,8 @@ class MaskrlLM(LM):
 
     # ------------------------------------------------------------------ requests
     def generate_until(self, requests) -> list[str]:
-        """One completion per ``(context, gen_kwargs)`` request through the one sampler, cut at ``until``."""
+        """One completion per ``(context, gen_kwargs)`` request through the one sampler, cut at ``until``;
+        a context with no tokens is generated after :attr:`prefix_token_id`."""
         from maskrl.evaluate import complete
 
         out: list[str] = []
@@ -336,7 +353,9 @@ class MaskrlLM(LM):
         for s in range(0, len(requests), self.batch_size):
             batch = requests[s:s + self.batch_size]
             contexts = [self.model_input(r.args[0]) for r in batch]
-            texts = complete(self.adapter, contexts, self.sampler, batch_size=len(batch), generator=gen)
+            empty = self.prefix_token_id if any(not c for c in contexts) else self._prefix_or_none()
+            texts = complete(self.adapter, contexts, self.sampler, batch_size=len(batch), generator=gen,
+                             empty_id=empty)
             for r, text in zip(batch, texts):
                 kwargs = r.args[1] if len(r.args) > 1 and isinstance(r.args[1], dict) else {}
                 ignored = sorted(set(kwargs) - {"until"} - self._warned)

@@ -37,15 +37,17 @@ def tiny_tokenizer(name: str):
 
 
 def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
-    """The model of a run: ``path`` (or ``cfg.model.path``) loaded with :func:`maskrl.models.load`,
+    """The model of a run: ``path`` (or ``cfg.model.path``) loaded with :func:`maskrl.models.load` (a
+    training run folder stands for its exported ``model/``, :func:`maskrl.rundir.run_model_folder`),
     else a freshly initialised tiny model (cast to ``model.dtype``); then LoRA and gradient checkpointing as configured.
 
     LoRA (``model.lora_rank`` > 0) is initialised from ``train.seed`` (:func:`maskrl.models.apply_lora`'s
     ``seed``): runs of equal seeds start from the same ``A`` matrices, runs of other seeds from others."""
     from maskrl.models import load
+    from maskrl.rundir import run_model_folder
 
     mc = cfg.model
-    path = path or mc.path
+    path = run_model_folder(path or mc.path, "model.path")
     if path:
         adapter = load(path, dtype=mc.dtype)
     else:

@@ -332,9 +332,12 @@ def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length:
     run :func:`estimate_pos_weights` and write the JSON (model, corpus, sample count, m_c and w_c
     per class).
 
+    ``model`` may be a training run folder: its exported ``model/`` (:func:`maskrl.rundir.run_model_folder`).
+
     Raises:
         ValueError: ``samples < 1``, or the model's prompt card is for another task and no
             ``prompt_template`` is given.
+        FileNotFoundError: a run folder that exported no model yet.
     """
     import json
     from pathlib import Path
@@ -345,7 +348,9 @@ def run_estimate(model: str, task_name: str, samples: int, out: str, gen_length:
     from maskrl.devices import resolve_device
     from maskrl.prompt_card import read_prompt_card
     from maskrl.prompts import check_lengths, prompt_formatter
+    from maskrl.rundir import run_model_folder
 
+    model = run_model_folder(model, "--model")
     if samples < 1:
         raise ValueError(f"--samples (={samples}) must be >= 1")
     card = read_prompt_card(model)

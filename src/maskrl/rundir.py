@@ -16,6 +16,8 @@ Used by ``maskrl train``, ``sft``, ``demo`` and ``eval`` alike (issue 20, items 
 - :func:`weights_fingerprint`: sha256 of a model's weights (the files of a folder, or the tensors of
   a loaded model), so that evaluations and resumes key on the weights, not on a path.
 - :func:`truncate_metrics`: a resumed run's ``metrics.jsonl`` keeps only the steps up to the checkpoint.
+- :func:`run_model_folder`: a run folder given where a model is read (``--model``, ``model.path``,
+  lm-eval's ``pretrained``) stands for its exported ``model/``; a run without one is a clear error.
 """
 from __future__ import annotations
 
@@ -161,6 +163,68 @@ def check_not_inside_run(path: str | os.PathLike | None, folder: str | os.PathLi
             raise RunDirError(f"{what} {path} is inside {folder}/{name}, which this run writes (it would be replaced "
                               f"while in use); keep it elsewhere (e.g. maskrl sft --out DIR) or choose another "
                               f"output_dir (--set output_dir=DIR)")
+
+
+#: keys of a model's own ``config.json`` (transformers: ``model_type`` / ``architectures``; LLaDA:
+#: ``d_model``); a run folder's ``config.json`` is the run's config and has none of them
+MODEL_CONFIG_KEYS = ("model_type", "architectures", "d_model")
+
+
+def _is_model_folder(folder: Path) -> bool:
+    """True when ``folder`` holds weight files (:data:`WEIGHT_PATTERNS`) or a model's ``config.json``."""
+    if any(p.is_file() for pat in WEIGHT_PATTERNS for p in folder.glob(pat)):
+        return True
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and any(k in cfg for k in MODEL_CONFIG_KEYS)
+
+
+def run_model_folder(path: Any, what: str = "--model") -> Any:
+    """The model a path names: a training run folder (``maskrl train`` / ``sft`` / ``demo``'s
+    ``output_dir``) stands for the model it exported, ``<run>/model``; anything else is returned as given.
+
+    ``<run>/model`` is what ``maskrl eval --model <run>/model`` reads: the weights, tokenizer and
+    prompt card, and for a LoRA run the merged float32 weights with the adapter beside them (loaded as
+    base + adapter in a lower dtype, :func:`maskrl.models.load`), so a run folder is evaluated exactly
+    as its ``model/``. A folder is a run folder when it has no weights and no model ``config.json``
+    (:data:`MODEL_CONFIG_KEYS`) of its own and holds run files (:data:`RUN_FILES`). A Hub id, a
+    missing path or a model folder is returned unchanged (:func:`maskrl.models.load` reports those).
+
+    Args:
+        path: ``str`` or path-like (anything else, e.g. ``None`` or a loaded model, is returned as is).
+        what: the flag or field that named it, for the message (``"--model"``, ``"model.path"``).
+
+    Returns:
+        ``<run>/model`` (a ``str`` for a ``str`` input, else a ``Path``) or ``path`` itself.
+
+    Raises:
+        FileNotFoundError: a run folder without a complete ``model/`` (no ``config.json`` or no
+            weights: the run stopped before its end, when ``model/`` is written); the message names
+            the run, what it holds, what is missing, its latest checkpoint and how to finish it.
+    """
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        return path
+    folder = Path(path).expanduser()
+    if not folder.is_dir() or _is_model_folder(folder) or not run_files(folder):
+        return path
+    model = folder / "model"
+    weights = model.is_dir() and any(p.is_file() for pat in WEIGHT_PATTERNS for p in model.glob(pat))
+    if weights and (model / "config.json").is_file():
+        log.info("%s %s is a run folder: using its exported model %s", what, path, model)
+        return str(model) if isinstance(path, str) else model
+    from maskrl.training.checkpoint import latest_checkpoint
+
+    missing = "no model/" if not model.is_dir() else \
+        f"an incomplete model/ (no {'weights' if not weights else 'config.json'})"
+    ckpt = latest_checkpoint(folder)
+    how = (f"its latest checkpoint is checkpoints/{ckpt.name}: the same `maskrl train` command with --resume "
+           f"finishes the run and exports model/") if ckpt is not None else \
+        "it saved no checkpoint either (it stopped before its first save), so there is no model to read"
+    raise FileNotFoundError(f"{what} {path} is a training run folder ({describe_run(folder)}) with {missing}: a run "
+                            f"exports its model to {model} when it finishes; {how}. Pass a model folder instead "
+                            f"(e.g. {what} DIR/model of a finished run)")
 
 
 def prepare_model_dir(folder: str | os.PathLike, *, overwrite: bool, other: str, command: str = "maskrl sft") -> None:

@@ -17,7 +17,7 @@ def prompt_token_ids(tokenizer, text: str, add_bos: bool = True) -> list[int]:
 
 
 def encode_prompts(tokenizer, texts: Sequence[str], add_bos: bool = True,
-                   pad_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   pad_id: int | None = None, empty_id: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokenise prompts into a left-padded batch.
 
     Args:
@@ -27,13 +27,17 @@ def encode_prompts(tokenizer, texts: Sequence[str], add_bos: bool = True,
         pad_id: the id to pad with; default the tokenizer's ``pad_token_id`` (a
             :class:`~maskrl.models.adapter.ModelAdapter` gives a tokenizer without one the model's
             pad id).
+        empty_id: the one token a prompt that tokenises to no tokens is encoded to (an empty text on a
+            tokenizer without a bos token, Qwen2 / Dream style; the lm-eval model passes its
+            ``prefix_token_id``, lm-eval's contract for an empty context). Default ``None``: such a
+            prompt is an error.
 
     Returns:
         ``(ids [N, P] long, mask [N, P] bool)``, padding on the left.
 
     Raises:
-        ValueError: on an empty list, a prompt that tokenises to nothing, or no pad id (a tokenizer
-            without a pad token and no ``pad_id``).
+        ValueError: on an empty list, a prompt that tokenises to nothing (without ``empty_id``), or no
+            pad id (a tokenizer without a pad token and no ``pad_id``).
     """
     if not texts:
         raise ValueError("encode_prompts: no prompts")
@@ -45,8 +49,11 @@ def encode_prompts(tokenizer, texts: Sequence[str], add_bos: bool = True,
     seqs = []
     for i, t in enumerate(texts):
         ids = prompt_token_ids(tokenizer, t, add_bos)
+        if not ids and empty_id is not None:
+            ids = [int(empty_id)]
         if not ids:
-            raise ValueError(f"prompt {i} tokenises to no tokens")
+            raise ValueError(f"prompt {i} ({t!r}) tokenises to no tokens (the tokenizer adds no bos token); give it "
+                             "some text, or pass empty_id= (the token an empty prompt stands for)")
         seqs.append(ids)
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)

@@ -91,6 +91,42 @@ def kl3_clamped(logp: torch.Tensor, logp_ref: torch.Tensor, bound: float = KL_LO
     return (logp_ref - logp).detach().abs() > bound
 
 
+#: bound ``c`` on the log-ratio ``d = ℓ_θ − ℓ_θold`` of an importance ratio ``ρ = exp(d)``, applied
+#: before ``exp``: the same bound as the KL's (:data:`KL_LOG_RATIO_BOUND`), and the clamp verl's PPO
+#: losses put on ``log_prob − old_log_prob`` (``clamp(negative_approx_kl, -20, 20)``). ``e^20 ≈
+#: 4.9e8`` is finite in float32 and bfloat16 and stays finite times any advantage below ~7e29, while an
+#: unclamped ``d = 100`` gives ``ρ = inf`` and NaN gradients (``0·inf`` in ``exp``'s backward) even
+#: where the clip would have cut the token's gradient. One bound for both terms: a token whose ratio
+#: is held is a token that moved as far from θ_old as a held KL token from the reference.
+RATIO_LOG_BOUND = KL_LOG_RATIO_BOUND
+
+
+def importance_ratio(log_ratio: torch.Tensor, bound: float = RATIO_LOG_BOUND) -> torch.Tensor:
+    """``ρ = exp(clamp(d, −c, c))`` for a log-ratio ``d = ℓ_θ − ℓ_θold`` (SPEC §1.5's ratio, made finite).
+
+    Args:
+        log_ratio: ``[...]`` float, ``d`` (per token, or per sequence for GDPO), with grad.
+        bound: ``c`` (default :data:`RATIO_LOG_BOUND`, 20). Inside ``[−c, c]`` value and gradient are
+            ``exp(d)``'s bit for bit; outside, ρ is held at ``e^{±c}`` and the token gets no gradient
+            through ρ. Where the PPO clip binds (``d > c`` with ``A > 0``, ``d < −c`` with ``A < 0``
+            for any ε < 1) that is the gradient anyway; for ``d > c`` with ``A < 0`` the unclamped
+            gradient ``−A·e^d·∇ℓ`` is ≥ 4.9e8·|A|·∇ℓ or ``inf``, and the token is dropped from the step
+            instead, as in verl; for ``d < −c`` with ``A > 0`` it is below 2.1e-9·A·∇ℓ.
+            :func:`ratio_clamped` says where this happens.
+
+    Returns:
+        Tensor of ``log_ratio``'s shape and dtype in ``[e^{−c}, e^c]``, finite wherever ``d`` is not
+        NaN (``±inf`` is held at the bound; NaN stays NaN).
+    """
+    return torch.exp(log_ratio.clamp(-bound, bound))
+
+
+def ratio_clamped(log_ratio: torch.Tensor, bound: float = RATIO_LOG_BOUND) -> torch.Tensor:
+    """Bool tensor of ``log_ratio``'s shape: True where ``|d| > bound``, i.e. where
+    :func:`importance_ratio`'s clamp binds (logged as ``<term>/ratio_clamp_frac``)."""
+    return log_ratio.detach().abs() > bound
+
+
 def clip_binds(ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float) -> torch.Tensor:
     """Bool tensor: True where the PPO clip of ``min(ρA, clip(ρ, 1−ε, 1+ε)A)`` takes effect, i.e. the
     clipped term is the smaller one and the token's gradient is cut: ``ρ > 1 + ε`` with ``A > 0``, or

@@ -5,15 +5,17 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.objectives.base import AGGREGATIONS, OBJECTIVES, Objective, aggregate, clip_binds, kl3, kl3_clamped
+from maskrl.objectives.base import AGGREGATIONS, OBJECTIVES, Objective, aggregate, clip_binds, importance_ratio, kl3, \
+    kl3_clamped, ratio_clamped
 from maskrl.types import LossOutput
 
 
 @OBJECTIVES.register("diffu_grpo")
 @dataclass(frozen=True)
 class DiffuGRPO(Objective):
-    """``L = −agg[min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε) A_i)] + β·agg[KL3_i]``, ``ρ_i = exp(ℓ_i − ℓ_i^old)``,
-    ``KL3_i`` the k3 estimate with the log-ratio clamped to ±20 before ``exp``
+    """``L = −agg[min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε) A_i)] + β·agg[KL3_i]``, ``ρ_i = exp(ℓ_i − ℓ_i^old)``
+    with the log-ratio clamped to ±20 before ``exp`` (:func:`~maskrl.objectives.base.importance_ratio`),
+    ``KL3_i`` the k3 estimate with its log-ratio clamped the same way
     (:func:`~maskrl.objectives.base.kl3`).
 
     Attributes:
@@ -52,10 +54,12 @@ class DiffuGRPO(Objective):
             :class:`LossOutput` with metrics ``policy_loss``, ``kl`` and ``kl_clamp_frac`` (when β > 0;
             the share of tokens where :func:`~maskrl.objectives.base.kl3` clamps the log-ratio),
             ``clip_frac`` (the share of tokens where the clip binds,
-            :func:`~maskrl.objectives.base.clip_binds`) and ``ratio_mean``, all shares aggregated like
-            the loss (:mod:`maskrl.objectives.base`).
+            :func:`~maskrl.objectives.base.clip_binds`), ``ratio_mean`` and ``ratio_clamp_frac`` (the
+            share of tokens with ``|ℓ − ℓ^old| > 20``, whose ratio is held at ``e^{±20}``), all shares
+            aggregated like the loss (:mod:`maskrl.objectives.base`).
         """
-        ratio = torch.exp(logp - logp_old)  # [N, L]
+        log_ratio = logp - logp_old  # [N, L]
+        ratio = importance_ratio(log_ratio)  # [N, L]
         unclipped = ratio * advantages
         clipped = ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps) * advantages
         policy = -torch.minimum(unclipped, clipped)  # [N, L]
@@ -71,4 +75,5 @@ class DiffuGRPO(Objective):
             metrics["kl_clamp_frac"] = self.share(kl3_clamped(logp, logp_ref).float(), mask, normalizer)
         metrics["clip_frac"] = self.share(clip_binds(ratio, advantages, self.clip_eps).float(), mask, normalizer)
         metrics["ratio_mean"] = self.share(ratio, mask, normalizer)
+        metrics["ratio_clamp_frac"] = self.share(ratio_clamped(log_ratio).float(), mask, normalizer)
         return LossOutput(loss=loss, metrics=metrics)

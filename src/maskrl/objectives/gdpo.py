@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from maskrl.objectives.base import OBJECTIVES, Objective, clip_binds, kl3, kl3_clamped
+from maskrl.objectives.base import OBJECTIVES, Objective, clip_binds, importance_ratio, kl3, kl3_clamped, ratio_clamped
 from maskrl.types import LossOutput
 
 
@@ -19,7 +19,8 @@ from maskrl.types import LossOutput
 class GDPO(Objective):
     """Registered as ``gdpo``: ``ρ_n = exp((E_n − E_n^old)/|o_n|)`` with ``E_n = Σ_i ℓ_{n,i}`` the
     sequence ELBO (the ``elbo`` likelihood's per-token contributions summed over the mask) and
-    ``|o_n|`` its token count, and
+    ``|o_n|`` its token count (the mean log-ratio clamped to ±20 before ``exp``,
+    :func:`~maskrl.objectives.base.importance_ratio`), and
 
     ``L = −(1/N) Σ_n (1/|o_n|) Σ_i min(ρ_n A_{n,i}, clip(ρ_n, 1−ε, 1+ε) A_{n,i}) + β·(1/N) Σ_n KL3_n``
 
@@ -60,7 +61,8 @@ class GDPO(Objective):
             :class:`LossOutput`; metrics (sequence shares) ``policy_loss``, ``clip_frac`` (each
             sequence's share of tokens where the clip binds -- ``ρ_n > 1 + ε`` with ``A_{n,i} > 0``, or
             ``ρ_n < 1 − ε`` with ``A_{n,i} < 0`` --, 0 or 1 per sequence without a credit module),
-            ``ratio_mean``, and when β > 0 ``kl`` and ``kl_clamp_frac`` (sequences whose mean log-ratio
+            ``ratio_mean``, ``ratio_clamp_frac`` (sequences whose mean log-ratio ``|E_n − E_n^old|/|o_n|``
+            exceeds 20, so that ρ_n is held at ``e^{±20}``), and when β > 0 ``kl`` and ``kl_clamp_frac`` (sequences whose mean log-ratio
             the k3 clamp bounds).
 
         Raises:
@@ -70,7 +72,8 @@ class GDPO(Objective):
         length = m.sum(-1).clamp(min=1.0)  # [N]
         denom = normalizer if normalizer is not None else max(logp.shape[0], 1)
         e, e_old = (logp * m).sum(-1), (logp_old * m).sum(-1)  # [N]
-        ratio = torch.exp((e - e_old) / length)  # [N]
+        log_ratio = (e - e_old) / length  # [N]
+        ratio = importance_ratio(log_ratio)  # [N]
         clipped = ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps)
         per_tok = -torch.minimum(ratio[:, None] * advantages, clipped[:, None] * advantages)  # [N, L]
         per_seq = (per_tok * m).sum(-1) / length  # [N]
@@ -80,7 +83,8 @@ class GDPO(Objective):
         binds = clip_binds(ratio[:, None], advantages, self.clip_eps).float()  # [N, L]
         metrics = {"policy_loss": policy_loss.item(),
                    "clip_frac": ((binds * m).sum(-1) / length).sum().item() / denom,
-                   "ratio_mean": (ratio.detach() * real).sum().item() / denom}
+                   "ratio_mean": (ratio.detach() * real).sum().item() / denom,
+                   "ratio_clamp_frac": (ratio_clamped(log_ratio).float() * real).sum().item() / denom}
         if self.beta > 0:
             if logp_ref is None:
                 raise ValueError("beta > 0 needs logp_ref")

@@ -1,8 +1,8 @@
 """RLDF's base objective (SPEC §1.5 ``rldf``; the base of DTCA, SPEC §3).
 
-Per token ``L = −agg[min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε) A_i)] + β·agg[KL3_i]``, ``ρ_i = exp(ℓ_i − ℓ_i^old)``,
-with RLDF's own defaults: ε = 0.2, β = 0.01, ``mean_std`` group advantages and the ``state``
-likelihood. With μ = 1 inner iteration the trainer passes ``ℓ^old = ℓ.detach()``, so ρ ≡ 1 and the
+Per token ``L = −agg[min(ρ_i A_i, clip(ρ_i, 1−ε, 1+ε) A_i)] + β·agg[KL3_i]``, ``ρ_i = exp(ℓ_i − ℓ_i^old)``
+(log-ratio clamped to ±20 before ``exp``, as diffu-GRPO's), with RLDF's own defaults: ε = 0.2,
+β = 0.01, ``mean_std`` group advantages and the ``state`` likelihood. With μ = 1 inner iteration the trainer passes ``ℓ^old = ℓ.detach()``, so ρ ≡ 1 and the
 gradient is exactly REINFORCE's ``−A_i ∇ℓ_i`` (the "μ = 1" case of SPEC §1.5); for μ > 1 it is the
 clipped PPO surrogate. RLDF trains on a few sampled denoising states per sequence; that step choice
 is the ``rldf_steps`` credit module (:mod:`maskrl.credit.rldf`), which builds one loss term from the
@@ -36,7 +36,7 @@ class RLDF(DiffuGRPO):
     the kept tokens, ΔH and the trained ℓ are about one distribution. A ``likelihood: {name: state}``
     section starts from the same default; ``p_mask_prompt > 0`` is still accepted (the filter then
     reads another input than the loss). ``__call__`` is diffu-GRPO's (same tensors, same metrics
-    ``policy_loss``, ``kl``, ``clip_frac``, ``ratio_mean``).
+    ``policy_loss``, ``kl``, ``clip_frac``, ``ratio_mean``, ``ratio_clamp_frac``).
     """
 
     default_likelihood = "state"
