@@ -4,6 +4,7 @@
     python benchmarks/rehearse_8b.py --recipes llada8b_gsm8k_diffu_grpo --layers 1,2
     python benchmarks/rehearse_8b.py --depth-series 1,2,4 --recipes llada8b_gsm8k_diffu_grpo
     python benchmarks/rehearse_8b.py --smoke                           # one recipe, one step, narrow (test suite)
+    python benchmarks/rehearse_fsdp.py                                 # one recipe under FSDP2 against 1 process
 
 Each recipe writes one JSON record, ``results/rehearse_8b/<recipe>_L<layers>.json`` (``--out-dir``).
 

@@ -229,6 +229,20 @@ def run_multi(out: Path) -> None:
     torch.distributed.destroy_process_group()
 
 
+def fsdp_state(acc, plugin) -> None:
+    """Set the started group's accelerator state to FSDP with ``plugin``, where accelerate's own state sets it
+    on GPU process types: on the accelerator state and on the process state underneath. The second matters:
+    every later ``AcceleratorState()`` (the optimizer's wrapper builds one in ``prepare``) copies the process
+    state's type over its own, and would turn FSDP back into ``MULTI_CPU`` for ``no_sync``, clipping and
+    any later ``prepare``."""
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType
+
+    acc.state.distributed_type = DistributedType.FSDP
+    acc.state.fsdp_plugin = plugin
+    PartialState().distributed_type = DistributedType.FSDP  # what AcceleratorState.__init__ does on GPU
+
+
 def run_fsdp(out: Path) -> None:
     """One rank of the FSDP2 run: the trainer's model sharded by accelerate's own FSDP2 preparation
     (``fsdp2_prepare_model``: each decoder layer, the embedding, the tail and the root), ``optimize`` on
@@ -236,9 +250,10 @@ def run_fsdp(out: Path) -> None:
 
     accelerate turns its FSDP plugin on for GPU process types only (``AcceleratorState`` keeps
     ``MULTI_CPU`` with ``cpu=True``); the worker sets the state's type to FSDP after the group has
-    started, so that ``Accelerator.prepare`` takes its FSDP2 path on CPU / gloo, which torch supports."""
+    started (:func:`fsdp_state`), so that ``Accelerator.prepare`` takes its FSDP2 path on CPU / gloo, which
+    torch supports."""
     from accelerate import Accelerator
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils import FullyShardedDataParallelPlugin
 
     rank, world = start_group()
     plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
@@ -246,8 +261,7 @@ def run_fsdp(out: Path) -> None:
     from maskrl.trainer import tracker_kwargs
 
     acc = Accelerator(cpu=True, fsdp_plugin=plugin, **tracker_kwargs(make_cfg(out / f"fsdp_rank{rank}")))
-    acc.state.distributed_type = DistributedType.FSDP
-    acc.state.fsdp_plugin = plugin
+    fsdp_state(acc, plugin)
     tr = make_trainer(out / f"fsdp_rank{rank}", accelerator=acc)
     from torch.distributed.fsdp import FSDPModule
 
@@ -255,15 +269,50 @@ def run_fsdp(out: Path) -> None:
     metrics = tr.optimize(local_share(out, rank, world))
     full = weights(tr)
     result = {"rank": rank, "metrics": metrics, "model_class": type(tr.policy.model).__name__, "sharded": sharded,
-              "weights": full if rank == 0 else None}
+              "weights": full if rank == 0 else None, "distributed_type": str(acc.distributed_type)}
     # the unhooked reference run on an unsharded copy with the same (updated) weights
     plain = build_tiny(hidden_size=SHAPE.hidden_size, num_layers=SHAPE.num_layers, num_heads=SHAPE.num_heads,
                        intermediate_size=SHAPE.intermediate_size, seed=SHAPE.seed)
     plain.model.load_state_dict(full)
     result["cached"] = cached_scenario(tr, adapter=tr.policy_eval, plain_adapter=plain)
+    result["lora"] = lora_scenario(tr)
     torch.save(result, out / f"fsdp{rank}.pt")
     tr.acc.wait_for_everyone()
     torch.distributed.destroy_process_group()
+
+
+def lora_adapter() -> ModelAdapter:
+    """A tiny model built as the 8B recipes build theirs: bf16 base, fp32 LoRA on every linear layer
+    (peft), with non-zero ``B`` matrices drawn from a fixed generator (so that the adapters act)."""
+    from maskrl.models import apply_lora
+
+    adapter = build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seed=0)
+    for p in adapter.model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    adapter = apply_lora(adapter, rank=4, alpha=8.0, target_modules="all-linear", seed=0)
+    gen = torch.Generator().manual_seed(1)
+    for name, p in adapter.model.named_parameters():
+        if "lora_B" in name:
+            p.data = 0.1 * torch.randn(p.shape, generator=gen)
+    return adapter
+
+
+def lora_scenario(trainer: RLTrainer) -> dict:
+    """A fresh peft model (:func:`lora_adapter`) sharded by the trainer's FSDP2 accelerator, whose first
+    forward is the KV-cached sampler's (:func:`cached_scenario`, against an unsharded copy). accelerate's
+    wrap leaves this model's final norm in the root unit (it looks for the norm under the peft wrapper's
+    forwarded ``base_model_prefix``), so the cached path must enter through the root's forward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = lora_adapter()
+    sharded = dataclasses.replace(sharded, model=trainer.acc.unwrap_model(trainer.acc.prepare(sharded.model)))
+    units = sorted(n for n, m in sharded.model.named_modules() if isinstance(m, FSDPModule))
+    in_root = sorted(n for n, _ in sharded.model.named_parameters()
+                     if not any(u and n.startswith(u + ".") for u in units))
+    lora = [(list(p.shape), list(p.to_local().shape), p.dtype)
+            for n, p in sharded.model.named_parameters() if "lora_" in n]
+    return {"units": units, "root_params": in_root, "lora_shards": lora,
+            "cached": cached_scenario(trainer, adapter=sharded, plain_adapter=lora_adapter())}
 
 
 def interrupt_scenario(trainer: RLTrainer, out_dir: Path, rank: int) -> dict:

@@ -204,6 +204,7 @@ def test_fsdp2_optimize_equals_single_process(fsdp):
     single = _load(fsdp / "single.pt")
     ranks = [_load(fsdp / f"fsdp{r}.pt") for r in range(WORLD)]
     assert all(r["model_class"].startswith("FSDP") for r in ranks)  # fully_shard's class swap
+    assert all(r["distributed_type"].endswith("FSDP") for r in ranks)  # still FSDP after the trainer's prepare
     assert set(ranks[0]["sharded"]) == {"", "model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm",
                                         "lm_head"}
     ref, got, init = single["weights"], ranks[0]["weights"], single["init"]
@@ -229,6 +230,29 @@ def test_cached_sampler_under_fsdp2_runs_equal_forwards(fsdp, cache):
         for field in ("completion_ids", "completion_mask", "commit_step", "num_steps"):
             assert torch.equal(getattr(a, field), getattr(b, field)), field
         torch.testing.assert_close(a.commit_prob, b.commit_prob, rtol=1e-5, atol=1e-6)  # float32 all-gathered weights
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cached_sampler_first_forward_of_a_sharded_lora_model(fsdp, cache):
+    """A peft model as the 8B recipes build theirs (bf16 base, fp32 LoRA) under FSDP2, whose first forward
+    is the KV-cached sampler's: the LoRA tensors sharded (float32, half the rows on each rank), the final
+    norm left in the root unit by accelerate's wrap, and still the rollouts of an unsharded copy with
+    the slowest rank's forward count on both ranks. (The cached path calls the decoder and the output
+    layer itself; before it entered through the model's own forward, the root's pre-forward never ran:
+    the first call made a sub-module's unit a root and the root-held norm stayed sharded.)"""
+    ranks = [_load(fsdp / f"fsdp{r}.pt")["lora"] for r in range(WORLD)]
+    for r in ranks:
+        assert "base_model.model.model.layers.0" in r["units"]
+        assert "base_model.model.model.norm.weight" in r["root_params"]  # the case the root's forward must gather
+        assert r["lora_shards"] and all(local[0] == -(-full[0] // WORLD) and dt == torch.float32
+                                        for full, local, dt in r["lora_shards"])
+    got = [r["cached"][cache] for r in ranks]
+    assert got[0]["plain_calls"] < got[1]["plain_calls"]
+    assert [g["synced_calls"] for g in got] == [got[1]["plain_calls"]] * WORLD
+    for g in got:
+        for field in ("completion_ids", "completion_mask", "commit_step", "num_steps"):
+            assert torch.equal(getattr(g["plain"], field), getattr(g["synced"], field)), field
+        torch.testing.assert_close(g["plain"].commit_prob, g["synced"].commit_prob, rtol=0, atol=0)
 
 
 def test_two_process_resume_equals_the_uninterrupted_run(resume):
@@ -348,7 +372,9 @@ def test_ranks_max_hook_single_process(cache):
     adapter = build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seed=0)
     calls, heads = [], []
     adapter.model.get_decoder().register_forward_pre_hook(lambda *_: calls.append(1))
-    adapter.model.get_output_embeddings().register_forward_pre_hook(lambda *_: heads.append(1))
+    # output-layer calls that score positions (each decoder forward also runs the layer on zero positions:
+    # ModelAdapter._decoder_hidden enters through the model's own forward)
+    adapter.model.get_output_embeddings().register_forward_hook(lambda _m, _a, out: heads.append(1) if out.numel() else None)
     ids = torch.tensor([[5, 6, 7], [7, 6, 5]])
     mask = torch.ones_like(ids, dtype=torch.bool)
     cfg = SamplerConfig(gen_length=8, block_length=4, schedule="threshold", threshold=0.5, cache=cache)

@@ -239,7 +239,9 @@ class ModelAdapter:
                         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
                         return_kv: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]] | None]:
         """Bidirectional forward of the decoder stack only (no output layer), optionally against cached
-        keys/values (Fast-dLLM prefix / dual cache, SPEC §1.2).
+        keys/values (Fast-dLLM prefix / dual cache, SPEC §1.2). The call enters through the model's own
+        ``forward`` with the output layer handed zero positions (:meth:`_decoder_hidden`), so a wrapper's
+        root hooks run (FSDP2).
 
         Every query attends to every valid key, cached or new. Cached keys carry the RoPE rotation of
         their own positions (applied when they were computed), so their order in the cache does not
@@ -273,16 +275,44 @@ class ModelAdapter:
         mask = mask.masked_fill(~key_mask.bool()[:, None, None, :], torch.finfo(self.dtype).min)
         use_cache = past is not None or return_kv
         cache = (DynamicCache(ddp_cache_data=[(k, v) for k, v in past]) if past is not None else DynamicCache()) if use_cache else None
-        decoder = self.model.get_decoder()
         # transformers >= 5.2x names the argument ``cache`` (``past_key_values`` is deprecated)
-        cache_kw = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-        out = decoder(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=use_cache,
-                      **{cache_kw: cache})
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        names = inspect.signature(self.model.get_decoder().forward).parameters
+        cache_kw = "cache" if "cache" in names else "past_key_values"
+        hidden = self._decoder_hidden(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                                      use_cache=use_cache, **{cache_kw: cache})
         kv = None
         if return_kv:
             kv = [(layer.keys[..., k_len:, :], layer.values[..., k_len:, :]) for layer in cache.layers]
         return hidden, kv
+
+    def _decoder_hidden(self, **inputs: Any) -> torch.Tensor:
+        """``[N, Q, d]``: the decoder stack's output (after the final norm) of a forward entered through the
+        model's own ``forward``, not through ``get_decoder()`` alone.
+
+        A forward pre-hook on :meth:`output_layer` takes the layer's input and hands it zero positions, so
+        the call computes no logits (an ``[N, 0, V]`` output). Entering through the model runs the hooks a
+        wrapper keeps on the root module only: FSDP2 initialises its root on the first forward through it
+        (a first forward through a sub-module makes that sub-module's unit a root, and every later full
+        forward then fails), and all-gathers the parameters the root unit holds itself in the root's
+        pre-forward (under peft, accelerate's FSDP2 wrap leaves the final norm in the root unit). Every call
+        therefore also runs the output layer once on zero positions, on every process alike.
+        """
+        layer = self.output_layer()
+        if layer is None:  # no separable output layer: the decoder alone
+            out = self.model.get_decoder()(**inputs)
+            return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        taken: list[torch.Tensor] = []
+
+        def take(_module, args):
+            taken.append(args[0])  # [N, Q, d]
+            return (args[0][..., :0, :],) + tuple(args[1:])
+
+        handle = layer.register_forward_pre_hook(take)
+        try:
+            self.model(**inputs)
+        finally:
+            handle.remove()
+        return taken[-1]
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output layer on chosen hidden states: ``[..., d] -> [..., V]`` logits (model dtype)."""
