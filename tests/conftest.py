@@ -125,10 +125,12 @@ def small_cfg(tmp_path, **over):
     return load_config([], sets)
 
 
-def tiny_dream(scale: float = 1.0, max_positions: int = 256):
+def tiny_dream(scale: float = 1.0, max_positions: int = 256, mask_logit: float | None = None):
     """A tiny Dream-style model (Qwen2 class, 4-D all-attend mask, logits shifted by one), seed 1, fp32,
     eval mode; ``scale`` multiplies the output layer (sharper distributions). ``max_positions`` sets
-    RoPE's limit only: the weights are the same for every value."""
+    RoPE's limit only: the weights are the same for every value. ``mask_logit``: the ``[M]`` id's logit
+    is this constant (its output row zeroed, the output layer given a bias that is 0 except there), as a
+    trained Dream's ``[M]`` logit lies far below the top one; ``None``: the random row."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from maskrl.models.adapter import ModelAdapter
@@ -144,6 +146,15 @@ def tiny_dream(scale: float = 1.0, max_positions: int = 256):
     if scale != 1.0:
         with torch.no_grad():
             model.get_output_embeddings().weight.mul_(scale)
+    if mask_logit is not None:
+        head = model.get_output_embeddings()
+        biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+        with torch.no_grad():
+            biased.weight.copy_(head.weight)
+            biased.weight[tok.mask_token_id] = 0.0
+            biased.bias.zero_()
+            biased.bias[tok.mask_token_id] = mask_logit
+        model.lm_head = biased.eval()
     return ModelAdapter(model=model, mask_id=tok.mask_token_id, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                         shift=True, family="dream", tokenizer=tok)
 

@@ -1,17 +1,8 @@
 """Dream's own decoding rule in the one sampler (``schedule: dream``, ``remasking: maskgit_plus |
-topk_margin | entropy | origin``, ``top_k``, ``top_p``, ``alg_temp``), token for token against a slow,
-loop-based re-statement of Dream's ``diffusion_generate`` written from its facts:
-
-- step ``j`` of a block commits ``int(m · (1 - s/t))``, ``t, s`` consecutive entries of
-  ``linspace(1, 1e-3, T_b + 1)``, ``m`` the mask count averaged over the batch; the last step commits
-  everything left (no blocks = one block of the whole length);
-- confidences from Dream's softmax (logits / τ, then top-p, then top-k, ``[M]`` kept in): top-1
-  probability, top-1 minus top-2, ``Σ p log(p + 1e-10)``; ``alg_temp`` samples positions;
-- ``origin``: one uniform per still-masked position per step, row-major over the batch, revealed when
-  below ``1 - s/t``.
-
-The noise convention shared with the sampler (documented in ``maskrl.sampling.dream``): per step, the
-candidate draw's float64 uniforms ``[N, b, V]`` first (temperature > 0), then the position draw.
+topk_margin | entropy | origin``, ``top_k``, ``top_p``, ``alg_temp``, ``block_first: forced``,
+``dream_dtype``): its pieces against hand-computed values and against the torch operations Dream's code
+calls (so that a torch change that moves Dream's numbers is caught here), and the sampler's invariants.
+Token-for-token equality with Dream's and Fast-dLLM's own code: ``tests/test_dream_reference.py``.
 """
 import math
 
@@ -19,8 +10,9 @@ import pytest
 import torch
 
 from maskrl.sampling import SamplerConfig, generate
-from maskrl.sampling.dream import (demote_stops, dream_commit_counts, dream_confidence, dream_step, dream_timesteps,
-                                   filter_top_k, filter_top_p)
+from maskrl.sampling.dream import (categorical_probs, demote_stops, dream_commit_counts, dream_confidence, dream_draw,
+                                   dream_probs, dream_timesteps, filter_top_k, filter_top_p)
+from maskrl.sampling.dream_step import DreamLayout, _exp_rows, dream_step, layout_alg_temp, layout_ranks
 from maskrl.text import encode_prompts
 from conftest import tiny_dream
 
@@ -35,164 +27,80 @@ def dream():
 
 
 # ---------------------------------------------------------------------------------------------------
-# The reference: plain Python loops over rows and positions, one vocabulary vector at a time.
+# Dream's draws are torch's: the same numbers from the same generator state.
 
-def _ref_filter(vec, temperature, top_k, top_p):
-    """Dream's sampling logits of one vocabulary vector: / τ, then top-p, then top-k."""
-    vec = vec.double() / temperature if temperature > 0 else vec.double()
-    low = torch.finfo(torch.float32).min
-    out = vec.clone()
-    if top_p is not None and top_p < 1:
-        order = sorted(range(len(vec)), key=lambda v: -float(vec[v]))
-        probs = torch.softmax(vec, 0)
-        cum = 0.0
-        for i, v in enumerate(order):
-            if i > 0 and cum > top_p:
-                out[v] = low
-            cum += float(probs[v])
-    if top_k is not None:
-        kth = sorted((float(a) for a in out), reverse=True)[top_k - 1]
-        for v in range(len(out)):
-            if float(out[v]) < kth:
-                out[v] = low
-    return out
+def test_candidate_draw_is_torchs_categorical():
+    """Dream samples with ``Categorical(probs).sample()`` on the global generator; maskrl's draw from a
+    generator seeded alike gives the same ids (and with ``never`` ids zeroed, the same ids wherever
+    Dream's is not one of them)."""
+    probs = torch.softmax(torch.randn(64, 97) * 3, -1)
+    never = torch.zeros(97, dtype=torch.bool)
+    torch.manual_seed(7)
+    want = torch.distributions.Categorical(probs=probs).sample()
+    got = dream_draw(probs, never, 0.7, torch.Generator().manual_seed(7))
+    assert torch.equal(got, want)
+    g = torch.Generator().manual_seed(7)
+    assert torch.equal(torch.multinomial(probs, 1, True, generator=g).squeeze(-1), want)
+    never[int(want[0])] = True
+    got = dream_draw(probs, never, 0.7, torch.Generator().manual_seed(7))
+    assert int(got[0]) != int(want[0]) and torch.equal(got[want != want[0]], want[want != want[0]])
+    assert torch.equal(dream_draw(probs, never, 0.0, None), probs.masked_fill(never, 0).argmax(-1))
 
 
-def ref_dream_generate(ad, prompt_ids, prompt_mask, *, gen_length, block_length, steps, alg, temperature=0.0,
-                       top_k=None, top_p=None, alg_temp=0.0, generator=None):
-    """Dream's ``diffusion_generate`` restated (blocks: Dream's schedule inside each block)."""
-    n, p = prompt_ids.shape
-    mask_id = ad.mask_id
-    x = torch.cat([prompt_ids, torch.full((n, gen_length), mask_id)], 1)
-    attn = torch.cat([prompt_mask.bool(), torch.ones(n, gen_length, dtype=torch.bool)], 1)
-    commit_step = torch.full((n, gen_length), -1)
-    commit_prob = torch.zeros(n, gen_length)
-    num_blocks = gen_length // block_length
-    spb = steps // num_blocks
-    ts = torch.linspace(1, 1e-3, spb + 1)
-    step = 0
-    for blk in range(num_blocks):
-        lo = blk * block_length
-        for j in range(spb):
-            with torch.no_grad():
-                logits = ad.logits(x, attn)[:, p:].float()  # [n, L, V], position-aligned
-            V = logits.shape[-1]
-            u_draw = (torch.rand((n, block_length, V), generator=generator, dtype=torch.float64)
-                      if temperature > 0 else None)
-            cand, conf, prob = {}, {}, {}
-            for r in range(n):
-                for q in range(block_length):
-                    i = lo + q
-                    if int(x[r, p + i]) != mask_id:
-                        continue
-                    raw = logits[r, i]
-                    no_m = raw.clone()
-                    no_m[mask_id] = float("-inf")
-                    f = _ref_filter(no_m, temperature, top_k, top_p)
-                    if temperature > 0:
-                        keyed = [float(f[v]) - math.log(-math.log(float(u_draw[r, q, v]))) for v in range(V)]
-                    else:
-                        keyed = [float(f[v]) for v in range(V)]
-                    c = max(range(V), key=lambda v: (keyed[v], -v))
-                    cand[r, i] = c
-                    prob[r, i] = float(torch.softmax(no_m.double(), 0)[c])
-                    pm = torch.softmax(_ref_filter(raw, temperature, top_k, top_p).float(), 0)
-                    if alg == "maskgit_plus":
-                        conf[r, i] = float(pm[c])
-                    elif alg == "topk_margin":
-                        s = sorted((float(a) for a in pm), reverse=True)
-                        conf[r, i] = s[0] - s[1]
-                    elif alg == "entropy":
-                        conf[r, i] = float((pm * torch.log(pm + 1e-10)).sum())
-            t, s = ts[j], ts[j + 1]
-            masked = [[lo + q for q in range(block_length) if int(x[r, p + lo + q]) == mask_id] for r in range(n)]
-            chosen = [[] for _ in range(n)]
-            if alg == "origin":
-                p_transfer = float(1 - s / t) if j < spb - 1 else 1.0
-                total = sum(len(m) for m in masked)
-                u = torch.rand(total, generator=generator)
-                idx = 0
-                for r in range(n):
-                    for i in masked[r]:
-                        if float(u[idx]) < p_transfer:
-                            chosen[r].append(i)
-                        idx += 1
-            else:
-                m_avg = torch.tensor(sum(len(m) for m in masked), dtype=torch.float32) / n
-                k = int(m_avg * (1 - s / t)) if j < spb - 1 else int(m_avg)
-                u_pos = (torch.rand((n, block_length), generator=generator, dtype=torch.float64)
-                         if alg_temp > 0 else None)
-                for r in range(n):
-                    if alg_temp > 0:
-                        key = {i: conf[r, i] / alg_temp - math.log(-math.log(float(u_pos[r, i - lo]))) for i in masked[r]}
-                    else:
-                        key = {i: conf[r, i] for i in masked[r]}
-                    chosen[r] = sorted(masked[r], key=lambda i: (-key[i], i))[:k]
-            for r in range(n):
-                for i in chosen[r]:
-                    x[r, p + i] = cand[r, i]
-                    commit_step[r, i] = step
-                    commit_prob[r, i] = prob[r, i]
-            step += 1
-    return x[:, p:], commit_step, commit_prob
+def test_rejected_probabilities_fall_back_to_greedy_without_a_draw():
+    """Dream's ``except``: when torch's Categorical rejects bf16 probabilities (their normalised sum
+    misses 1 by 1e-6 or more) the candidate is the greedy one and nothing is drawn."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        probs = torch.softmax(torch.randn(64, 100, generator=gen) * 4, -1).to(torch.bfloat16)
+        if categorical_probs(probs) is None:
+            break
+    else:
+        pytest.fail("no bf16 batch rejected in 200 tries")
+    never = torch.zeros(100, dtype=torch.bool)
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state()
+    assert torch.equal(dream_draw(probs, never, 1.0, g), probs.max(-1).indices)
+    assert torch.equal(g.get_state(), state)
 
 
-CASES = [
-    # (alg, temperature, top_k, gen_length, block_length, steps)
-    *[(alg, 0.0, None, 16, 16, 8) for alg in ("maskgit_plus", "topk_margin", "entropy", "origin")],
-    *[(alg, 0.0, 50, 16, 16, 16) for alg in ("maskgit_plus", "topk_margin", "entropy", "origin")],
-    *[(alg, 0.7, None, 16, 8, 8) for alg in ("maskgit_plus", "topk_margin", "entropy", "origin")],
-    *[(alg, 0.7, 50, 16, 16, 12) for alg in ("maskgit_plus", "topk_margin", "entropy", "origin")],
-]
+def test_alg_temp_draw_is_torchs_multinomial_without_replacement():
+    score = torch.randn(3, 8)
+    score[:, 5:] = float("-inf")
+    layout = DreamLayout(torch.full((3,), 8), torch.zeros(3, dtype=torch.long))
+    k = torch.full((3,), 2)
+    take = layout_alg_temp(score, k, layout, 0.5, torch.Generator().manual_seed(4))
+    want = torch.multinomial(torch.softmax(score / 0.5, -1), 2, replacement=False,
+                             generator=torch.Generator().manual_seed(4))
+    assert torch.equal(take, torch.zeros_like(take).scatter(1, want, True))
 
 
-@pytest.mark.parametrize("alg,temperature,top_k,L,b,steps", CASES)
-def test_dream_rule_equals_reference(dream, alg, temperature, top_k, L, b, steps):
-    ids, mask = encode_prompts(dream.tokenizer, PROMPTS)
-    assert not bool(mask.all()), "the batch must be left-padded"
-    cfg = SamplerConfig(gen_length=L, block_length=b, steps=steps, schedule="dream", remasking=alg,
-                        temperature=temperature, top_k=top_k)
-    out = generate(dream, ids, mask, cfg, generator=torch.Generator().manual_seed(3))
-    tokens, cstep, cprob = ref_dream_generate(dream, ids, mask, gen_length=L, block_length=b, steps=steps, alg=alg,
-                                              temperature=temperature, top_k=top_k,
-                                              generator=torch.Generator().manual_seed(3))
-    assert torch.equal(out.completion_ids, tokens)
-    assert torch.equal(out.commit_step, cstep)
-    assert torch.allclose(out.commit_prob, cprob, rtol=1e-5, atol=1e-6)
-    assert int(out.num_steps.max()) == steps
+def test_exp_rows_in_chunks_are_one_draw():
+    """The first position's draw over ``f · (P + L)`` rows is made chunk by chunk: the same numbers,
+    and the generator ends where one draw of the whole leaves it."""
+    import maskrl.sampling.dream_step as ds
+
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    whole = torch.empty(50, 7).exponential_(generator=g1)
+    old, ds.EXP_CHUNK = ds.EXP_CHUNK, 20  # 2 rows of 7 per chunk
+    try:
+        rows = _exp_rows(50, 7, torch.tensor([3, 17, 49]), torch.float32, g2)
+    finally:
+        ds.EXP_CHUNK = old
+    assert torch.equal(rows, whole[[3, 17, 49]])
+    assert torch.equal(g1.get_state(), g2.get_state())
 
 
-@pytest.mark.parametrize("alg", ["maskgit_plus", "entropy"])
-def test_dream_rule_alg_temp_and_top_p_equal_reference(dream, alg):
-    ids, mask = encode_prompts(dream.tokenizer, PROMPTS)
-    kw = dict(gen_length=16, block_length=8, steps=8)
-    cfg = SamplerConfig(**kw, schedule="dream", remasking=alg, temperature=0.5, top_p=0.9, alg_temp=0.3)
-    out = generate(dream, ids, mask, cfg, generator=torch.Generator().manual_seed(5))
-    tokens, cstep, _ = ref_dream_generate(dream, ids, mask, **kw, alg=alg, temperature=0.5, top_p=0.9,
-                                          alg_temp=0.3, generator=torch.Generator().manual_seed(5))
-    assert torch.equal(out.completion_ids, tokens)
-    assert torch.equal(out.commit_step, cstep)
-
-
-def test_dream_rule_at_paper_shape(dream):
-    """L 256 in blocks of 32, 128 steps (Fast-dLLM's Dream variant shape), greedy entropy."""
-    ids, mask = encode_prompts(dream.tokenizer, PROMPTS[:2])
-    kw = dict(gen_length=256, block_length=32, steps=128)
-    out = generate(dream, ids, mask, SamplerConfig(**kw, schedule="dream", remasking="entropy"))
-    tokens, cstep, _ = ref_dream_generate(dream, ids, mask, **kw, alg="entropy")
-    assert torch.equal(out.completion_ids, tokens)
-    assert torch.equal(out.commit_step, cstep)
-
-
-def test_dream_rule_batch_equals_single_rows(dream):
-    ids, mask = encode_prompts(dream.tokenizer, PROMPTS)
-    cfg = SamplerConfig(gen_length=16, block_length=16, steps=8, schedule="dream", remasking="topk_margin", top_k=50)
-    batch = generate(dream, ids, mask, cfg)
-    for r, prompt in enumerate(PROMPTS):
-        i1, m1 = encode_prompts(dream.tokenizer, [prompt])
-        one = generate(dream, i1, m1, cfg)
-        assert torch.equal(one.completion_ids[0], batch.completion_ids[r])
-        assert torch.equal(one.commit_step[0], batch.commit_step[r])
+def test_ties_break_as_torch_topk_on_dreams_row():
+    """Equal confidences: the positions taken are those ``torch.topk`` takes from Dream's row (the
+    whole sequence, ``-inf`` off the masks), not the leftmost."""
+    score = torch.tensor([[0.5, 1.0, 1.0, 0.2, 1.0, 1.0, 0.3, 1.0]])
+    row = torch.full((1, 20), float("-inf"))
+    row[0, 12:] = score
+    want = torch.topk(row, 3).indices - 12
+    rank = layout_ranks(score, torch.tensor([3]), DreamLayout(torch.tensor([20]), torch.tensor([12])))
+    assert set((rank[0] < 3).nonzero().squeeze(-1).tolist()) == set(want[0].tolist())
+    assert torch.equal(rank[0, want[0]], torch.arange(3))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -226,16 +134,22 @@ def test_mask_logit_stays_in_the_confidence():
     """[M] is never a candidate, but its probability mass stays in Dream's softmax: position 0 has the
     sharper candidate distribution, yet a large [M] logit there makes position 1 the more confident."""
     mask_id = 3
-    logits = torch.tensor([[[4.0, 0.0, 0.0, float("-inf")], [2.0, 0.0, 0.0, float("-inf")]]])  # [1, 2, V]
-    mask_logit = torch.tensor([[6.0, -9.0]])
-    eligible = torch.ones(1, 2, dtype=torch.bool)
-    kw = dict(remasking="maskgit_plus", temperature=0.0, top_k=None, top_p=None, alg_temp=0.0,
-              k=torch.tensor([1]), p_reveal=None, generator=None)
-    take, cand, prob = dream_step(logits, mask_logit, mask_id, eligible, None, **kw)
-    assert cand.tolist() == [[0, 0]] and take.tolist() == [[False, True]]
+    raw = torch.tensor([[4.0, 0.0, 0.0, 6.0], [2.0, 0.0, 0.0, -9.0]])  # [M = cover positions, V]
+    logits = raw.clone()
+    logits[:, mask_id] = float("-inf")
+    never = torch.zeros(4, dtype=torch.bool)
+    never[mask_id] = True
+    cfg = SamplerConfig(gen_length=2, block_length=2, steps=2, schedule="fixed", remasking="maskgit_plus")
+    at, eligible = torch.tensor([[0, 1]]), torch.ones(1, 2, dtype=torch.bool)
+    layout = DreamLayout.of(cfg, 1, torch.tensor([0]))
+    kw = dict(k=torch.tensor([1]), p_reveal=None, layout=layout, stop_fn=None, generator=None)
+    take, cand = dream_step(cfg, logits, raw, at, eligible, never, **kw)
     # p(0 | pos 0) = e^4 / (e^4 + 2 + e^6) = 0.1177 < p(0 | pos 1) = e^2 / (e^2 + 2 + e^-9) = 0.787
-    assert torch.allclose(prob, torch.tensor([[math.exp(4) / (math.exp(4) + 2), math.exp(2) / (math.exp(2) + 2)]]))
-    take, _, _ = dream_step(logits, None, mask_id, eligible, None, **kw)
+    assert cand.tolist() == [[0, 0]] and take.tolist() == [[False, True]]
+    probs = dream_probs(raw, 0.0, None, None, torch.float32)
+    assert torch.allclose(probs[:, 0], torch.tensor([math.exp(4) / (math.exp(4) + 2 + math.exp(6)),
+                                                     math.exp(2) / (math.exp(2) + 2 + math.exp(-9))]))
+    take, _ = dream_step(cfg, logits, logits, at, eligible, never, **kw)  # [M] left out: position 0 first
     assert take.tolist() == [[True, False]]
 
 
@@ -249,6 +163,15 @@ def test_suppress_eos_ranks_stops_last_under_entropy():
 @pytest.mark.parametrize("kw,field", [
     (dict(remasking="origin"), "schedule 'dream'"),
     (dict(remasking="entropy", schedule="threshold"), "schedule 'fixed' or 'dream'"),
+    (dict(remasking="topk_margin", schedule="threshold"), "maskgit_plus"),
+    (dict(schedule="threshold", top_k=50), "maskgit_plus"),
+    (dict(schedule="threshold", remasking="maskgit_plus", alg_temp=0.5), "alg_temp"),
+    (dict(schedule="fixed", remasking="entropy", block_first="forced"), "block_first 'forced'"),
+    (dict(schedule="threshold", block_first="forced"), "maskgit_plus"),
+    (dict(schedule="dream", block_first="forced", steps=2), "2 per block"),
+    (dict(schedule="dream", block_first="forced", suppress_eos=True), "suppress_eos"),
+    (dict(schedule="dream", block_first="first"), "block_first"),
+    (dict(schedule="dream", dream_dtype="bf16"), "dream_dtype"),
     (dict(schedule="dream", top_k=1), "top_k"),
     (dict(schedule="dream", top_p=0.0), "top_p"),
     (dict(schedule="dream", alg_temp=-1.0), "alg_temp"),
@@ -263,6 +186,66 @@ def test_config_errors_name_the_field(kw, field):
 def test_defaults_keep_llada_rule():
     assert not SamplerConfig().dream_rule
     assert SamplerConfig(schedule="dream").dream_rule
+    cfg = SamplerConfig(gen_length=16, block_length=8, schedule="threshold", remasking="maskgit_plus", top_k=50,
+                        block_first="forced")
+    assert cfg.dream_rule
+
+
+def test_dream_rule_batch_equals_single_rows(dream):
+    """Greedy: a row decodes the same alone or in a batch (its mask count is the batch's average)."""
+    ids, mask = encode_prompts(dream.tokenizer, PROMPTS)
+    cfg = SamplerConfig(gen_length=16, block_length=16, steps=8, schedule="dream", remasking="topk_margin", top_k=50)
+    batch = generate(dream, ids, mask, cfg)
+    for r, prompt in enumerate(PROMPTS):
+        i1, m1 = encode_prompts(dream.tokenizer, [prompt])
+        one = generate(dream, i1, m1, cfg)
+        assert torch.equal(one.completion_ids[0], batch.completion_ids[r])
+        assert torch.equal(one.commit_step[0], batch.commit_step[r])
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("schedule", ["dream", "threshold"])
+def test_forced_first_position_commits_alone_at_each_block_start(dream, cache, schedule):
+    """``block_first: forced`` (Fast-dLLM's Dream block variant): each block's first step commits its
+    first position and nothing else; Dream's schedule then runs its remaining T_b - 1 steps (the
+    threshold: until the block is full); every position is committed once, blocks in order."""
+    ids, mask = encode_prompts(dream.tokenizer, PROMPTS)
+    kw = dict(gen_length=16, block_length=8, steps=8, cache=cache, block_first="forced", temperature=0.7, top_k=50)
+    kw.update(schedule="dream", remasking="entropy") if schedule == "dream" else kw.update(
+        schedule="threshold", remasking="maskgit_plus", threshold=0.5)
+    ro = generate(dream, ids, mask, SamplerConfig(**kw), generator=torch.Generator().manual_seed(2))
+    cs = ro.commit_step
+    assert (cs >= 0).all()
+    for r in range(len(PROMPTS)):
+        for blk in range(2):
+            steps = cs[r, 8 * blk:8 * blk + 8]
+            first = int(steps[0])
+            assert (steps[1:] > first).all(), (r, blk, steps)
+            if blk:
+                assert first > int(cs[r, :8].max())
+    if schedule == "dream":
+        assert torch.equal(cs[:, [0, 8]], torch.tensor([[0, 4]]).expand(len(PROMPTS), 2))
+        assert int(ro.num_steps.max()) == 8
+
+
+def test_forced_dual_window_keeps_the_sequence_order(dream):
+    """Under ``block_first: forced`` the dual cache's window forward attends its keys in sequence order
+    (the block's fresh keys in place of its cached ones, as Fast-dLLM's dual cache): the same attention
+    as the cached-keys-first order, up to float rounding."""
+    from maskrl.sampling.cache import window_hidden
+
+    ids, mask = encode_prompts(dream.tokenizer, ["hello"])
+    x = torch.cat([ids, torch.full((1, 24), dream.mask_id)], 1)
+    x[0, ids.shape[1]:ids.shape[1] + 8] = torch.arange(20, 28)
+    attn = torch.ones_like(x, dtype=torch.bool)
+    pos = dream.position_ids(attn)
+    with torch.no_grad():
+        _, kv = dream.decoder_forward(x, attn, pos, return_kv=True)
+        x[0, ids.shape[1] + 8:ids.shape[1] + 11] = torch.arange(30, 33)
+        w0 = torch.tensor([ids.shape[1] + 8])
+        a = window_hidden(dream, kv, x, attn, pos, torch.tensor([0]), w0, 8, in_order=True)
+        b = window_hidden(dream, kv, x, attn, pos, torch.tensor([0]), w0, 8)
+    assert torch.allclose(a, b, atol=1e-5) and a.shape == b.shape
 
 
 @pytest.mark.parametrize("alg", ["entropy", "origin"])

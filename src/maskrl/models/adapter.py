@@ -7,6 +7,7 @@ sees position-aligned logits: ``logits[:, i]`` predicts the token at position ``
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -29,6 +30,31 @@ def bidirectional_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torc
     keep = attention_mask.bool()[:, None, None, :]  # [N, 1, 1, T]
     out = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
     return out.masked_fill(~keep, torch.finfo(dtype).min)
+
+
+@functools.cache
+def _replacing_layer_class() -> type:
+    """The cache layer class of :meth:`ModelAdapter.decoder_forward`'s ``replace`` (built on first use:
+    transformers is imported lazily)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class ReplacingLayer(DynamicLayer):
+        """A cache layer whose ``update`` returns the cached keys/values with the new ones written over
+        columns ``cols [N, Q]`` (out of place), in the cached order (Fast-dLLM's dual cache)."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, cols: torch.Tensor) -> None:
+            super().__init__()
+            self.keys, self.values, self.cols, self.is_initialized = keys, values, cols, True
+            self.device = keys.device
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            idx = self.cols[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[-1])
+            return self.keys.scatter(2, idx, key_states), self.values.scatter(2, idx, value_states)
+
+        def get_seq_length(self) -> int:
+            return self.keys.shape[-2] - self.cols.shape[-1]
+
+    return ReplacingLayer
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -237,7 +263,8 @@ class ModelAdapter:
 
     def decoder_forward(self, input_ids: torch.Tensor, key_mask: torch.Tensor, position_ids: torch.Tensor,
                         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                        return_kv: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+                        return_kv: bool = False, replace: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]] | None]:
         """Bidirectional forward of the decoder stack only (no output layer), optionally against cached
         keys/values (Fast-dLLM prefix / dual cache, SPEC §1.2). The call enters through the model's own
         ``forward`` with the output layer handed zero positions (:meth:`_decoder_hidden`), so a wrapper's
@@ -255,6 +282,10 @@ class ModelAdapter:
                 (a fresh ``transformers.DynamicCache`` is built from them). ``None``: no cache (K = 0).
             return_kv: also return every layer's ``(keys, values)`` of the ``Q`` query tokens,
                 ``[N, H, Q, D]`` (to fill a cache).
+            replace: ``[N, Q]`` long, or ``None``: the columns of ``past`` that the ``Q`` new keys/values
+                take the place of (Fast-dLLM's dual cache, which writes the block's fresh keys over its
+                cached ones): the keys are then attended in ``past``'s own order, ``key_mask`` is
+                ``[N, K]``, and ``past`` is still not modified.
 
         Returns:
             ``(hidden [N, Q, d] after the final norm, kv or None)``. ``hidden[:, i]`` is the input of
@@ -269,12 +300,16 @@ class ModelAdapter:
             raise NotImplementedError(f"decoder_forward needs a 4-D-mask decoder model (attention='4d'), not {self.attention!r}")
         n, q = input_ids.shape
         k_len = 0 if past is None else past[0][0].shape[-2]
-        if key_mask.shape != (n, k_len + q):
-            raise ValueError(f"key_mask {tuple(key_mask.shape)} must be [N, K + Q] = [{n}, {k_len + q}]")
-        mask = torch.zeros((n, 1, q, k_len + q), dtype=self.dtype, device=input_ids.device)
+        keys = k_len if replace is not None else k_len + q
+        if key_mask.shape != (n, keys):
+            raise ValueError(f"key_mask {tuple(key_mask.shape)} must be [N, {'K' if replace is not None else 'K + Q'}]"
+                             f" = [{n}, {keys}]")
+        mask = torch.zeros((n, 1, q, keys), dtype=self.dtype, device=input_ids.device)
         mask = mask.masked_fill(~key_mask.bool()[:, None, None, :], torch.finfo(self.dtype).min)
         use_cache = past is not None or return_kv
         cache = (DynamicCache(ddp_cache_data=[(k, v) for k, v in past]) if past is not None else DynamicCache()) if use_cache else None
+        if replace is not None:
+            cache.layers = [_replacing_layer_class()(k, v, replace) for k, v in past]
         # transformers >= 5.2x names the argument ``cache`` (``past_key_values`` is deprecated)
         names = inspect.signature(self.model.get_decoder().forward).parameters
         cache_kw = "cache" if "cache" in names else "past_key_values"

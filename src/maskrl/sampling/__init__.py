@@ -16,7 +16,10 @@ Modules, one job each:
   dual caches: the one explanation of the caches is there), the forward-count rule, the output layer;
 - :mod:`~maskrl.sampling.view`: :class:`StepView`, observers, :class:`StepRecorder`;
 - :mod:`~maskrl.sampling.dream`: Dream's own decoding rule (``schedule: dream``; ``remasking``
-  ``maskgit_plus`` / ``topk_margin`` / ``entropy`` / ``origin``, ``top_k``, ``top_p``, ``alg_temp``);
+  ``maskgit_plus`` / ``topk_margin`` / ``entropy`` / ``origin``, ``top_k``, ``top_p``, ``alg_temp``,
+  ``dream_dtype``), token for token Dream's code: its softmax, confidences and draws;
+- :mod:`~maskrl.sampling.dream_step`: one step of it (positions on Dream's layout, ``origin``,
+  Fast-dLLM's Dream block variant's first position, ``block_first: forced``);
 - :mod:`~maskrl.sampling.lockstep`: the rank lockstep (:class:`RankLockstep`);
 - :mod:`~maskrl.sampling.sampler`: :func:`generate`, a loop of named stages;
 - :mod:`~maskrl.sampling.mismatch`: :func:`rollout_mismatch`.
@@ -25,7 +28,8 @@ from maskrl.sampling.cache import (Forward, Hidden, KVCache, StepForwards, cache
                                    plan_forwards, window_hidden)
 from maskrl.sampling.commit import (candidate_logits, commit_scores, gumbel_max, hold_stops, propose, rank_positions,
                                     select_fixed, select_threshold)
-from maskrl.sampling.config import CACHES, OBSERVER_LOGITS, REMASKING, SCHEDULES, SamplerConfig
+from maskrl.sampling.config import (BLOCK_FIRSTS, CACHES, DREAM_DTYPES, OBSERVER_LOGITS, REMASKING, SCHEDULES,
+                                    SamplerConfig)
 from maskrl.sampling.lockstep import RankLockstep, dummy_forwards
 from maskrl.sampling.mismatch import rollout_mismatch
 from maskrl.sampling.sampler import Denoising, generate
@@ -35,7 +39,7 @@ from maskrl.sampling.view import (LOGIT_SCOPES, StepObserver, StepRecorder, Step
 _propose = propose  # the name this function had before the package (kept for callers not yet moved)
 
 __all__ = [
-    "CACHES", "LOGIT_SCOPES", "OBSERVER_LOGITS", "REMASKING", "SCHEDULES",
+    "BLOCK_FIRSTS", "CACHES", "DREAM_DTYPES", "LOGIT_SCOPES", "OBSERVER_LOGITS", "REMASKING", "SCHEDULES",
     "SamplerConfig", "StepObserver", "StepRecorder", "StepRows", "StepView", "Denoising", "RankLockstep",
     "Forward", "Hidden", "KVCache", "StepForwards",
     "generate", "rollout_mismatch", "window_hidden", "cached_forward_counts", "exact_observers", "plan_forwards",

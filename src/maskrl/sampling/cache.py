@@ -69,9 +69,15 @@ class StepForwards:
         """1 if the observers' extra full forward runs at this step, else 0."""
         return int(bool(self.redo.any())) if self.redo is not None else 0
 
+    def computed(self, L: int) -> torch.Tensor:
+        """``[n, L]`` bool, the completion positions ``[lo, hi)`` whose logits each row's forward computes."""
+        pos = torch.arange(L, device=self.lo.device)
+        return (pos[None, :] >= self.lo[:, None]) & (pos[None, :] < self.hi[:, None])
+
 
 def plan_forwards(cache: str, block_length: int, refresh: torch.Tensor, start: torch.Tensor, L: int,
-                  requested: torch.Tensor | None = None, wants_exact: torch.Tensor | None = None) -> StepForwards:
+                  requested: torch.Tensor | None = None, wants_exact: torch.Tensor | None = None,
+                  lead: int = 0) -> StepForwards:
     """The forwards one sampler step runs, their windows, and the rows whose view needs an extra
     full forward (module docstring).
 
@@ -84,6 +90,10 @@ def plan_forwards(cache: str, block_length: int, refresh: torch.Tensor, start: t
         L: completion length.
         requested: ``[n, L]`` bool positions observers ask for (``None``: none beyond the block).
         wants_exact: ``[n]`` bool rows an ``exact_logits`` observer reads (``None``: no observers).
+        lead: block positions at the left end of a window forward that it does not compute: 1 for a
+            shifted (Dream-style) model under ``block_first="forced"``, whose window starts at the
+            block (the block's first position, committed at the block's full first step, would need
+            the column left of it); 0 otherwise (the window then holds that column too).
 
     Returns:
         A :class:`StepForwards`: with ``cache="none"`` one full forward of every row; else one full
@@ -104,7 +114,7 @@ def plan_forwards(cache: str, block_length: int, refresh: torch.Tensor, start: t
                 forwards.append(Forward(rest, window=True))
             else:
                 forwards += [Forward(rest[start[rest] == s], window=True) for s in start[rest].unique()]
-    lo = torch.where(full, 0, start)
+    lo = torch.where(full, 0, start + lead)
     hi = torch.where(full, L, start + block_length) if cache == "dual" else torch.full_like(start, L)
     inside = redo = None
     if requested is not None:
@@ -122,7 +132,7 @@ def plan_forwards(cache: str, block_length: int, refresh: torch.Tensor, start: t
 
 def cached_forward_counts(config: SamplerConfig, refresh: torch.Tensor, start: torch.Tensor,
                           requested: torch.Tensor | None, L: int,
-                          wants_exact: torch.Tensor | None = None) -> tuple[int, int]:
+                          wants_exact: torch.Tensor | None = None, lead: int = 0) -> tuple[int, int]:
     """Forwards one cached sampler step runs (what :func:`~maskrl.sampling.generate` sends to
     ``ranks_max``), by the one rule :func:`plan_forwards`.
 
@@ -133,6 +143,7 @@ def cached_forward_counts(config: SamplerConfig, refresh: torch.Tensor, start: t
         requested: ``[n, L]`` bool positions observers asked for, or ``None``.
         L: completion length.
         wants_exact: ``[n]`` bool rows an ``exact_logits`` observer reads, or ``None``.
+        lead: as in :func:`plan_forwards` (:attr:`KVCache.lead`).
 
     Returns:
         ``(decoder forwards before the output layer, 1 if the observers' extra full forward runs, else
@@ -140,7 +151,7 @@ def cached_forward_counts(config: SamplerConfig, refresh: torch.Tensor, start: t
         or one per distinct block start (prefix). The extra forward runs when a row's requests leave
         its window, or an exact-logits observer reads a cached (non-refresh) row.
     """
-    plan = plan_forwards(config.cache, config.block_length, refresh, start, L, requested, wants_exact)
+    plan = plan_forwards(config.cache, config.block_length, refresh, start, L, requested, wants_exact, lead)
     return plan.decoder_forwards, plan.extra_forward
 
 
@@ -171,7 +182,12 @@ class KVCache:
     def __init__(self, adapter: ModelAdapter, config: SamplerConfig, n_rows: int, p_len: int,
                  pos_ids: torch.Tensor | None) -> None:
         self.adapter, self.config, self.n_rows, self.p_len, self.pos_ids = adapter, config, n_rows, p_len, pos_ids
-        self.shift = 1 if adapter.shift else 0
+        #: 1 when a window holds the column left of the block (a shifted model's prediction of the block's
+        #: first position); under ``block_first="forced"`` that position is committed at the block's full
+        #: first step and the window starts at the block, as Fast-dLLM's Dream variant's does
+        self.shift = 1 if adapter.shift and config.block_first == "ranked" else 0
+        #: block positions a window forward does not compute (:func:`plan_forwards`' ``lead``)
+        self.lead = 1 if adapter.shift and config.block_first == "forced" else 0
         self.store: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def run(self, plan: StepForwards, rows: torch.Tensor, xr: torch.Tensor, ar: torch.Tensor,
@@ -198,7 +214,9 @@ class KVCache:
     def _window(self, loc, rows, xr, ar, start) -> Hidden:
         w0 = self.p_len + start[loc] - self.shift  # [g]
         width = self.config.block_length + self.shift if self.config.cache == "dual" else xr.shape[1] - int(w0[0])
-        h = window_hidden(self.adapter, self.store, xr[loc], ar[loc], self.pos_ids[rows[loc]], rows[loc], w0, width)
+        in_order = self.config.cache == "dual" and self.config.block_first == "forced"
+        h = window_hidden(self.adapter, self.store, xr[loc], ar[loc], self.pos_ids[rows[loc]], rows[loc], w0, width,
+                          in_order)
         return Hidden(loc, h, w0)
 
 
@@ -217,7 +235,7 @@ def full_logits(adapter: ModelAdapter, xr: torch.Tensor, ar: torch.Tensor, p_len
 
 def window_hidden(adapter: ModelAdapter, kv_store: Sequence[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor,
                   attn: torch.Tensor, pos_ids: torch.Tensor, store_rows: torch.Tensor, w0: torch.Tensor,
-                  width: int) -> torch.Tensor:
+                  width: int, in_order: bool = False) -> torch.Tensor:
     """Hidden states of a window of columns recomputed against the cached keys/values of all others
     (Fast-dLLM prefix cache: window = block and everything right of it; dual cache: window = block).
 
@@ -227,6 +245,9 @@ def window_hidden(adapter: ModelAdapter, kv_store: Sequence[tuple[torch.Tensor, 
         x, attn, pos_ids: ``[g, S]`` current tokens, key validity (bool) and RoPE positions of the rows.
         store_rows: ``[g]`` long, the rows' indices into ``kv_store``.
         w0: ``[g]`` long, first column of each row's window; width: window length ``W``.
+        in_order: attend the keys in sequence order, the window's fresh ones in place of its cached ones
+            (Fast-dLLM's dual cache does so; used under ``block_first="forced"``); else the cached keys
+            of the other columns first, then the window's (the same attention up to float rounding).
 
     Returns:
         ``[g, W, d]`` hidden states of columns ``w0 .. w0 + W - 1`` (input of the output layer).
@@ -239,6 +260,11 @@ def window_hidden(adapter: ModelAdapter, kv_store: Sequence[tuple[torch.Tensor, 
     wcols = w0[:, None] + torch.arange(width, device=x.device)  # [g, W]
     if bool((w0 < 0).any()) or bool((w0 + width > n_cols).any()):
         raise ValueError(f"window [w0, w0 + {width}) leaves the {n_cols} columns")
+    if in_order:
+        past = [(k_all[store_rows], v_all[store_rows]) for k_all, v_all in kv_store]
+        h, _ = adapter.decoder_forward(x.gather(1, wcols), attn.bool(), pos_ids.gather(1, wcols), past=past,
+                                       replace=wcols)
+        return h
     in_win = (cols[None, :] >= w0[:, None]) & (cols[None, :] < w0[:, None] + width)
     keep = cols.expand(g, -1)[~in_win].view(g, n_cols - width)  # [g, S - W], ascending
     kidx = keep[:, None, :, None]

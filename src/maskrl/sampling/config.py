@@ -7,6 +7,8 @@ SCHEDULES = ("fixed", "threshold", "dream")
 REMASKING = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy", "origin")
 CACHES = ("none", "prefix", "dual")
 OBSERVER_LOGITS = ("exact", "refuse")
+BLOCK_FIRSTS = ("ranked", "forced")
+DREAM_DTYPES = ("float32", "model")
 
 
 @dataclass(frozen=True)
@@ -25,12 +27,26 @@ class SamplerConfig:
             Dream's algorithms: ``"maskgit_plus"`` (top-1 probability), ``"topk_margin"`` (top-1 minus
             top-2), ``"entropy"`` (negative entropy), each from Dream's softmax with ``[M]`` kept in,
             or ``"origin"`` (each mask revealed with probability ``1 - s/t``; needs
-            ``schedule="dream"``). Dream's algorithms need ``schedule`` ``"fixed"`` or ``"dream"``.
+            ``schedule="dream"``). Dream's algorithms need ``schedule`` ``"fixed"`` or ``"dream"``,
+            except ``"maskgit_plus"``, which also runs under ``"threshold"`` (Fast-dLLM's Dream
+            ``confidence_threshold``: the threshold compares Dream's top-1 probability).
         top_k: keep the ``top_k`` largest logits before Dream's softmax and the candidate draw
             (``None``: off; Dream's README call inherits 50 from transformers' generation defaults).
         top_p: nucleus filter before the softmax and the draw (1.0: off).
         alg_temp: Dream's ``alg_temp``: > 0 draws the committed positions from
             ``softmax(confidence / alg_temp)`` instead of taking the most confident (0: top-k).
+        block_first: ``"ranked"`` (default: a block's first position is ranked with the others) or
+            ``"forced"`` (Fast-dLLM's Dream block variant, ``generation_utils_block.py``: a block's
+            first step is one full forward that commits only the block's first position, unranked,
+            and the block's remaining steps rank the rest -- Dream's schedule from its second time
+            step, or the threshold; under a cache the window then starts at the block, as Fast-dLLM's
+            does). Needs Dream's rule with ``schedule`` ``"dream"`` (at least 2 steps per block) or
+            ``"threshold"`` with ``remasking="maskgit_plus"``, and ``suppress_eos`` off.
+        dream_dtype: the dtype of Dream's softmax, confidences and draws: ``"float32"`` (default; the
+            logits upcast, as Dream's code runs on a float32 model) or ``"model"`` (the logits' own
+            dtype, as Dream's code runs on the model: token for token equal to it for bf16 models,
+            including its fall-back to the greedy candidate whenever torch's ``Categorical`` rejects
+            the bf16 probabilities as not summing to 1, which a good share of bf16 sampled steps do).
         cfg_scale: classifier-free guidance scale (0 = off); the unconditional pass masks the prompt.
         suppress_eos: a stop candidate (eos or any of the adapter's stop ids) is committed only when
             no other candidate is left in the block: it ranks after every other candidate, and is
@@ -75,6 +91,8 @@ class SamplerConfig:
     top_k: int | None = None
     top_p: float = 1.0
     alg_temp: float = 0.0
+    block_first: str = "ranked"
+    dream_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.gen_length <= 0 or self.block_length <= 0:
@@ -94,18 +112,23 @@ class SamplerConfig:
         if self.remasking == "origin" and self.schedule != "dream":
             raise ValueError(f"remasking 'origin' reveals each mask with Dream's probability 1 - s/t and needs "
                              f"schedule 'dream' (got schedule {self.schedule!r})")
-        if self.remasking in REMASKING[2:] and self.schedule == "threshold":
-            raise ValueError(f"remasking {self.remasking!r} (Dream's confidence) needs schedule 'fixed' or 'dream'; "
-                             "the threshold schedule compares the candidate's probability (use remasking "
-                             "'low_confidence')")
+        if self.remasking in REMASKING[3:] and self.schedule == "threshold":
+            raise ValueError(f"remasking {self.remasking!r} needs schedule 'fixed' or 'dream': the threshold schedule "
+                             "compares a probability with the threshold (use remasking 'maskgit_plus' for Dream's "
+                             "top-1 probability, as Fast-dLLM's Dream confidence_threshold does, or 'low_confidence')")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
                                        or self.top_k < 2):
             raise ValueError(f"top_k (={self.top_k!r}) must be an integer >= 2 (topk_margin needs two ids) or None")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p (={self.top_p}) must lie in (0, 1]")
-        if self.schedule == "threshold" and (self.top_k is not None or self.top_p < 1.0 or self.alg_temp > 0):
-            raise ValueError("top_k / top_p / alg_temp are Dream's sampling options and need schedule 'fixed' or "
-                             "'dream' (the threshold schedule compares unfiltered probabilities)")
+        if (self.schedule == "threshold" and self.remasking != "maskgit_plus"
+                and (self.top_k is not None or self.top_p < 1.0)):
+            raise ValueError("top_k / top_p are Dream's sampling options: under schedule 'threshold' they need remasking "
+                             "'maskgit_plus' (Dream's confidence); the LLaDA threshold compares unfiltered probabilities")
+        if self.schedule == "threshold" and self.alg_temp > 0:
+            raise ValueError(f"alg_temp (={self.alg_temp}) draws k positions and needs schedule 'fixed' or 'dream' "
+                             "(the threshold schedule has no k)")
+        self._check_block_first()
         if self.alg_temp < 0:
             raise ValueError(f"alg_temp (={self.alg_temp}) must be >= 0")
         if self.alg_temp > 0 and self.remasking in ("random", "origin"):
@@ -124,6 +147,24 @@ class SamplerConfig:
             raise ValueError(f"mismatch_every (={self.mismatch_every}) must be >= 0")
         if self.observer_logits not in OBSERVER_LOGITS:
             raise ValueError(f"observer_logits {self.observer_logits!r} is not one of {OBSERVER_LOGITS}")
+
+    def _check_block_first(self) -> None:
+        if self.block_first not in BLOCK_FIRSTS:
+            raise ValueError(f"block_first {self.block_first!r} is not one of {BLOCK_FIRSTS}")
+        if self.dream_dtype not in DREAM_DTYPES:
+            raise ValueError(f"dream_dtype {self.dream_dtype!r} is not one of {DREAM_DTYPES}")
+        if self.block_first == "ranked":
+            return
+        if not (self.schedule == "dream" or (self.schedule == "threshold" and self.remasking == "maskgit_plus")):
+            raise ValueError(f"block_first 'forced' (Fast-dLLM's Dream block variant) needs schedule 'dream', or "
+                             f"'threshold' with remasking 'maskgit_plus' (got schedule {self.schedule!r}, remasking "
+                             f"{self.remasking!r})")
+        if self.schedule == "dream" and self.steps < 2 * self.num_blocks:
+            raise ValueError(f"steps (={self.steps}) must be >= 2 per block (= {2 * self.num_blocks}) with block_first "
+                             "'forced': the block's first step commits only its first position")
+        if self.suppress_eos:
+            raise ValueError("block_first 'forced' commits each block's first position unranked, which suppress_eos "
+                             "would have to hold back: use block_first 'ranked' with suppress_eos")
 
     @property
     def num_blocks(self) -> int:

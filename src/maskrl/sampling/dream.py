@@ -1,44 +1,58 @@
-"""Dream's own decoding rule (Dream 7B, Ye et al. 2025, ``diffusion_generate``; SPEC §1.2) as pure
-functions the one sampler calls when ``SamplerConfig.schedule == "dream"`` or ``remasking`` names one
-of Dream's algorithms.
+"""Dream's own decoding rule (Dream 7B, Ye et al. 2025, ``diffusion_generate``; SPEC §1.2) and
+Fast-dLLM's Dream block variant (Wu et al. 2025, ``generation_utils_block.py``) as pure functions the
+one sampler calls when :attr:`SamplerConfig.dream_rule` holds.
 
-What Dream's rule is, and how each piece maps onto maskrl's block loop:
+Each piece does what Dream's code does, in its order, with the same torch operations on tensors of
+the same layout, so that with a generator seeded like torch's global one (Dream draws from the global
+generator) the numbers drawn are the same, and the tokens are Dream's token for token
+(``benchmarks/dream_reference.py`` checks it against Dream's and Fast-dLLM's code):
 
 - **schedule** (``schedule="dream"``): with ``T_b = steps / (L/b)`` steps per block and
   ``t_0..t_{T_b} = linspace(1, eps=1e-3, T_b + 1)``, step ``j`` of a block commits
   ``int(m · (1 - t_{j+1}/t_j))`` tokens, ``m`` the masks still in the block; the block's last step
-  commits all that is left. With ``block_length == gen_length`` this is Dream's unblocked schedule; with
-  blocks it runs inside each block, as Fast-dLLM's Dream variant does. Dream's ``m`` is the mask count
-  averaged over the batch; under this schedule every row commits the same number of tokens each step,
-  so all rows hold the same count and the row's own count is that average (and a row decodes the same
-  alone or in a batch).
-- **confidence** (:func:`dream_confidence`), from Dream's softmax: logits divided by the temperature
-  (when > 0), then top-p, then top-k filtering (:func:`filter_top_p`, :func:`filter_top_k`), with the
-  ``[M]`` logit kept in: ``maskgit_plus`` the probability of the candidate (top-1 when greedy),
-  ``topk_margin`` top-1 minus top-2, ``entropy`` ``Σ p log(p + 1e-10)`` (the negative entropy).
-- **positions**: the ``k`` most confident, or with ``alg_temp > 0`` ``k`` positions drawn without
-  replacement from ``softmax(confidence / alg_temp)`` (:func:`select_alg_temp`; Gumbel-top-k, the same
-  distribution as Dream's ``multinomial``);
-- ``origin`` (:func:`select_origin`): each masked position of the block is revealed with probability
-  ``1 - t_{j+1}/t_j`` (1 at the block's last step), one uniform per still-masked position per step, in
-  row-major order over the batch.
+  commits all that is left. ``block_length == gen_length`` is Dream's unblocked schedule. Dream's
+  ``m`` is the mask count averaged over the batch; every row commits the same number each step, so
+  all rows hold the same count and the row's own count is that average.
+- **candidates** (:func:`dream_probs`, :func:`dream_draw`, Dream's ``sample_tokens``): Dream's
+  softmax of the raw logits (every output row, ``[M]`` included) divided by the temperature (when
+  > 0), then top-p, then top-k filtered; greedy: the most probable id (``probs.max``); sampled:
+  torch's ``Categorical(probs)`` draw, which is ``argmax(p / q)`` with ``q ~ Exp(1)`` drawn like
+  ``p`` (torch's ``multinomial`` for one sample), and, as in Dream, the greedy id instead whenever
+  ``Categorical`` rejects the probabilities (they fail torch's simplex check: a share of bf16 steps).
+- **confidence** (:func:`dream_confidence`): ``maskgit_plus`` the candidate's probability,
+  ``topk_margin`` top-1 minus top-2, ``entropy`` ``Σ p log(p + 1e-10)``.
+- **positions** (:func:`layout_ranks`, :func:`layout_alg_temp`): ``torch.topk`` of the confidences
+  laid out as Dream lays them out (one row of the whole sequence with ``-inf`` off the masks: Dream;
+  from the block start to the end, or the block alone under the dual cache: Fast-dLLM), so ties break
+  as Dream's do; with ``alg_temp > 0``, ``multinomial(softmax(confidence / alg_temp), k)`` on that
+  row, which is ``topk(p / q, k)`` with ``q ~ Exp(1)``.
+- ``origin`` (:func:`select_origin`): one float32 uniform per still-masked position, row-major over the
+  batch, revealing it below ``1 - t_{j+1}/t_j`` (1 at the last step); then the candidates of the
+  revealed positions only.
+- **threshold** (``schedule="threshold"``, ``remasking="maskgit_plus"``): Fast-dLLM's Dream
+  ``confidence_threshold``: the first of ``topk`` and every candidate whose confidence reaches the
+  threshold (compared in the confidence's dtype, as Dream compares).
+- **the block's first position** (``block_first="forced"``, :func:`forced_candidates`): Fast-dLLM's
+  variant commits it at the block's first step from a full forward, unranked, drawing its candidate
+  from a ``Categorical`` over every position of the sequence (the draws of the other positions are
+  made and discarded, chunk by chunk, so the generator ends where Dream's does).
 
-Departures, on purpose: the candidate token is drawn from the filtered distribution with ``[M]`` (and any
-id :func:`~maskrl.sampling.commit.candidate_logits` removes) excluded, so a commit never writes ``[M]``
-(Dream can draw ``[M]``, which leaves the position masked); the draw uses the sampler's Gumbel-max
-(:func:`~maskrl.sampling.commit.gumbel_max`), the same distribution as Dream's ``Categorical``.
-``Rollout.commit_prob`` stays the noise-free ``softmax(candidate logits)[x̂]`` (no temperature, no
-filter), the quantity the state likelihood and credit modules read.
+Departures, on purpose: the candidate is never ``[M]`` or an id without a tokenizer entry (their
+probability is zeroed before the draw, so the draw is Dream's whenever Dream's is a real token; Dream
+can draw ``[M]``, which leaves the position masked); ``dream_dtype="float32"`` (the default) runs the
+softmaxes on float32 logits, as Dream's code does on a float32 model (``"model"``: the logits' dtype,
+as Dream's code runs on a bf16 model). ``Rollout.commit_prob`` stays the noise-free
+``softmax(candidate logits)[x̂]`` (no temperature, no filter), the quantity the state likelihood and
+credit modules read.
 """
 from __future__ import annotations
 
 import torch
 
-from maskrl.sampling.commit import gumbel_max
-
 DREAM_REMASKING = ("maskgit_plus", "topk_margin", "entropy", "origin")
 DREAM_CONFIDENCES = ("maskgit_plus", "topk_margin", "entropy")
 DREAM_EPS = 1e-3
+EXP_CHUNK = 1 << 24  # elements drawn (Exp(1)) or computed (logits) at a time for a block's first position
 
 
 def filter_top_k(logits: torch.Tensor, top_k: int | None) -> torch.Tensor:
@@ -71,17 +85,58 @@ def dream_logits(logits: torch.Tensor, temperature: float, top_k: int | None, to
     return filter_top_k(filter_top_p(logits, top_p), top_k)
 
 
+def dream_probs(raw: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+                dtype: torch.dtype) -> torch.Tensor:
+    """Dream's ``probs`` ``[m, V]`` in ``dtype``: ``softmax`` of :func:`dream_logits` of the raw logits
+    ``raw [m, V]`` (every output row kept, ``[M]`` included)."""
+    return torch.softmax(dream_logits(raw.to(dtype), temperature, top_k, top_p), dim=-1)
+
+
+def exp_like(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``q ~ Exp(1)`` shaped and typed like ``probs``, drawn from ``generator`` on its own device: the
+    numbers torch's ``multinomial(probs, ...)`` draws for one sample, or for samples without replacement."""
+    device = generator.device if generator is not None else probs.device
+    q = torch.empty(probs.shape, dtype=probs.dtype, device=device).exponential_(generator=generator)
+    return q.to(probs.device)
+
+
+def categorical_probs(probs: torch.Tensor) -> torch.Tensor | None:
+    """The normalised probabilities of torch's ``Categorical(probs=probs)`` (Dream's draw), or ``None``
+    where it raises (the rows fail torch's simplex check; Dream then takes the greedy candidate)."""
+    try:
+        return torch.distributions.Categorical(probs=probs).probs
+    except ValueError:
+        return None
+
+
+def dream_draw(probs: torch.Tensor, never: torch.Tensor, temperature: float, generator: torch.Generator | None,
+               q: torch.Tensor | None = None, accepted: bool = True) -> torch.Tensor:
+    """Dream's candidate of each row of ``probs [m, V]`` (:func:`dream_probs`), ``[m]`` long.
+
+    Greedy (``temperature == 0``, or ``Categorical`` rejecting the rows, or ``accepted`` False): the
+    most probable id (``probs.max``); sampled: ``argmax(p / q)`` with ``p`` Categorical's normalised
+    probabilities and ``q`` :func:`exp_like` (or the given ``q [m, V]``). Ids in ``never [V]`` bool (``[M]``,
+    ids without a tokenizer entry) get probability 0 first, so they are never the candidate.
+    """
+    if temperature > 0 and accepted:
+        norm = categorical_probs(probs)
+        if norm is not None:
+            q = exp_like(norm, generator) if q is None else q
+            return (norm.masked_fill(never, 0) / q).argmax(-1)
+    return probs.masked_fill(never, 0).max(-1).indices
+
+
 def dream_confidence(probs: torch.Tensor, cand: torch.Tensor, remasking: str) -> torch.Tensor:
     """Dream's confidence of each position.
 
     Args:
-        probs: ``[n, b, V]`` float32, Dream's softmax (:func:`dream_logits`, ``[M]`` kept in).
-        cand: ``[n, b]`` long, the candidate tokens.
+        probs: ``[..., V]`` Dream's softmax (:func:`dream_probs`).
+        cand: ``[...]`` long, the candidate tokens.
         remasking: ``"maskgit_plus"`` (``probs[cand]``), ``"topk_margin"`` (top-1 minus top-2) or
             ``"entropy"`` (``Σ p log(p + 1e-10)``).
 
     Returns:
-        ``[n, b]`` float32.
+        ``[...]`` in ``probs``' dtype.
 
     Raises:
         ValueError: on another ``remasking``.
@@ -136,76 +191,3 @@ def demote_stops(score: torch.Tensor, stop: torch.Tensor | None) -> torch.Tensor
     lo = score.masked_fill(~finite, float("inf")).amin(-1, keepdim=True)
     span = torch.where(torch.isfinite(hi - lo), hi - lo, torch.zeros_like(hi))
     return torch.where(stop, score - span - 1.0, score)
-
-
-def select_alg_temp(score: torch.Tensor, k: torch.Tensor, alg_temp: float,
-                    generator: torch.Generator | None) -> torch.Tensor:
-    """``k [n]`` positions per row drawn without replacement with weights ``softmax(score / alg_temp)``
-    (Gumbel-top-k: one float64 uniform per position of ``score [n, b]``, ``-inf`` never drawn);
-    ``[n, b]`` bool."""
-    device = generator.device if generator is not None else score.device
-    u = torch.rand(score.shape, generator=generator, dtype=torch.float64, device=device).to(score.device)
-    keyed = score.double() / alg_temp - torch.log(-torch.log(u))
-    order = keyed.argsort(dim=-1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(score.shape[-1], device=score.device).expand_as(order))
-    return (rank < k[:, None]) & torch.isfinite(score)
-
-
-def select_origin(eligible: torch.Tensor, p_reveal: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Dream's ``origin``: reveal each ``eligible [n, b]`` position with probability ``p_reveal [n]``;
-    one float32 uniform per eligible position, drawn in row-major order; ``[n, b]`` bool."""
-    device = generator.device if generator is not None else eligible.device
-    u = torch.rand(int(eligible.sum()), generator=generator, device=device).to(eligible.device)
-    take = torch.zeros_like(eligible)
-    take[eligible] = u < p_reveal[:, None].expand_as(eligible)[eligible]
-    return take
-
-
-def dream_step(logits: torch.Tensor, mask_logit: torch.Tensor | None, mask_id: int, eligible: torch.Tensor,
-               stop_fn, *, remasking: str, temperature: float, top_k: int | None, top_p: float | None,
-               alg_temp: float, k: torch.Tensor | None, p_reveal: torch.Tensor | None,
-               generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One commit step under Dream's rule on a block's ``[n, b]`` positions.
-
-    Args:
-        logits: ``[n, b, V]`` candidate logits (``[M]`` already ``-inf``).
-        mask_logit: ``[n, b]`` the ``[M]`` column before it was removed (put back for Dream's
-            confidence); ``None``: leave ``[M]`` out of the confidence too.
-        mask_id: the ``[M]`` id.
-        eligible: ``[n, b]`` bool, positions still masked.
-        stop_fn: ``ids -> bool`` stop-token test (``suppress_eos``), or ``None``.
-        remasking: one of :data:`DREAM_REMASKING`, or ``"low_confidence"`` / ``"random"`` (ranked by
-            the noise-free probability / uniform scores with top-k / top-p draws).
-        temperature, top_k, top_p, alg_temp: as in :class:`~maskrl.sampling.SamplerConfig`.
-        k: ``[n]`` long commits per row (all but ``origin``); p_reveal: ``[n]`` (``origin``).
-        generator: the noise source (candidate draw first, then the position draw).
-
-    Returns:
-        ``(take [n, b] bool, cand [n, b] long, prob [n, b] float32)``, ``prob`` the noise-free
-        ``softmax(logits)[cand]``.
-    """
-    filtered = dream_logits(logits.float(), temperature, top_k, top_p)  # [n, b, V], [M] -inf
-    if temperature > 0:  # Gumbel-max on the tempered, filtered logits: Dream's Categorical draw
-        cand = gumbel_max(filtered.double(), 1.0, generator)
-    else:
-        cand = filtered.argmax(-1)
-    prob = torch.softmax(logits.float(), dim=-1).gather(-1, cand[..., None]).squeeze(-1)
-    if remasking == "origin":
-        return select_origin(eligible, p_reveal, generator), cand, prob
-    if remasking in DREAM_CONFIDENCES:
-        with_mask = logits.float().clone()
-        if mask_logit is not None:
-            with_mask[..., mask_id] = mask_logit.float()
-        probs = torch.softmax(dream_logits(with_mask, temperature, top_k, top_p), dim=-1)
-        score = dream_confidence(probs, cand, remasking)
-    elif remasking == "random":
-        score = torch.rand(prob.shape, generator=generator, device=prob.device)
-    else:
-        score = prob.clone()
-    score = demote_stops(score, stop_fn(cand) if stop_fn is not None else None)
-    score = score.masked_fill(~eligible, float("-inf"))
-    if alg_temp > 0:
-        return select_alg_temp(score, k, alg_temp, generator) & eligible, cand, prob
-    order = score.argsort(dim=-1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(score.shape[-1], device=score.device).expand_as(order))
-    return (rank < k[:, None]) & eligible, cand, prob

@@ -7,7 +7,8 @@ Departures from the reference implementations, on purpose:
 - the ``[M]`` token's own logit is excluded from candidates (it is never a valid output), and so are
   the ids without a tokenizer entry (the padded output rows of Qwen2-based models such as Dream);
 - Gumbel noise is drawn only for the current block's positions (float64), so memory is ``N·b·V``
-  per step rather than ``N·L·V``;
+  per step rather than ``N·L·V`` (Dream's rule draws what Dream's code draws instead,
+  :mod:`maskrl.sampling.dream`);
 - in threshold mode each row advances through its blocks independently, so a row's trajectory is the
   same whether it is decoded alone or in a batch; ``steps`` is ignored there (a block ends when it
   has no masks, at most ``block_length`` steps).
@@ -20,11 +21,12 @@ from typing import Callable, Sequence
 import torch
 
 from maskrl.models.adapter import ModelAdapter
-from maskrl.sampling.cache import KVCache, head_at, plan_forwards
+from maskrl.sampling.cache import Hidden, KVCache, head_at, plan_forwards
 from maskrl.sampling.commit import (candidate_logits, commit_scores, hold_stops, propose, rank_positions,
                                     select_fixed, select_threshold)
 from maskrl.sampling.config import SamplerConfig
-from maskrl.sampling.dream import dream_commit_counts, dream_reveal_prob, dream_step, dream_timesteps
+from maskrl.sampling.dream import EXP_CHUNK, dream_commit_counts, dream_reveal_prob, dream_timesteps
+from maskrl.sampling.dream_step import DreamLayout, dream_step, forced_candidates
 from maskrl.sampling.lockstep import IDLE, STOP, RankLockstep
 from maskrl.sampling.view import StepObserver, StepRows, exact_observers, observer_view, requested_positions
 from maskrl.types import Rollout
@@ -82,16 +84,16 @@ class Denoising:
         return StepRows(step, rows, xr, ar, masked, start, pos, in_block, requested, wants_exact)
 
     def commits(self, st: StepRows, logits: torch.Tensor, cover: torch.Tensor,
-                generator: torch.Generator | None,
-                mask_logit: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                generator: torch.Generator | None, raw: torch.Tensor | None = None,
+                parts: Sequence[Hidden] = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The commit rule (:mod:`maskrl.sampling.commit`, or :mod:`maskrl.sampling.dream` when
         ``config.dream_rule``) on the block's ``[n, b]`` positions, from the step's candidate logits
-        ``[cover.sum(), V]`` (and the ``[M]`` column ``[cover.sum()]`` before its removal, for Dream's
-        confidences): ``(take [n, b] bool, cand [n, b] long, prob [n, b])``."""
+        ``[cover.sum(), V]`` (and, for Dream's rule, the raw output-layer logits ``raw`` of the same
+        positions and the step's forwards ``parts``): ``(take [n, b] bool, cand [n, b] long, prob [n, b])``."""
         config, n = self.config, st.rows.numel()
         fidx = cover.flatten().long().cumsum(0).view(n, self.L) - 1  # [n, L] row in logits
         if config.dream_rule:
-            return self._dream_commits(st, logits, fidx, generator, mask_logit)
+            return self._dream_commits(st, logits, fidx, generator, raw, parts)
         cand, prob = propose(logits[fidx.gather(1, st.pos)], config.temperature, generator)  # [n, b]
         eligible = st.masked.gather(1, st.pos)  # [n, b]
         stop = self.adapter.is_stop(cand) if config.suppress_eos else None
@@ -104,21 +106,65 @@ class Denoising:
         return (hold_stops(take, stop, eligible) if stop is not None else take), cand, prob
 
     def _dream_commits(self, st: StepRows, logits: torch.Tensor, fidx: torch.Tensor, generator: torch.Generator | None,
-                       mask_logit: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Dream's rule (:func:`~maskrl.sampling.dream.dream_step`) on the block's positions."""
+                       raw: torch.Tensor, parts: Sequence[Hidden]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Dream's rule on the block's positions: under ``block_first="forced"`` the rows at their
+        block's first step commit its first position (:func:`~maskrl.sampling.dream_step.forced_candidates`,
+        drawn first), the others a ranked step (:func:`~maskrl.sampling.dream_step.dream_step`)."""
         config = self.config
         at = fidx.gather(1, st.pos)  # [n, b]
         eligible = st.masked.gather(1, st.pos)  # [n, b]
         j = self.block_step[st.rows]
-        if config.schedule == "dream":
-            k = dream_commit_counts(eligible.sum(-1), self.timesteps, j)
-            p_reveal = dream_reveal_prob(self.timesteps, j)
-        else:
-            k, p_reveal = self.k_sched[j.clamp(max=len(self.k_sched) - 1)], None
-        return dream_step(logits[at], mask_logit[at] if mask_logit is not None else None, self.adapter.mask_id,
-                          eligible, self.adapter.is_stop if config.suppress_eos else None,
-                          remasking=config.remasking, temperature=config.temperature, top_k=config.top_k,
-                          top_p=config.top_p, alg_temp=config.alg_temp, k=k, p_reveal=p_reveal, generator=generator)
+        never = torch.zeros(raw.shape[-1], dtype=torch.bool, device=raw.device)
+        never[self.adapter.mask_id] = True
+        count = self.adapter.token_count
+        if count is not None and count < raw.shape[-1]:
+            never[count:] = True
+        take = torch.zeros_like(eligible)
+        cand = torch.zeros(eligible.shape, dtype=torch.long, device=eligible.device)
+        forced = (j == 0) & (config.block_first == "forced")
+        f = forced.nonzero().squeeze(-1)
+        if f.numel():  # Fast-dLLM's Dream variant: the block's first position, unranked
+            take[f, 0] = True
+            cand[f, 0] = forced_candidates(config, raw[at[f, 0]], never, st.xr.shape[1], self.p_len + st.start[f],
+                                           partial(_sequence_logits, self.adapter, parts, f,
+                                                   max(1, EXP_CHUNK // raw.shape[-1])), generator)
+        rest = (~forced).nonzero().squeeze(-1)
+        if rest.numel():
+            jr, er = j[rest], eligible[rest]
+            k = p_reveal = None
+            if config.schedule == "dream":
+                k, p_reveal = dream_commit_counts(er.sum(-1), self.timesteps, jr), dream_reveal_prob(self.timesteps, jr)
+            elif config.schedule == "fixed":
+                k = self.k_sched[jr.clamp(max=len(self.k_sched) - 1)]
+            take[rest], cand[rest] = dream_step(
+                config, logits, raw, at[rest], er, never, k=k, p_reveal=p_reveal,
+                layout=DreamLayout.of(config, self.p_len, st.start[rest]),
+                stop_fn=self.adapter.is_stop if config.suppress_eos else None, generator=generator,
+                tail=self._threshold_tail(st, rest, raw, at[rest], er, parts))
+        prob = torch.softmax(logits[at].float(), dim=-1).gather(-1, cand[..., None]).squeeze(-1)
+        return take, cand, prob
+
+    def _threshold_tail(self, st: StepRows, rest: torch.Tensor, raw: torch.Tensor, at: torch.Tensor,
+                        eligible: torch.Tensor, parts: Sequence[Hidden]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Fast-dLLM's Dream threshold without the dual cache draws the candidates of every masked
+        position from the block start to the end, not only the block's (its ``mask_index`` is not cut
+        to the block there): the rows of that draw in Dream's row-major order, and which of them are
+        the block's ``eligible [n', b]`` ones (rows ``at [n', b]`` of ``raw``;
+        :func:`~maskrl.sampling.dream_step.dream_step`'s ``tail``). ``None`` when the draw is the
+        block's: other settings, or greedy (nothing drawn)."""
+        config = self.config
+        if not (config.schedule == "threshold" and config.block_first == "forced" and config.cache != "dual"
+                and config.temperature > 0):
+            return None
+        block_raw = raw[at[eligible]]
+        after = torch.zeros_like(st.masked)
+        after[rest] = st.masked[rest] & (self.positions[None, :] >= st.start[rest, None] + self.b)
+        tail_raw = head_at(self.adapter, parts, after, self.p_len) if after.any() else block_raw[:0]
+        r_b, q_b = eligible.nonzero(as_tuple=True)
+        r_t, p_t = after[rest].nonzero(as_tuple=True)
+        keys = torch.cat([r_b * self.L + st.pos[rest][r_b, q_b], r_t * self.L + p_t])
+        order = keys.argsort()
+        return torch.cat([block_raw, tail_raw])[order], order < r_b.numel()
 
     def write(self, st: StepRows, take: torch.Tensor, cand: torch.Tensor,
               prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,6 +211,25 @@ class Denoising:
             num_steps=self.num_steps, group_ids=(group_ids if group_ids is not None else torch.arange(self.n_rows)).to(device),
             sampler=self.config, step_stats=stats,
         )
+
+
+def _sequence_logits(adapter: ModelAdapter, parts: Sequence[Hidden], rows: torch.Tensor, chunk: int):
+    """Yield the raw output-layer logits of every column of the step's ``rows [f]`` (position-aligned:
+    a shifted model's column ``c`` from the hidden state at ``c - 1``, column 0 from its own), in
+    chunks of ``[<= chunk, V]``, from the step's full forwards (those rows are at their block's full
+    first step). Parts that hold completion logits only (no decoder forward) give those."""
+    for part in parts:
+        hit = (part.rows[:, None] == rows[None, :]).any(-1)
+        if not hit.any():
+            continue
+        if part.hidden is None:
+            yield from part.logits[hit].flatten(0, 1).split(chunk)
+            continue
+        h = part.hidden[hit]  # [g, S, d], w0 = 0: a full forward
+        if adapter.shift:
+            h = torch.cat([h[:, :1], h[:, :-1]], dim=1)
+        for piece in h.flatten(0, 1).split(chunk):
+            yield adapter.head(piece)
 
 
 def _check_call(adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, config: SamplerConfig,
@@ -266,15 +331,15 @@ def generate(
             continue
         st = dec.rows_at(step, rows, observers)
         plan = plan_forwards(config.cache, dec.b, dec.block_step[rows] == 0, st.start, dec.L, st.requested,
-                             st.wants_exact)
+                             st.wants_exact, cache.lead)
         lock.share(plan)
         parts = cache.run(plan, rows, st.xr, st.ar, st.start)  # the decoder forwards
         lock.pad_decoders(st.xr, st.ar)
-        cover = st.cover(plan.inside)  # [n, L]
+        cover = st.cover(plan.inside) & (plan.computed(dec.L) if cache.lead else True)  # [n, L]; lead: KVCache
         head = head_at(adapter, parts, cover, dec.p_len)  # [cover.sum(), V]: one output layer
-        mask_logit = head[:, adapter.mask_id].clone() if config.dream_rule else None  # Dream's softmax keeps [M]
+        raw = head.clone() if config.dream_rule else None  # Dream's softmax keeps every id ([M] too)
         logits = to_candidates(head)
-        take, cand, prob = dec.commits(st, logits, cover, generator, mask_logit)
+        take, cand, prob = dec.commits(st, logits, cover, generator, raw, parts)
         committed, tokens = dec.write(st, take, cand, prob)
         _notify(observers, adapter, st, plan, logits, cover, committed, tokens, dec, to_candidates)
         lock.pad_extra(st.xr, st.ar)
