@@ -628,7 +628,7 @@ def rehearse(recipe: str, layers: int, args) -> dict:
     rec: dict = {"benchmark": "rehearse_8b", "recipe": recipe, "family": family, "layers": layers,
                  "width_divisor": args.width_divisor, "standin": str(standin),
                  "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "torch": torch.__version__},
-                 "date": time.strftime("%Y-%m-%d %H:%M:%S"), "phases": {}, "faults": []}
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S"), "code": _code_commit(), "phases": {}, "faults": []}
     ph = rec["phases"]
 
     def save():
@@ -737,7 +737,8 @@ def rehearse(recipe: str, layers: int, args) -> dict:
         print(f"  count (1 process, P={P})", flush=True)
         ph["count"] = _run_child("count", ["--recipe", recipe, "--overrides-json", json.dumps(ov_a),
                                             "--prompt-length", str(P)], log)
-    rec["plan_vs_measured"] = plan_vs_measured(rec)
+    ph["files"] = written_files(work / "a")
+    rec["plan_vs_measured"] = plan_vs_measured(rec, ph.get("plan", {}).get("files_gib"))
     for k, v in rec["plan_vs_measured"].items():
         if isinstance(v, dict) and v.get("within_15pct") is False:
             rec["faults"].append(f"plan: {k} off by {100 * v['error']:+.1f} % (plan {v['plan_gib']:.3f} GiB, measured "
@@ -763,10 +764,34 @@ def _plan_summary(plan: dict) -> dict:
             "static_gib": m["static"], "static_total_gib": m["static_total"], "activations_gib": m["activations"],
             "peak_by_phase_gib": m["peak_by_phase"], "peak_gib": m["peak"], "flops": plan["work"]["flops"],
             "forwards": plan["work"]["forwards"], "params": plan["model"]["params"],
-            "trainable": plan["model"]["trainable"], "wall_seconds": plan.get("wall_seconds")}
+            "trainable": plan["model"]["trainable"], "files_gib": plan.get("files_gib"),
+            "wall_seconds": plan.get("wall_seconds")}
 
 
-def plan_vs_measured(rec: dict) -> dict:
+def _code_commit() -> dict:
+    """The checkout's commit and whether ``src/`` or ``benchmarks/`` differ from it."""
+    def git(*a):
+        return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--", "src", "benchmarks"))}
+
+
+def written_files(run: Path) -> dict:
+    """Bytes of what run_a wrote: its last checkpoint's weights and optimizer files, and the export's
+    safetensors (the merged weights and ``adapter/``), with the rank-0-only memory of the last window
+    (rank 0 minus rank 1: the export and the trainer state are written by the main process only)."""
+    ckpts = sorted((run / "checkpoints").glob("step_*"), key=lambda d: int(d.name.split("_")[1]))
+    out: dict = {}
+    if ckpts:
+        last = ckpts[-1]
+        out["checkpoint"] = {"folder": last.name, "weights_bytes": sum(f.stat().st_size for f in last.glob("model*.safetensors")),
+                             "optimizer_bytes": sum(f.stat().st_size for f in last.glob("optimizer*.bin"))}
+    if (run / "model").is_dir():
+        out["export_bytes"] = sum(f.stat().st_size for f in (run / "model").rglob("*.safetensors"))
+    return out
+
+
+def plan_vs_measured(rec: dict, files_gib: dict | None = None) -> dict:
     """The plan's per-process peak beside the measurements: the 1-process step (``count``, the plan without
     DDP's gradient buckets) and the 2-process run's step windows (worker ``VmHWM`` minus the count
     process's memory before the model was built)."""
@@ -790,6 +815,16 @@ def plan_vs_measured(rec: dict) -> dict:
             for rank in sorted(steps[-1]["peak_gib"]):
                 measured = max(w["peak_gib"].get(rank, 0) for w in steps) - base
                 out[f"two_process_rank{rank}_steps_2_3"] = _err(plan["peak_gib"], measured)
+    files = ph.get("files", {})
+    if files_gib and "checkpoint" in files:
+        c = files["checkpoint"]
+        out["checkpoint_size"] = _err(files_gib["checkpoint"], (c["weights_bytes"] + c["optimizer_bytes"]) / GIB)
+    if files_gib and "export_bytes" in files:
+        out["export_size"] = _err(files_gib["export_disk"], files["export_bytes"] / GIB)
+    last = [w for w in run.get("windows", []) if w["name"] == "last_step_to_exit"]
+    if files_gib and last and {"0", "1"} <= set(last[0]["peak_gib"]):
+        extra = last[0]["peak_gib"]["0"] - last[0]["peak_gib"]["1"]  # reported, not a fault: merge temporaries vary
+        out["export_host_rank0_extra"] = {"plan_gib": files_gib["export_host"], "measured_gib": extra}
     return out
 
 

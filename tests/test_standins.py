@@ -201,6 +201,14 @@ def test_plan_vs_measured_and_the_hashed_reward():
     assert out["two_process_rank0_steps_2_3"]["measured_gib"] == pytest.approx(3.0)  # the first window is not a step
     assert out["two_process_rank1_steps_2_3"]["measured_gib"] == pytest.approx(3.1)
     assert out["two_process_rank1_steps_2_3"]["within_15pct"] is True
+    assert "checkpoint_size" not in out  # no file sizes recorded, none compared
+    gib = 2 ** 30
+    rec["phases"]["files"] = {"checkpoint": {"weights_bytes": gib, "optimizer_bytes": 2 * gib}, "export_bytes": 4 * gib}
+    rec["phases"]["run_a"]["windows"].append({"name": "last_step_to_exit", "peak_gib": {"0": 8.0, "1": 3.0}})
+    out = bench.plan_vs_measured(rec, {"checkpoint": 3.3, "export_disk": 4.0, "export_host": 4.5})
+    assert out["checkpoint_size"]["error"] == pytest.approx(0.1) and out["checkpoint_size"]["within_15pct"]
+    assert out["export_size"]["error"] == pytest.approx(0.0)
+    assert out["export_host_rank0_extra"] == {"plan_gib": 4.5, "measured_gib": 5.0}
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import rehearse_plugin
@@ -225,6 +233,8 @@ def test_rehearsal_smoke_one_recipe_one_step(tmp_path):
     assert ph["data"]["ok"] and ph["run_a"]["returncode"] == 0 and ph["eval"]["returncode"] == 0
     assert all(int(r) in (0, 1) for r in ph["run_a"]["peak_gib_per_rank"]) and len(ph["run_a"]["peak_gib_per_rank"]) == 2
     assert all(v > 0.2 for v in ph["run_a"]["peak_gib_per_rank"].values())
+    f = ph["files"]  # the checkpoint holds LoRA and AdamW, not the bf16 base the export merged into
+    assert 0 < f["checkpoint"]["weights_bytes"] < 0.05 * f["export_bytes"]
     c = ph["checks"]
     assert "error" not in c, c
     assert c["live_lora_tensors_loaded"] == 2 * 7  # A and B of the 7 linear layers of the one block

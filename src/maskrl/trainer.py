@@ -556,7 +556,8 @@ class RLTrainer:
         state (step, every process's data/rollout generators, process count, config) into ``path``
         (:mod:`maskrl.training.checkpoint`). Only the main process writes the trainer state; every
         process must call it."""
-        return _ckpt.save_checkpoint(self.acc, path, self.step_count, self.cfg, self.data_gen, self.rollout_gen)
+        return _ckpt.save_checkpoint(self.acc, path, self.step_count, self.cfg, self.data_gen, self.rollout_gen,
+                                     self.policy_eval.model)
 
     def load_checkpoint(self, path: str | Path, force: bool = False) -> None:
         """Restore everything :meth:`save_checkpoint` wrote (``--resume``); each process resumes its own
@@ -570,12 +571,16 @@ class RLTrainer:
         Raises:
             FileNotFoundError: when ``path`` holds no trainer state.
             ProcessCountError: the checkpoint's process count is not this run's and ``force`` is false.
+            FrozenWeightsError: the frozen weights (read from ``model.path``, not checkpointed) are not
+                the ones the checkpoint was trained on and ``force`` is false.
         """
         path = Path(path)
         state = read_checkpoint_state(path)
         main, world = self.acc.is_main_process, self.acc.num_processes
         _ckpt.check_process_count(path, state, world, self.tc.prompts_per_step, force, main)
-        self.acc.load_state(str(path))
+        if not _ckpt.whole_checkpoints(self.acc):  # FSDP / DeepSpeed checkpoints hold every weight
+            _ckpt.check_frozen(path, state, self.policy_eval.model, self.cfg.model.path, force, main)
+        _ckpt.load_checkpoint_state(self.acc, path)
         self.step_count = int(state["step"])
         self._metrics_log.resumed_step = self.step_count  # metrics.jsonl / TensorBoard continue from here
         _ckpt.restore_streams(state, self.acc.process_index, self.tc.seed, self.data_gen, self.rollout_gen, main, world)

@@ -31,7 +31,8 @@ The exported folder is the *trained* model, base + adapter. A LoRA update traine
 recipes' learning rates (SPEC §3, ~1e-6) is far below the resolution of a bf16 base weight (bf16
 keeps 8 significant bits: half a step at a weight of 0.05 is 1.2e-4), so adding it to the bf16
 weights rounds most of it away. :func:`save_model` therefore merges a float32 copy of the policy
-(``copy.deepcopy(...).to(torch.float32)``, then peft's public ``merge_and_unload``) and writes the
+(:func:`cpu_float32_copy`: a float32 copy made on the CPU, never on the GPU; then peft's public
+``merge_and_unload``) and writes the
 merged weights in float32 by default; the live policy is not modified. A narrower ``merged_dtype``
 is written only when rounding to it keeps the update (relative error of the exported update
 against the adapter's ``ΔW`` at most ``max_update_error``); otherwise :class:`LossyMergeError`.
@@ -136,12 +137,29 @@ def _active(layer) -> list[str]:
     return [a for a in layer.active_adapters if a in layer.lora_A]
 
 
+def cpu_float32_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``module`` whose floating-point parameters and buffers are float32 on the CPU, built
+    without a second copy on the module's own device: each tensor is copied straight to the CPU (in
+    float32) and handed to ``copy.deepcopy`` through its ``memo``, so the copy never exists on the GPU
+    (the earlier ``deepcopy(...).to("cpu")`` held a whole second model there -- 16 GiB for an 8B bf16
+    base -- for a moment at every export). Ties stay ties; ``requires_grad`` is kept; ``module`` is not
+    modified. Host memory: 4 bytes per floating-point entry."""
+    memo: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for t in (*module.parameters(), *module.buffers()):
+            if id(t) in memo:
+                continue
+            c = t.detach().to("cpu", torch.float32 if t.is_floating_point() else t.dtype, copy=True)
+            memo[id(t)] = torch.nn.Parameter(c, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else c
+    return copy.deepcopy(module, memo)
+
+
 def merge_lora_copy(peft_model, merged_dtype: torch.dtype | str = torch.float32,
                     max_update_error: float = 0.01) -> tuple[torch.nn.Module, dict]:
     """The policy's merged weights in a copy: base + ``ΔW`` computed in float32, on the CPU.
 
-    A deep copy of ``peft_model`` is moved to the CPU in float32 (base and adapter) and merged with
-    peft's ``merge_and_unload``; the copy is then cast to ``merged_dtype`` if that keeps the update
+    A copy of ``peft_model`` made on the CPU in float32 (base and adapter; :func:`cpu_float32_copy`, no
+    copy on the model's device) is merged with peft's ``merge_and_unload``; the copy is then cast to ``merged_dtype`` if that keeps the update
     (:func:`update_fidelity`). ``peft_model`` itself is not modified.
 
     Args:
@@ -166,7 +184,7 @@ def merge_lora_copy(peft_model, merged_dtype: torch.dtype | str = torch.float32,
     if not layers:
         raise ValueError("merge_lora_copy: the peft model has no LoRA layers")
     base_dtype = layers[0][1].get_base_layer().weight.dtype
-    merged = copy.deepcopy(peft_model).to(device="cpu", dtype=torch.float32).merge_and_unload()
+    merged = cpu_float32_copy(peft_model).merge_and_unload()
     fidelity = update_fidelity(peft_model, merged, dtype)
     if dtype != torch.float32:
         if fidelity["update_rel_error"] > max_update_error:

@@ -286,6 +286,26 @@ def _static_memory(cfg, pm: dict, hw: Hardware, dtype: torch.dtype, needs_refere
     return out
 
 
+def files_gib(cfg, pm: dict) -> dict:
+    """What a run writes and holds outside the training step, in GiB (whole run, not per process):
+
+    * ``checkpoint``: one ``checkpoints/step_K`` folder -- the trainable parameters (LoRA: float32
+      adapters, 4 B an entry; full fine-tuning: every weight in the model's dtype) and AdamW's two
+      moments (8 B a trainable entry); the frozen base is not in it (:mod:`maskrl.training.checkpoint`);
+      a resume reads this much into host memory.
+    * ``export_host``: host memory the main process adds at the final export -- LoRA: the float32 merged
+      copy, made on the CPU (4 B an entry of the whole model; :func:`maskrl.models.export.cpu_float32_copy`);
+      full fine-tuning: the weights as written (the model's dtype).
+    * ``export_disk``: the ``model/`` folder (LoRA: float32 merged weights, plus the adapter).
+    """
+    trainable = pm["trainable"]
+    lora = cfg.model.lora_rank > 0
+    weights = 4.0 * trainable if lora else float(pm["total_bytes"])
+    export = 4.0 * pm["params"] if lora else float(pm["total_bytes"])
+    return {"checkpoint": (weights + 8.0 * trainable) / GIB, "export_host": export / GIB,
+            "export_disk": (export + (4.0 * trainable if lora else 0.0)) / GIB}
+
+
 def memory_gib(cfg, calls: list, shape: ModelShape, dtype: torch.dtype, am: ActivationModel, pm: dict, hw: Hardware,
                prompt_length: int, needs_reference: bool) -> dict:
     """The plan's ``memory_gib`` (GiB per process): the static parts (:func:`_static_memory`), the rollout's

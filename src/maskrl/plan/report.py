@@ -8,7 +8,7 @@ import json
 import torch
 
 from maskrl.plan.flops import FlopModel, _dtype, _lora, param_memory, work_table
-from maskrl.plan.memory import ActivationModel, memory_gib
+from maskrl.plan.memory import ActivationModel, files_gib, memory_gib
 from maskrl.plan.shapes import GIB, Hardware, ModelShape, model_shape
 from maskrl.plan.work import record_work
 
@@ -32,7 +32,8 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
 
     Returns:
         A JSON-able dict: ``model``, ``hardware``, ``memory_gib`` (static parts, per-phase peaks,
-        ``peak``, ``fits``), ``work`` (per phase and term: forwards, rows, scored positions, FLOPs),
+        ``peak``, ``fits``), ``files_gib`` (a checkpoint's size, the export's host memory and size:
+        :func:`~maskrl.plan.memory.files_gib`), ``work`` (per phase and term: forwards, rows, scored positions, FLOPs),
         ``time`` (seconds per step: compute-bound at ``mfu``, and the weight-read bound; per run),
         ``what_to_change``.
     """
@@ -52,6 +53,7 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         "hardware": dataclasses.asdict(hw) | {"gpu_memory": hw.gpu_memory / GIB},
         "recipe": _recipe(cfg, prompt_length, micro_batch_size, max_forward_rows),
         "memory_gib": memory,
+        "files_gib": files_gib(cfg, pm),
         "work": {"by_phase_term": work, "forwards": sum(v["forwards"] for v in work.values()),
                  "flops": total_flops, "flops_per_process": total_flops,
                  "tokens_per_step": cfg.train.prompts_per_step * cfg.train.group_size * cfg.rollout.gen_length * hw.gpus},
@@ -185,6 +187,9 @@ def format_plan(p: dict) -> str:
         lines.append(f"  {'kv_cache':16s} {m['kv_cache']:8.2f}")
     lines += [f"  peak {k:11s} {v:8.2f}  (activations {m['activations'][k]:.2f})" for k, v in m["peak_by_phase"].items()]
     lines.append(f"  PEAK {m['peak']:.2f} GiB of {m['gpu_memory']:.3g}: {'fits' if m['fits'] else 'DOES NOT FIT'}")
+    f = p["files_gib"]
+    lines.append(f"outside the step: checkpoint {f['checkpoint']:.2f} GiB each (read back on resume); final export "
+                 f"{f['export_disk']:.2f} GiB on disk, {f['export_host']:.2f} GiB host memory on the main process")
     lines.append("work per RL step and process:")
     for k, v in w["by_phase_term"].items():
         lines.append(f"  {k:22s} forwards {v['forwards']:6d}  rows {v['rows']:8d}  scored {v['scored_positions']:9d}  "

@@ -9,7 +9,15 @@ safetensors, optimizer, scheduler, one ``random_states_<rank>.pkl`` per process)
      "data_gen": ..., "rollout_gen": ...,   # process 0's prompt and sampler streams
      "config": {...},                # the run's config (maskrl.config.to_dict)
      "num_processes": P,             # processes that trained it
-     "streams": [{"data_gen", "rollout_gen"}] * P}   # every process's own streams, by rank
+     "streams": [{"data_gen", "rollout_gen"}] * P,   # every process's own streams, by rank
+     "frozen": {"entries": n, "fingerprint": sha256}}  # the frozen weights it was trained on
+
+The weights file holds the *trainable* parameters and the buffers only (:func:`trainable_state`): a
+frozen parameter never changes, so a LoRA run's checkpoint carries its adapter, not a second copy of the
+base (16 GiB for LLaDA-8B in bf16, which the resume would also have read into memory beside the loaded
+model). The resume reads the frozen weights from ``model.path`` as the run did and checks them against
+the recorded fingerprint (:func:`frozen_fingerprint`). Checkpoints written with every weight still load.
+Under FSDP and DeepSpeed accelerate writes the model itself; those checkpoints stay whole.
 
 Each process resumes its own streams, so a resumed run on P processes equals the uninterrupted one
 bit for bit. Checkpoints of earlier maskrl versions lack ``num_processes`` and ``streams`` (they hold
@@ -51,6 +59,11 @@ class TrainingInterrupted(KeyboardInterrupt):
         super().__init__(f"{signal.Signals(signum).name} after step {step}: checkpoint saved to {checkpoint}")
 
 
+class FrozenWeightsError(ValueError):
+    """A resume whose frozen (not checkpointed) weights are not the ones the checkpoint was trained on:
+    ``model.path`` now holds another base, or the trainable set changed (e.g. another LoRA target list)."""
+
+
 class ProcessCountError(ValueError):
     """A resume on another process count than the checkpoint's, without ``force`` (the global batch,
     ``train.prompts_per_step`` × processes, would change)."""
@@ -79,14 +92,117 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def trainable_state(models: list[torch.nn.Module], weights: list[dict], _output_dir: str | None = None) -> None:
+    """Accelerate's save-state pre-hook (``Accelerator.register_save_state_pre_hook``): drop from each
+    model's state dict (``weights[i]``, keys as ``models[i].state_dict()`` names them) every frozen
+    parameter, in place, keeping trainable parameters (under every name a tied one has) and buffers.
+    Under FSDP / DeepSpeed accelerate passes no state dicts and this does nothing."""
+    for model, state in zip(models, weights):
+        frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        for key in [k for k in state if k in frozen]:
+            del state[key]
+
+
+def frozen_fingerprint(model: torch.nn.Module) -> dict:
+    """What a checkpoint records of the frozen weights it leaves out: ``{"entries": int, "fingerprint":
+    str}`` -- the number of frozen entries and a sha256 over every frozen parameter's name, shape, dtype
+    and first 4,096 entries (cheap at 8B: a few MiB read, no full hash of 16 GiB). Names are the
+    unwrapped model's (no DDP ``module.`` prefix), so the fingerprint does not depend on the process count."""
+    import hashlib
+
+    h, entries = hashlib.sha256(), 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                continue
+            entries += p.numel()
+            head = p.detach().reshape(-1)[:4096].to("cpu", torch.float32).contiguous()
+            h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|".encode())
+            h.update(head.numpy().tobytes())
+    return {"entries": entries, "fingerprint": h.hexdigest()}
+
+
+def check_frozen(path: Path, state: dict, model: torch.nn.Module, model_path: str | None, force: bool,
+                 main: bool) -> None:
+    """Refuse a resume whose frozen weights differ from the checkpoint's record (:func:`frozen_fingerprint`),
+    unless ``force`` (then warned). Checkpoints without the record (older maskrl) are not checked.
+
+    Raises:
+        FrozenWeightsError: the frozen weights differ (``model.path`` and both entry counts named).
+    """
+    saved = state.get("frozen")
+    if saved is None:
+        return
+    now = frozen_fingerprint(model)
+    if now == saved:
+        return
+    msg = (f"resume from {path}: the checkpoint holds the trainable weights only, and the frozen weights read from "
+           f"model.path {model_path!r} are not the ones it was trained on ({saved['entries']} frozen entries then, "
+           f"{now['entries']} now; fingerprint {saved['fingerprint'][:12]} vs {now['fingerprint'][:12]}). Point "
+           "model.path at the run's base model and keep model.lora_* as trained")
+    if not force:
+        raise FrozenWeightsError(msg + ", or pass --force to resume anyway")
+    if main:
+        log.warning("%s; resuming anyway (--force)", msg)
+
+
+def whole_checkpoints(acc: Accelerator) -> bool:
+    """FSDP and DeepSpeed: accelerate writes and reads the model itself (every weight)."""
+    from accelerate.utils import DistributedType
+
+    return acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+
+
+def load_trainable(models: list[torch.nn.Module], input_dir: str) -> None:
+    """Accelerate's load-state pre-hook (``Accelerator.register_load_state_pre_hook``): load each model's
+    weights file (``model.safetensors``, ``model_1.safetensors``, ... as ``save_state`` names them) into it
+    without requiring the frozen parameters (:func:`trainable_state` left them out), then take the model
+    off ``models`` so accelerate does not load it again. A file with every weight (older checkpoints)
+    loads as before.
+
+    Raises:
+        ValueError: the file lacks a trainable parameter or holds a key the model does not have (named).
+    """
+    from safetensors.torch import load_model
+
+    for i, model in enumerate(list(models)):
+        file = Path(input_dir) / f"model{'' if i == 0 else f'_{i}'}.safetensors"
+        device = next(model.parameters()).device
+        missing, unexpected = load_model(model, str(file), strict=False, device=str(device))
+        trainable = {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+        lost = sorted(set(missing) & trainable)
+        if lost or unexpected:
+            raise ValueError(f"resume from {input_dir}: {file.name} does not match the model: "
+                             + (f"trainable parameters missing: {lost[:5]}{' ...' if len(lost) > 5 else ''}; " if lost else "")
+                             + (f"unknown keys: {sorted(unexpected)[:5]}" if unexpected else "")
+                             + " (another LoRA rank or target list than the run's?)")
+    models.clear()
+
+
+def load_checkpoint_state(acc: Accelerator, path: Path) -> None:
+    """``acc.load_state(path)`` with :func:`load_trainable` as the model loader (see the module docstring)."""
+    handle = acc.register_load_state_pre_hook(load_trainable)
+    try:
+        acc.load_state(str(path))
+    finally:
+        handle.remove()
+
+
 def save_checkpoint(acc: Accelerator, path: str | Path, step: int, cfg: RunConfig, data_gen: torch.Generator,
-                    rollout_gen: torch.Generator) -> Path:
-    """Write the checkpoint folder ``path`` (module docstring) on every process: accelerate's state, then
-    :data:`TRAINER_STATE` by the main process with every process's ``data_gen`` / ``rollout_gen`` state
-    (one object all-gather on several processes). Returns ``path``."""
+                    rollout_gen: torch.Generator, model: torch.nn.Module | None = None) -> Path:
+    """Write the checkpoint folder ``path`` (module docstring) on every process: accelerate's state with
+    the trainable parameters and buffers only (:func:`trainable_state`), then :data:`TRAINER_STATE` by the
+    main process with every process's ``data_gen`` / ``rollout_gen`` state (one object all-gather on
+    several processes) and the frozen weights' fingerprint of ``model`` (the unwrapped policy; ``None`` or
+    FSDP / DeepSpeed, whose checkpoints stay whole: not recorded). Returns ``path``."""
     path = Path(path)
     acc.wait_for_everyone()
-    acc.save_state(str(path), safe_serialization=True)
+    handle = acc.register_save_state_pre_hook(trainable_state)
+    try:
+        acc.save_state(str(path), safe_serialization=True)
+    finally:
+        handle.remove()
+    frozen = frozen_fingerprint(model) if model is not None and not whole_checkpoints(acc) else None
     own = {"data_gen": data_gen.get_state(), "rollout_gen": rollout_gen.get_state()}
     if acc.num_processes > 1:
         from accelerate.utils import gather_object
@@ -96,7 +212,7 @@ def save_checkpoint(acc: Accelerator, path: str | Path, step: int, cfg: RunConfi
         streams = [own]
     if acc.is_main_process:
         torch.save({"step": step, "data_gen": own["data_gen"], "rollout_gen": own["rollout_gen"], "config": to_dict(cfg),
-                    "num_processes": acc.num_processes, "streams": streams}, path / TRAINER_STATE)
+                    "num_processes": acc.num_processes, "streams": streams, "frozen": frozen}, path / TRAINER_STATE)
     acc.wait_for_everyone()
     return path
 
