@@ -181,3 +181,26 @@ def write_sudoku_csv(path, n: int, seed: int):
         for ex in get_task("sudoku4x4").generate(n, seed=seed):
             w.writerow([ex.fields["puzzle"], ex.fields["solution"]])
     return path
+
+
+def assert_batch_equals_single(adapter, prompts, cfg, batch=None, commit_prob_tol=None):
+    """Invariance: each prompt sampled alone (``maskrl.sampling.generate``, greedy ``cfg``) gives the
+    completion, commit steps and step count it gets in the batch of all ``prompts`` (``batch``: that
+    batch's rollout, else sampled here). ``commit_prob_tol``: ``(rtol, atol)`` to compare the committed
+    probabilities too. Returns the batch rollout."""
+    import torch
+
+    from maskrl.sampling import generate
+    from maskrl.text import encode_prompts
+
+    if batch is None:
+        batch = generate(adapter, *encode_prompts(adapter.tokenizer, prompts), cfg)
+    for i, prompt in enumerate(prompts):
+        one = generate(adapter, *encode_prompts(adapter.tokenizer, [prompt]), cfg)
+        assert torch.equal(one.completion_ids[0], batch.completion_ids[i]), f"row {i} ({prompt!r}): completion"
+        assert torch.equal(one.commit_step[0], batch.commit_step[i]), f"row {i} ({prompt!r}): commit steps"
+        assert one.num_steps[0] == batch.num_steps[i], f"row {i} ({prompt!r}): steps"
+        if commit_prob_tol is not None:
+            torch.testing.assert_close(one.commit_prob[0], batch.commit_prob[i], rtol=commit_prob_tol[0],
+                                       atol=commit_prob_tol[1])
+    return batch

@@ -4,6 +4,7 @@ import torch
 from maskrl.models.adapter import ModelAdapter
 from maskrl.sampling import SamplerConfig, StepView, generate
 from maskrl.text import decode_completions, encode_prompts
+from conftest import assert_batch_equals_single
 
 PROMPTS = ["abc", "hello world", "x", "countdown 1,2,3"]
 
@@ -67,23 +68,13 @@ def test_greedy_is_deterministic_and_batch_equals_single(tiny):
     a = generate(tiny, ids, mask, cfg)
     b = generate(tiny, ids, mask, cfg)
     assert torch.equal(a.completion_ids, b.completion_ids)
-    for i, p in enumerate(PROMPTS):
-        si, sm = encode_prompts(tiny.tokenizer, [p])
-        s = generate(tiny, si, sm, cfg)
-        assert torch.equal(s.completion_ids[0], a.completion_ids[i])
-        assert torch.equal(s.commit_step[0], a.commit_step[i])
+    assert_batch_equals_single(tiny, PROMPTS, cfg, batch=a)
 
 
 def test_threshold_batch_equals_single(tiny):
     ids, mask = _batch(tiny)
     cfg = SamplerConfig(gen_length=16, block_length=8, schedule="threshold", threshold=0.05)
-    a = generate(tiny, ids, mask, cfg)
-    for i, p in enumerate(PROMPTS):
-        si, sm = encode_prompts(tiny.tokenizer, [p])
-        s = generate(tiny, si, sm, cfg)
-        assert torch.equal(s.completion_ids[0], a.completion_ids[i])
-        assert torch.equal(s.commit_step[0], a.commit_step[i])
-        assert s.num_steps[0] == a.num_steps[i]
+    assert_batch_equals_single(tiny, PROMPTS, cfg, batch=generate(tiny, ids, mask, cfg))
 
 
 def test_threshold_commits_top1_plus_confident(tiny):

@@ -12,7 +12,7 @@ import torch
 from maskrl.models.adapter import ModelAdapter
 from maskrl.sampling import SamplerConfig, StepRecorder, StepView, generate, rollout_mismatch, window_hidden
 from maskrl.text import encode_prompts
-from conftest import tiny_dream
+from conftest import assert_batch_equals_single, tiny_dream
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _reference_sampler_v0 as ref  # noqa: E402
@@ -174,12 +174,7 @@ def test_cache_batch_equals_single_with_left_padding(model, mode, schedule, requ
     a = generate(ad, ids, mask, cfg)
     if schedule == "threshold":  # rows really move to their next blocks at different steps
         assert len(set(a.num_steps.tolist())) > 1
-    for i, prompt in enumerate(PROMPTS):
-        si, sm = encode_prompts(ad.tokenizer, [prompt])
-        s = generate(ad, si, sm, cfg)
-        assert torch.equal(s.completion_ids[0], a.completion_ids[i])
-        assert torch.equal(s.commit_step[0], a.commit_step[i])
-        torch.testing.assert_close(s.commit_prob[0], a.commit_prob[i], rtol=1e-5, atol=1e-6)
+    assert_batch_equals_single(ad, PROMPTS, cfg, batch=a, commit_prob_tol=(1e-5, 1e-6))
 
 
 def test_cache_requires_decoder_model_and_single_process(tiny):

@@ -14,7 +14,7 @@ from maskrl.sampling.dream import (categorical_probs, demote_stops, dream_commit
                                    dream_probs, dream_timesteps, filter_top_k, filter_top_p)
 from maskrl.sampling.dream_step import DreamLayout, _exp_rows, dream_step, layout_alg_temp, layout_ranks
 from maskrl.text import encode_prompts
-from conftest import tiny_dream
+from conftest import assert_batch_equals_single, tiny_dream
 
 PROMPTS = ["abc", "hello world", "x", "countdown 1,2,3"]
 
@@ -193,14 +193,8 @@ def test_defaults_keep_llada_rule():
 
 def test_dream_rule_batch_equals_single_rows(dream):
     """Greedy: a row decodes the same alone or in a batch (its mask count is the batch's average)."""
-    ids, mask = encode_prompts(dream.tokenizer, PROMPTS)
     cfg = SamplerConfig(gen_length=16, block_length=16, steps=8, schedule="dream", remasking="topk_margin", top_k=50)
-    batch = generate(dream, ids, mask, cfg)
-    for r, prompt in enumerate(PROMPTS):
-        i1, m1 = encode_prompts(dream.tokenizer, [prompt])
-        one = generate(dream, i1, m1, cfg)
-        assert torch.equal(one.completion_ids[0], batch.completion_ids[r])
-        assert torch.equal(one.commit_step[0], batch.commit_step[r])
+    assert_batch_equals_single(dream, PROMPTS, cfg)
 
 
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
