@@ -73,6 +73,20 @@ class PhaseMeter:
         return out
 
 
+def files_vs_plan(run: Path, rows: dict, files_gib: dict) -> dict:
+    """The checkpoint folder's weights + optimizer files and the export's safetensors against the plan's
+    ``files_gib``; and what the export added to the device's memory above the phase's start (plan: 0,
+    the merged float32 copy is made on the CPU) -- ``maskrl.plan.memory.files_gib``."""
+    ckpt = next((run / "checkpoints").glob("step_*"))
+    written = sum(f.stat().st_size for pat in ("model*.safetensors", "optimizer*.bin") for f in ckpt.glob(pat))
+    export = sum(f.stat().st_size for f in (run / "model").rglob("*.safetensors"))
+    ex = rows["export"]
+    return {"checkpoint_size": {"plan_gib": files_gib["checkpoint"], "measured_gib": written / GIB},
+            "export_size": {"plan_gib": files_gib["export_disk"], "measured_gib": export / GIB},
+            "export_device_extra": {"plan_gib": 0.0 if ex["reserved_gib"] is not None else files_gib["export_host"],
+                                    "measured_gib": ex["peak_gib"] - ex["before_gib"]}}
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", default="llada8b_gsm8k_diffu_grpo")
@@ -180,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                              "flops_per_step": plan["work"]["flops"],
                                                              "seconds_per_step": plan["time"]["seconds_per_step"],
                                                              "seconds": plan_s},
-              "plan_vs_measured": compare, "total_seconds": time.time() - t0,
+              "plan_vs_measured": compare, "files": files_vs_plan(run, rows, plan["files_gib"]),
+              "total_seconds": time.time() - t0,
               "memory_note": ("GPU: torch.cuda.max_memory_allocated per phase (weights included); the plan counts "
                               "the same tensors" if device.type == "cuda" else
                               "CPU: the process's VmHWM per phase, which includes the interpreter and libraries "
@@ -193,6 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
         ps = c[kind]["plan_seconds"] if c else None
         print(f"{row['phase']:<14}{row['seconds']:>10.2f}{row['peak_gib']:>10.2f}"
               f"{'' if pg is None else f'{pg:.2f}':>10}{'' if ps is None else f'{ps:.2f}':>10}")
+    for k, v in result["files"].items():
+        print(f"{k:<34}measured {v['measured_gib']:8.3f} GiB   plan {v['plan_gib']:8.3f} GiB")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
