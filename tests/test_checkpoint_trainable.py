@@ -161,3 +161,22 @@ def test_plan_files_match_the_checkpoint_and_export_written(tmp_path, lora):
     out = save_model(tr.policy_eval, tmp_path / "model")
     weights = sum(f.stat().st_size for f in out.rglob("*.safetensors"))
     assert weights == pytest.approx(plan["export_disk"] * GIB, rel=0.05, abs=64 * 1024)
+
+
+def test_update_fidelity_in_row_slices_counts_as_whole_matrices(monkeypatch):
+    """update_fidelity's float64 work runs in row slices (bounded memory at 8B); any slicing gives the
+    same equal-entry count and the same error (sums in another order: float64 rounding only)."""
+    from maskrl.models import export as ex
+
+    live = _lora(torch.bfloat16).model
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in live.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 1e-2)
+    merged = cpu_float32_copy(live).merge_and_unload()
+    whole = ex.update_fidelity(live, merged, torch.bfloat16)
+    monkeypatch.setattr(ex, "FIDELITY_SLICE", 7)  # slices of a row or less, with remainders
+    sliced = ex.update_fidelity(live, merged, torch.bfloat16)
+    assert sliced["adapted_entries"] == whole["adapted_entries"] and sliced["equal_to_base"] == whole["equal_to_base"]
+    assert 0 < whole["update_rel_error"] and sliced["update_rel_error"] == pytest.approx(whole["update_rel_error"], rel=1e-12)

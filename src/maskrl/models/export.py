@@ -198,6 +198,10 @@ def merge_lora_copy(peft_model, merged_dtype: torch.dtype | str = torch.float32,
     return merged, {"adapter": ADAPTER_DIR, "base_dtype": _name(base_dtype), "merged_dtype": _name(dtype), **fidelity}
 
 
+#: entries per row slice of :func:`update_fidelity`'s float64 work (32 MiB a float64 copy)
+FIDELITY_SLICE = 2**22
+
+
 def update_fidelity(peft_model, merged: torch.nn.Module | dict[str, torch.Tensor],
                     dtype: torch.dtype | None = None) -> dict:
     """How much of a LoRA adapter's update a merged model holds, over every adapted weight.
@@ -235,15 +239,20 @@ def update_fidelity(peft_model, merged: torch.nn.Module | dict[str, torch.Tensor
                 out = weights[key]
             else:
                 out = merged.get_submodule(name).weight
-            out = (out.to(dtype) if dtype is not None else out).detach().cpu().double()
-            base = layer.get_base_layer().weight.detach().cpu().double()
-            delta = torch.zeros_like(base)
-            for a in _active(layer):
-                delta += layer.get_delta_weight(a).detach().cpu().double()
+            base = layer.get_base_layer().weight.detach()
+            deltas = [layer.get_delta_weight(a).detach() for a in _active(layer)]
+            rows = max(1, FIDELITY_SLICE // max(1, base[0].numel()))  # float64 work in row slices, not whole copies
+            for r in range(0, base.shape[0], rows):
+                o = out[r:r + rows].detach()
+                o = (o.to(dtype) if dtype is not None else o).cpu().double()
+                b = base[r:r + rows].cpu().double()
+                d = torch.zeros_like(b)
+                for dw in deltas:
+                    d += dw[r:r + rows].cpu().double()
+                equal += int((o == b).sum())
+                err2 += float(((o - b) - d).pow(2).sum())
+                norm2 += float(d.pow(2).sum())
             entries += base.numel()
-            equal += int((out == base).sum())
-            err2 += float(((out - base) - delta).pow(2).sum())
-            norm2 += float(delta.pow(2).sum())
     rel = (err2 / norm2) ** 0.5 if norm2 > 0 else (0.0 if err2 == 0 else float("inf"))
     return {"adapted_entries": entries, "equal_to_base": equal / max(1, entries), "update_rel_error": rel}
 

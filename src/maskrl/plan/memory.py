@@ -286,7 +286,7 @@ def _static_memory(cfg, pm: dict, hw: Hardware, dtype: torch.dtype, needs_refere
     return out
 
 
-def files_gib(cfg, pm: dict) -> dict:
+def files_gib(cfg, pm: dict, shape: ModelShape | None = None) -> dict:
     """What a run writes and holds outside the training step, in GiB (whole run, not per process):
 
     * ``checkpoint``: one ``checkpoints/step_K`` folder -- the trainable parameters (LoRA: float32
@@ -295,14 +295,18 @@ def files_gib(cfg, pm: dict) -> dict:
       a resume reads this much into host memory.
     * ``export_host``: host memory the main process adds at the final export -- LoRA: the float32 merged
       copy, made on the CPU (4 B an entry of the whole model; :func:`maskrl.models.export.cpu_float32_copy`);
-      full fine-tuning: the weights as written (the model's dtype).
+      full fine-tuning: the weights as written (the model's dtype). LoRA adds a passing peak of five
+      float32 copies of the largest adapted matrix (peft's ``get_delta_weight`` and the update check,
+      :func:`maskrl.models.export.update_fidelity`; 0.97 GiB measured at LLaDA's 4,096 × 12,288).
     * ``export_disk``: the ``model/`` folder (LoRA: float32 merged weights, plus the adapter).
     """
     trainable = pm["trainable"]
     lora = cfg.model.lora_rank > 0
     weights = 4.0 * trainable if lora else float(pm["total_bytes"])
     export = 4.0 * pm["params"] if lora else float(pm["total_bytes"])
-    return {"checkpoint": (weights + 8.0 * trainable) / GIB, "export_host": export / GIB,
+    largest = shape.hidden_size * max(shape.hidden_size, shape.intermediate_size) if shape is not None else 0
+    host = export + (5 * 4.0 * largest if lora else 0.0)
+    return {"checkpoint": (weights + 8.0 * trainable) / GIB, "export_host": host / GIB,
             "export_disk": (export + (4.0 * trainable if lora else 0.0)) / GIB}
 
 

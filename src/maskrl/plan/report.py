@@ -53,7 +53,7 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         "hardware": dataclasses.asdict(hw) | {"gpu_memory": hw.gpu_memory / GIB},
         "recipe": _recipe(cfg, prompt_length, micro_batch_size, max_forward_rows),
         "memory_gib": memory,
-        "files_gib": files_gib(cfg, pm),
+        "files_gib": files_gib(cfg, pm, shape),
         "work": {"by_phase_term": work, "forwards": sum(v["forwards"] for v in work.values()),
                  "flops": total_flops, "flops_per_process": total_flops,
                  "tokens_per_step": cfg.train.prompts_per_step * cfg.train.group_size * cfg.rollout.gen_length * hw.gpus},
