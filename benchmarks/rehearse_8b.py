@@ -78,6 +78,8 @@ RECIPES = ["llada8b_gsm8k_diffu_grpo", "llada8b_sudoku_dispo_diffu_grpo", "dream
            "llada8b_countdown_dispo_spg", "llada8b_gsm8k_daca_diffu_grpo", "llada8b_countdown_daca_wd1",
            "llada8b_math500_rldf", "llada8b_math500_dtca"]
 GEN_LENGTH = 32
+#: the smoke mode has no plan to take P from; its count runs at this prompt length
+SMOKE_PROMPT_LENGTH = 32
 EVAL_ROWS = 2
 
 
@@ -492,7 +494,7 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
     cfg.credit = [dataclasses.replace(m, skip_equal=False) if isinstance(m, DiSPO) else m for m in cfg.credit]
     cfg.output_dir = "/nonexistent-rehearsal-count"
     warm = load_recipe(recipe, [])
-    from maskrl.plan import _standin_config
+    from maskrl.plan.work import _standin_config
 
     t = synthetic_trainer(_standin_config(warm), 8)
     t.step()  # imports, kernels, optimizer code paths
@@ -662,7 +664,9 @@ def rehearse(recipe: str, layers: int, args) -> dict:
         print("  plan", flush=True)
         plan = run_plan(recipe, ov_a, log, 2, "ddp", None, work / "plan_ddp2.json")
         ph["plan"] = _plan_summary(plan)
-    P = plan.get("recipe", {}).get("prompt_length")
+        if "error" in plan:
+            rec["faults"].append(f"plan: {plan['error']}")
+    P = plan.get("recipe", {}).get("prompt_length") or (SMOKE_PROMPT_LENGTH if args.smoke else None)
 
     print(f"  run_a ({steps} steps, 2 processes)", flush=True)
     ph["run_a"] = run_cli_train(recipe, ov_a, work / "a", log)
@@ -733,10 +737,12 @@ def rehearse(recipe: str, layers: int, args) -> dict:
             rec["faults"].append("lm-eval: the lm-eval model's completions on the export differ from the live policy's")
     save()
 
-    if P and not args.smoke:
+    if P:
         print(f"  count (1 process, P={P})", flush=True)
         ph["count"] = _run_child("count", ["--recipe", recipe, "--overrides-json", json.dumps(ov_a),
                                             "--prompt-length", str(P)], log)
+        if "error" in ph["count"]:
+            rec["faults"].append(f"count: {ph['count']['error']} (the 1-process FLOP and memory count; log: {log})")
     ph["files"] = written_files(work / "a")
     rec["plan_vs_measured"] = plan_vs_measured(rec, ph.get("plan", {}).get("files_gib"))
     for k, v in rec["plan_vs_measured"].items():
@@ -889,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=2)
     p.add_argument("--out-dir", default=str(DEFAULT_OUT))
     p.add_argument("--work", default="/tmp/maskrl_rehearse")
-    p.add_argument("--smoke", action="store_true", help="one recipe, one step, no resume / count (the test suite's mode)")
+    p.add_argument("--smoke", action="store_true", help="one recipe, one step, no plan or resume; the count at P 32 (the test suite's mode)")
     p.add_argument("--depth-series", help="comma-separated depths: the 1-process count and plan at each (no runs)")
     p.add_argument("--keep", action="store_true", help="keep checkpoints and exports in --work")
     p.add_argument("--child", help=argparse.SUPPRESS)

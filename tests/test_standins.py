@@ -235,6 +235,8 @@ def test_rehearsal_smoke_one_recipe_one_step(tmp_path):
     assert all(v > 0.2 for v in ph["run_a"]["peak_gib_per_rank"].values())
     f = ph["files"]  # the checkpoint holds LoRA and AdamW, not the bf16 base the export merged into
     assert 0 < f["checkpoint"]["weights_bytes"] < 0.05 * f["export_bytes"]
+    assert rec["faults"] == [], rec["faults"]
+    assert ph["count"]["measured_flops"] > 0 and ph["count"]["prompt_length"] == 32, ph["count"]  # the 1-process count ran
     c = ph["checks"]
     assert "error" not in c, c
     assert c["live_lora_tensors_loaded"] == 2 * 7  # A and B of the 7 linear layers of the one block
