@@ -244,3 +244,18 @@ def test_rehearsal_smoke_one_recipe_one_step(tmp_path):
     lg = c["logits"]
     assert lg["layout_reader_vs_maskrl_load_max_abs"] <= 2 ** -6 * lg["logit_scale_max_abs"]  # bf16 compute vs fp32
     assert c["completions"]["rows"] == 2 and len(c["completions"]["lm_eval_export"]) == 2
+
+
+def test_rehearsal_table_in_the_docs_is_the_records():
+    """docs/scaling.md's rehearsal table is what ``benchmarks/rehearse_summary.py`` makes of the committed
+    records (re-run it after adding a record)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import rehearse_summary
+    finally:
+        sys.path.pop(0)
+    recs = rehearse_summary.records()
+    text = (ROOT / "docs" / "scaling.md").read_text()
+    block = text[text.index(rehearse_summary.BEGIN):text.index(rehearse_summary.END) + len(rehearse_summary.END)]
+    assert block == rehearse_summary.table(recs), "run python benchmarks/rehearse_summary.py"
+    assert all(r["_file"] == f"{r['recipe']}_L{r['layers']}.json" for r in recs)
