@@ -235,6 +235,12 @@ def test_an_index_into_an_empty_list_says_so_and_how_to_add_the_entry(tmp_path, 
         load_config([], ["credit.0.z=4"])
     with pytest.raises(ConfigError, match=r"e\.g\. --set credit='\[dps\]'$"):
         load_config([], ["credit.0=dps"])
+    with pytest.raises(ConfigError, match=r"e\.g\. --set credit='\[\{name: dps\}\]'$"):  # no second name key
+        load_config([], ["credit.0.name=dps"])
+    for index in ("x", "-1"):  # not a number: an empty list still says it is one (not "expected a list, got {...}")
+        with pytest.raises(ConfigError, match=rf"credit\.{index}\.lam: credit is an empty list \(0 entries\), so it "
+                                              rf"has no entry {index} to set"):
+            load_config([], [f"credit.{index}.lam=0.3"])
     with pytest.raises(ConfigError, match=r"credit\.1: credit has 1 entries \(indices 0-0\)"):
         load_config([], ["credit=[dps]", "credit.1.lam=0.3"])
     assert load_config([], ["train.report_to.0=wandb"]).train.report_to == ["wandb"]
