@@ -281,6 +281,25 @@ def test_explain_a_component_field_without_its_name_uses_the_configured_componen
     assert "lr = 1e-05" in capsys.readouterr().out
 
 
+def test_explain_a_credit_entry_indexed_as_set_indexes_it(tmp_path, capsys):
+    """``--explain credit.0.lam`` / ``credit[0].lam`` (the ``--set`` spelling) is the field of the
+    configured list's entry 0; an index past the list names its length and entries."""
+    from maskrl.config import explain
+
+    two = load_config([], ["credit=[{name: dps}, {name: dispo}]"])
+    assert explain("credit.0.lam", two) == explain("credit[0].lam", two) == explain("credit.dps.lam")
+    assert explain("credit.1.z", lambda: two) == explain("credit.dispo.z")
+    assert explain("credit.1", two) == explain("credit.dispo")
+    with pytest.raises(ConfigError, match=r"credit\.2: the configured credit list has 2 entries \(dps, dispo\)"):
+        explain("credit.2.lam", two)
+    with pytest.raises(ConfigError, match=r"credit\.0: the configured credit list has 0 entries \(none\)"):
+        explain("credit.0.lam")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("credit: [{name: dtca}]\n")
+    assert main(["config", "--config", str(recipe), "--explain", "credit[0].coverage"]) == 0
+    assert capsys.readouterr().out.strip() == explain("credit.dtca.coverage")
+
+
 def test_paths_in_a_yaml_file_are_read_from_its_folder(tmp_path, monkeypatch):
     """Issue 20 item 3: every input path field of a YAML file is relative to the file's folder (as
     its reader takes it); --set values stay relative to the working directory."""
