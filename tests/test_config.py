@@ -235,6 +235,12 @@ def test_an_index_into_an_empty_list_says_so_and_how_to_add_the_entry(tmp_path, 
         load_config([], ["credit.0.z=4"])
     with pytest.raises(ConfigError, match=r"e\.g\. --set credit='\[dps\]'$"):
         load_config([], ["credit.0=dps"])
+    with pytest.raises(ConfigError, match=r"e\.g\. --set credit='\[\{name: dps\}\]'$"):  # no second name key
+        load_config([], ["credit.0.name=dps"])
+    for index in ("x", "-1"):  # not a number: an empty list still says it is one (not "expected a list, got {...}")
+        with pytest.raises(ConfigError, match=rf"credit\.{index}\.lam: credit is an empty list \(0 entries\), so it "
+                                              rf"has no entry {index} to set"):
+            load_config([], [f"credit.{index}.lam=0.3"])
     with pytest.raises(ConfigError, match=r"credit\.1: credit has 1 entries \(indices 0-0\)"):
         load_config([], ["credit=[dps]", "credit.1.lam=0.3"])
     assert load_config([], ["train.report_to.0=wandb"]).train.report_to == ["wandb"]
@@ -273,6 +279,25 @@ def test_explain_a_component_field_without_its_name_uses_the_configured_componen
     broken.write_text("train: {lrr: 1}\n")  # the config is read only when the key needs it
     assert main(["config", "--config", str(broken), "--explain", "train.lr"]) == 0
     assert "lr = 1e-05" in capsys.readouterr().out
+
+
+def test_explain_a_credit_entry_indexed_as_set_indexes_it(tmp_path, capsys):
+    """``--explain credit.0.lam`` / ``credit[0].lam`` (the ``--set`` spelling) is the field of the
+    configured list's entry 0; an index past the list names its length and entries."""
+    from maskrl.config import explain
+
+    two = load_config([], ["credit=[{name: dps}, {name: dispo}]"])
+    assert explain("credit.0.lam", two) == explain("credit[0].lam", two) == explain("credit.dps.lam")
+    assert explain("credit.1.z", lambda: two) == explain("credit.dispo.z")
+    assert explain("credit.1", two) == explain("credit.dispo")
+    with pytest.raises(ConfigError, match=r"credit\.2: the configured credit list has 2 entries \(dps, dispo\)"):
+        explain("credit.2.lam", two)
+    with pytest.raises(ConfigError, match=r"credit\.0: the configured credit list has 0 entries \(none\)"):
+        explain("credit.0.lam")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("credit: [{name: dtca}]\n")
+    assert main(["config", "--config", str(recipe), "--explain", "credit[0].coverage"]) == 0
+    assert capsys.readouterr().out.strip() == explain("credit.dtca.coverage")
 
 
 def test_paths_in_a_yaml_file_are_read_from_its_folder(tmp_path, monkeypatch):

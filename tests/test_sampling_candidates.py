@@ -72,6 +72,29 @@ def test_stop_candidates_wait_for_the_rest_of_the_block_by_hand(schedule, suppre
     assert ro.completion_ids[0, 0] == EOS and ro.completion_ids[0, 4] == STOP
 
 
+@pytest.mark.parametrize("kw", [
+    dict(schedule="dream", remasking="origin"),
+    *(dict(schedule=s, remasking=r, alg_temp=0.5) for s in ("fixed", "dream")
+      for r in ("maskgit_plus", "topk_margin", "entropy")),
+])
+@pytest.mark.parametrize("block_length", [4, 8])
+def test_stop_candidates_wait_under_dreams_random_position_draws(kw, block_length):
+    """Dream's ``origin`` reveal and ``alg_temp`` position draw are random, yet a stop candidate is
+    committed only when no other candidate is left in the block (the scripted logits depend on the
+    position only, so a greedy position's candidate never changes: every letter of a block is committed
+    no later than any of its stops), and every position is committed."""
+    ad = scripted_adapter()
+    cfg = SamplerConfig(gen_length=8, block_length=block_length, steps=8, suppress_eos=True, **kw)
+    for seed in range(6):
+        ro = generate(ad, torch.tensor([[4, 5]]), torch.ones(1, 2, dtype=torch.bool), cfg,
+                      generator=torch.Generator().manual_seed(seed))
+        step, tok = ro.commit_step[0].view(-1, block_length), ro.completion_ids[0].view(-1, block_length)
+        stops = ad.is_stop(tok)
+        for blk in range(step.shape[0]):
+            if stops[blk].any() and (~stops[blk]).any():
+                assert step[blk][~stops[blk]].max() <= step[blk][stops[blk]].min(), (seed, ro.commit_step.tolist())
+
+
 class HoldReference:
     """Observer (block scope, no exact logits: its view holds the step's own logits) that recomputes
     each step's commits with a slow rule -- candidates by argmax, or by Gumbel-max on a copy of the

@@ -62,7 +62,8 @@ def explain(section: str, configured: RunConfig | Callable[[], RunConfig] | None
     ``objective.NAME`` for one, user plug-ins' included). One field: ``train.lr``,
     ``credit.dispo.z``, ``objective.diffu_grpo.clip_eps``; a component's field without its name
     (``objective.aggregation``, ``credit.lam``) is that field of the configured component(s), as
-    ``objective.<its name>.aggregation`` explains it.
+    ``objective.<its name>.aggregation`` explains it. An entry of the credit list as ``--set`` indexes it
+    (``credit.0.lam``, ``credit[0].lam``) is the configured module at that place.
 
     Args:
         section: what to explain.
@@ -74,7 +75,9 @@ def explain(section: str, configured: RunConfig | Callable[[], RunConfig] | None
         ConfigError: on an unknown section, component or field, listing the valid ones.
     """
     import inspect
+    import re
 
+    section = re.sub(r"\[(\d+)\]", r".\1", section)  # credit[0].lam as --set writes it
     if section in _SECTIONS:
         return "\n".join(_explain_class(_SECTIONS[section], f"[{section}]"))
     head, _, field_name = section.rpartition(".")
@@ -84,6 +87,8 @@ def explain(section: str, configured: RunConfig | Callable[[], RunConfig] | None
     if kind in ("objective", "likelihood", "credit"):
         reg = component_registry(kind)
         name, _, field_name = rest.partition(".")
+        if kind == "credit" and name.isdigit():  # credit.0.lam: the configured list's entry 0
+            name = _credit_entry(int(name), configured)
         if name and not field_name and name not in reg:  # `objective.aggregation`: the configured one's field
             return _explain_configured_field(kind, name, configured)
         names = [name] if name else reg.names()
@@ -105,6 +110,22 @@ def explain(section: str, configured: RunConfig | Callable[[], RunConfig] | None
     valid = sorted(_SECTIONS) + ["objective", "likelihood", "credit"]
     raise ConfigError(f"unknown section {section!r}; valid: {', '.join(valid)} (or SECTION.FIELD, "
                       "e.g. train.lr, credit.dispo.z)")
+
+
+def _credit_entry(index: int, configured) -> str:
+    """The registered name of entry ``index`` of the configured credit list.
+
+    Raises:
+        ConfigError: the list has no such entry (its length and names given).
+    """
+    cfg = configured() if callable(configured) else configured
+    cfg = RunConfig() if cfg is None else cfg
+    reg = component_registry("credit")
+    names = [reg.name_of(c) for c in cfg.credit]
+    if index >= len(names):
+        raise ConfigError(f"credit.{index}: the configured credit list has {len(names)} entries "
+                          f"({', '.join(names) or 'none'}); name the module instead, e.g. credit.dps.lam")
+    return names[index]
 
 
 def _explain_configured_field(kind: str, name: str, configured) -> str:

@@ -95,7 +95,7 @@ def apply_override(data: dict, item: str) -> dict:
             break
         nxt = cur[p] if isinstance(cur, list) else cur.get(p)
         if nxt is None:
-            nxt = _default_list(parts[:i + 1]) if parts[i + 1].isdigit() else None
+            nxt = _default_list(parts[:i + 1])  # a list field: any key below it is an index (checked above)
             nxt = {} if nxt is None else nxt
         elif isinstance(nxt, str):
             nxt = {"name": nxt}
@@ -136,6 +136,8 @@ def _entry_example(parts: Sequence[str], i: int, raw: str) -> str:
     rest = list(parts[i + 1:])
     if not rest:
         return raw
+    if rest == ["name"]:  # the entry's component itself
+        return f"{{name: {raw}}}"
     inner = raw
     for key in reversed(rest[1:]):
         inner = f"{{{key}: {inner}}}"

@@ -84,18 +84,29 @@ def layout_ranks(score: torch.Tensor, k: torch.Tensor, layout: DreamLayout) -> t
 
 
 def layout_alg_temp(score: torch.Tensor, k: torch.Tensor, layout: DreamLayout, alg_temp: float,
-                    generator: torch.Generator | None) -> torch.Tensor:
+                    generator: torch.Generator | None, stop: torch.Tensor | None = None) -> torch.Tensor:
     """Dream's ``alg_temp`` position draw: ``multinomial(softmax(row / alg_temp), k)`` without
     replacement on each row's layout, which is ``topk(p / q, k)`` with ``q ~ Exp(1)`` like ``p``
     (:func:`~maskrl.sampling.dream.exp_like`); nothing is drawn for rows that commit nothing (Dream
-    draws only when ``k > 0``). ``score [n, b]``, ``k [n]``; returns ``[n, b]`` bool."""
+    draws only when ``k > 0``). ``score [n, b]``, ``k [n]``; returns ``[n, b]`` bool. ``stop [n, b]``
+    bool (``suppress_eos``): the same draw, with the masked positions whose candidate is a stop taken
+    only after every other masked one (the order of ``p / q`` within each of the two)."""
     n, b = score.shape
     take = torch.zeros((n, b), dtype=torch.bool, device=score.device)
     for (width, kk), rows in _groups(layout.width, k):
         if kk == 0:
             continue
-        p = torch.softmax(_spread(score[rows], layout.off[rows], width) / alg_temp, dim=-1)
-        idx = torch.topk(p / exp_like(p, generator), kk, dim=-1).indices
+        spread = _spread(score[rows], layout.off[rows], width)
+        p = torch.softmax(spread / alg_temp, dim=-1)
+        key = p / exp_like(p, generator)
+        if stop is None:
+            idx = torch.topk(key, kk, dim=-1).indices
+        else:  # tiers: masked non-stop, masked stop, the rest; p / q orders each tier
+            is_stop = _spread(stop[rows].to(spread.dtype), layout.off[rows], width) > 0
+            tier = torch.isfinite(spread).long() * 2 - is_stop.long()
+            order = key.argsort(dim=-1, descending=True, stable=True)
+            order = order.gather(-1, tier.gather(-1, order).argsort(dim=-1, descending=True, stable=True))
+            idx = order[:, :kk]
         r, q, _ = _mark(idx, layout.off[rows], b)
         part = take[rows]
         part[r, q] = True
@@ -201,7 +212,10 @@ def dream_step(config: SamplerConfig, logits: torch.Tensor, raw: torch.Tensor, a
         take = select_origin(eligible, p_reveal, generator)
         revealed = dream_probs(raw[at[take]], tau, config.top_k, config.top_p, dtype)
         cand[take] = dream_draw(revealed, never, tau, generator)
-        return take, cand
+        if stop_fn is None:
+            return take, cand
+        # candidates exist only where revealed: a revealed stop waits until no other mask is left in the block
+        return hold_stops(take, stop_fn(cand) & take, eligible), cand
     if tail is None:
         probs = dream_probs(raw[at[eligible]], tau, config.top_k, config.top_p, dtype)  # [m, V] Dream's mask_logits
         cand[eligible] = dream_draw(probs, never, tau, generator)
@@ -225,5 +239,5 @@ def dream_step(config: SamplerConfig, logits: torch.Tensor, raw: torch.Tensor, a
         take = ((rank == 0) | (conf >= config.threshold)) & eligible
         return (hold_stops(take, stop, eligible) if stop is not None else take), cand
     if config.alg_temp > 0:
-        return layout_alg_temp(score, k, layout, config.alg_temp, generator) & eligible, cand
+        return layout_alg_temp(score, k, layout, config.alg_temp, generator, stop) & eligible, cand
     return (layout_ranks(score, k, layout) < k[:, None]) & eligible, cand
