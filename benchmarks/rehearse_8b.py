@@ -643,6 +643,8 @@ def rehearse(recipe: str, layers: int, args) -> dict:
     try:
         _, held, src, train = task_and_data(shipped)
         ph["data"] = {"ok": True, "train_rows": len(train), "eval_rows": len(held), "eval_source": src}
+    except FileNotFoundError as e:  # the recipe's data file is not on this machine: not a fault of the code
+        ph["data"] = {"ok": False, "missing_file": str(e)}
     except Exception as e:  # noqa: BLE001 - recorded as the recipe's fault
         ph["data"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         rec["faults"].append(f"data: the shipped recipe cannot start `maskrl train`: {type(e).__name__}: {e}")

@@ -9,10 +9,10 @@ completion's SHA-256 (the task's own grader still runs first, so its code path i
 score is returned when it is positive). The reward depends on the text alone, so an uninterrupted and a
 resumed run see the same rewards for the same completions.
 
-``rehearse_math500`` also gives training rows: the MATH-500 task has no train split (the shipped
-recipes name ``task.name: math500`` with ``train_size: 7500`` "MATH train split", which ``maskrl
-train`` refuses: the rehearsal records that), so this stand-in trains on the first rows of the test
-file. A rehearsal only; never a result.
+``rehearse_math500`` also gives training rows: the shipped recipes train on MATH's train split
+(``math500/train.jsonl``, :meth:`maskrl.tasks.math.MATH500.train_split`), which ``../shared/data`` does
+not hold (the rehearsal's ``data`` phase records the missing file), so this stand-in trains on the
+first rows of the test file. A rehearsal only; never a result.
 
 The task keeps its own ``name`` (``gsm8k``, ...), so the prompt card of an export names the real task and
 ``maskrl eval --task gsm8k`` picks it up.

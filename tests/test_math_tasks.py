@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from maskrl.mathverify import VerifyPool, math_equal, verify_many
 from maskrl.tasks import TASKS, default_data_dir, get_task
+from maskrl.tasks.base import DataError
 from maskrl.tasks.math import GSM8K, MATH500, extract_answer, last_boxed
 
 
@@ -339,3 +341,55 @@ def test_math500_row_with_a_tiny_gold_value_scores_only_the_right_answer():
         task = MATH500(answer_form=form)
         got = task.score_examples([row] * len(comps), comps)
         assert got == [0.0, 0.0, 1.0, 1.0, 1.0], form
+
+
+def _jsonl(path, rows):
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_math500_trains_on_maths_train_split_in_either_format_never_on_test_problems(tmp_path):
+    """MATH-500 has no training rows: ``math500/train.jsonl`` holds MATH's train split, in MATH-500's
+    format (answer field) or MATH's own (the solution's last \\boxed{}); test problems are dropped."""
+    test = [{"problem": "What is 1+1?", "solution": "\\boxed{2}", "answer": "2", "subject": "A", "level": 1}]
+    _jsonl(tmp_path / "math500" / "test.jsonl", test)
+    _jsonl(tmp_path / "math500" / "train.jsonl", [
+        {"problem": "Halve 1.", "solution": "It is $\\boxed{\\frac{1}{2}}$.", "level": "Level 2", "type": "Algebra"},
+        {"problem": "What is 2+2?", "solution": "4", "answer": "4", "subject": "B", "level": 1},
+        test[0],  # a MATH-500 test problem among the training rows
+    ])
+    with pytest.warns(UserWarning, match="dropped 1 training rows"):
+        rows = MATH500().train_split(tmp_path)
+    assert [r.fields["answer"] for r in rows] == ["\\frac{1}{2}", "4"] and [r.id for r in rows] == [0, 1]
+    assert rows[0].fields["subject"] == "Algebra"
+    assert all("1+1" not in r.prompt for r in rows)
+    with pytest.warns(UserWarning, match="dropped 1"):
+        same = MATH500().train_split(tmp_path / "math500" / "test.jsonl")  # the test file's sibling is read
+    assert [r.prompt for r in same] == [r.prompt for r in rows]
+
+
+def test_math500_without_a_train_file_says_what_to_put_where(tmp_path):
+    _jsonl(tmp_path / "math500" / "test.jsonl", [{"problem": "p", "solution": "s", "answer": "1"}])
+    with pytest.raises(FileNotFoundError, match=r"math500/train.jsonl does not exist.*MATH's train split"):
+        MATH500().train_split(tmp_path)
+    _jsonl(tmp_path / "math500" / "train.jsonl", [{"problem": "p", "solution": "no box here"}])
+    with pytest.raises(DataError, match=r"train.jsonl:1: no field 'answer' and no \\boxed"):
+        MATH500().train_split(tmp_path)
+
+
+def test_the_math500_recipes_find_their_training_rows(tmp_path, monkeypatch):
+    """The shipped LLaDA-8B MATH recipes start ``maskrl train``'s data step when the train file is there."""
+    from maskrl.config import load_config
+    from maskrl.pipeline import task_and_data
+
+    root = Path(__file__).resolve().parents[1]
+    _jsonl(tmp_path / "math500" / "test.jsonl", [{"problem": f"t{i}", "solution": "s", "answer": "1"} for i in range(3)])
+    _jsonl(tmp_path / "math500" / "train.jsonl", [{"problem": f"q{i}", "solution": f"\\boxed{{{i}}}"} for i in range(5)])
+    monkeypatch.setenv("MASKRL_DATA_DIR", str(tmp_path))
+    for name in ("llada8b_math500_rldf", "llada8b_math500_dtca"):
+        cfg = load_config([str(root / "configs" / f"{name}.yaml")], [])
+        _, held, _, train = task_and_data(cfg)
+        assert len(train) == 5 and len(held) == 3, name

@@ -17,8 +17,11 @@ prompt asks for (``####`` and the last number are fallbacks), and MATH-500 also 
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -320,18 +323,63 @@ class GSM8K(MathTask):
 @TASKS.register("math500")
 class MATH500(MathTask):
     """MATH-500 (PRM800K test split of MATH): JSONL with ``problem``, ``solution``, ``answer``,
-    ``subject``, ``level``."""
+    ``subject``, ``level``. Its training rows (:meth:`train_split`) are MATH's train split, which
+    MATH-500 does not ship: ``math500/train.jsonl`` beside the test file, in the same format or in
+    MATH's own (``problem``, ``solution``, ``level``, ``type``; the answer is the solution's last
+    ``\\boxed{}``)."""
 
     name = "math500"
     data_file = "math500/test.jsonl"
+    train_file = "math500/train.jsonl"
     hub_id = "HuggingFaceH4/MATH-500"
+
+    def train_split(self, path: str | Path | None = None) -> list[Example]:
+        """MATH's train split for RL / SFT prompts (SPEC §4: the DTCA / RLDF MATH recipes train on its
+        7,500 problems): ``math500/train.jsonl`` in the data folder. Rows whose problem is one of the
+        MATH-500 test problems (when the test file is there) are dropped, with a warning.
+
+        Args:
+            path: a data folder holding ``math500/train.jsonl``, the train file itself, the test file
+                (its sibling ``train.jsonl`` is read), or ``None`` for the default data dir.
+
+        Raises:
+            FileNotFoundError: no train file; the message says where it looked and what to put there.
+            DataError: on a malformed row (file and line named).
+        """
+        p = Path(path) if path else None
+        if p is not None and p.is_file() and p.name == "test.jsonl":
+            p = p.with_name("train.jsonl")
+        train = copy.copy(self)
+        train.data_file = self.train_file
+        try:
+            rows = train.load(p)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(
+                f"{e}. MATH-500 has no training rows of its own: put MATH's train split there as JSONL "
+                "(hendrycks/competition_math 'train', 7,500 problems with problem / solution, or PRM800K's "
+                "math_splits/train.jsonl with problem / answer), or train on another task's rows") from None
+        try:
+            test = {ex.prompt for ex in self.load(p.with_name("test.jsonl") if p and p.is_file() else p)}
+        except FileNotFoundError:
+            return rows
+        kept = [ex for ex in rows if ex.prompt not in test]  # one template: the same problem, the same prompt
+        if len(kept) < len(rows):
+            warnings.warn(f"task 'math500': dropped {len(rows) - len(kept)} training rows whose problem is a "
+                          "MATH-500 test problem", stacklevel=2)
+        return [dataclasses.replace(ex, id=i) for i, ex in enumerate(kept)]
 
     def parse(self, path: Path) -> list[Example]:
         out = []
         for lineno, obj in iter_jsonl(path):
             where = f"{path}:{lineno}"
             problem = require(obj, "problem", where)
-            answer = require(obj, "answer", where).strip()
+            if "answer" in obj or "solution" not in obj:
+                answer = str(require(obj, "answer", where)).strip()
+            else:  # MATH's own format: the answer is the solution's last \boxed{}
+                answer = (last_boxed(obj["solution"]) or "").strip()
+                if not answer:
+                    raise DataError(f"{where}: no field 'answer' and no \\boxed{{}} answer in field 'solution'")
+                obj = {**obj, "subject": obj.get("subject", obj.get("type"))}
             if not answer:
                 raise DataError(f"{where}: field 'answer' is empty")
             solution = require(obj, "solution", where)
