@@ -32,13 +32,14 @@ BEGIN, END = "<!-- rehearsal:begin -->", "<!-- rehearsal:end -->"
 
 
 def records(folder: Path = RECORDS) -> list[dict]:
-    """Every per-recipe record (``<recipe>_L<k>.json``; not the FSDP, depth-series or narrow ones), by name."""
+    """Every finished per-recipe record (``<recipe>_L<k>.json``; not the FSDP, depth-series or narrow ones,
+    nor one still being written: the rehearsal adds ``plan_vs_measured`` last), by name."""
     out = []
     for f in sorted(folder.glob("*_L*.json")):
         if not re.fullmatch(r"[a-z0-9_]+_L\d+\.json", f.name) or "_fsdp_" in f.name:
             continue
         rec = json.loads(f.read_text())
-        if rec.get("benchmark") == "rehearse_8b":
+        if rec.get("benchmark") == "rehearse_8b" and "plan_vs_measured" in rec:
             out.append(rec | {"_file": f.name})
     return out
 
