@@ -4,6 +4,7 @@
     python benchmarks/rehearse_8b.py --recipes llada8b_gsm8k_diffu_grpo --layers 1,2
     python benchmarks/rehearse_8b.py --depth-series 1,2,4 --recipes llada8b_gsm8k_diffu_grpo
     python benchmarks/rehearse_8b.py --smoke                           # one recipe, one step, narrow (test suite)
+    python benchmarks/rehearse_8b.py --rescore                         # plan_vs_measured again, from the records
     python benchmarks/rehearse_fsdp.py                                 # one recipe under FSDP2 against 1 process
 
 Each recipe writes one JSON record, ``results/rehearse_8b/<recipe>_L<layers>.json`` (``--out-dir``).
@@ -747,14 +748,7 @@ def rehearse(recipe: str, layers: int, args) -> dict:
             rec["faults"].append(f"count: {ph['count']['error']} (the 1-process FLOP and memory count; log: {log})")
     ph["files"] = written_files(work / "a")
     rec["plan_vs_measured"] = plan_vs_measured(rec, ph.get("plan", {}).get("files_gib"))
-    for k, v in rec["plan_vs_measured"].items():
-        if isinstance(v, dict) and v.get("within_15pct") is False:
-            rec["faults"].append(f"plan: {k} off by {100 * v['error']:+.1f} % (plan {v['plan_gib']:.3f} GiB, measured "
-                                 f"{v['measured_gib']:.3f} GiB)")
-    if "count" in ph and "measured_flops" in ph["count"] and plan.get("work"):
-        if ph["count"]["measured_flops"] != plan["work"]["flops"]:
-            rec["faults"].append(f"plan: FLOPs {plan['work']['flops']:.6g} planned vs {ph['count']['measured_flops']:.6g} "
-                                 "counted")
+    rec["faults"] += plan_faults(rec)
     save()
     if not args.keep:
         shutil.rmtree(work / "a" / "checkpoints", ignore_errors=True)
@@ -799,10 +793,49 @@ def written_files(run: Path) -> dict:
     return out
 
 
+def plan_faults(rec: dict) -> list[str]:
+    """The faults ``plan_vs_measured`` shows: an entry with ``within_15pct`` false, a rank whose measured
+    peak is more than 15 % above the plan (``bound`` false), FLOPs planned other than counted."""
+    out = []
+    for k, v in rec.get("plan_vs_measured", {}).items():
+        if isinstance(v, dict) and (v.get("within_15pct") is False or v.get("bound") is False):
+            out.append(f"plan: {k} off by {100 * v['error']:+.1f} % (plan {v['plan_gib']:.3f} GiB, measured "
+                       f"{v['measured_gib']:.3f} GiB)")
+    one = rec.get("plan_vs_measured", {}).get("one_process_step", {})
+    if "flops_plan" in one and not one["flops_equal"]:
+        out.append(f"plan: FLOPs {one['flops_plan']:.6g} planned vs {one['flops_counted']:.6g} counted")
+    return out
+
+
+def rescore(folder: Path) -> list[Path]:
+    """Recompute ``plan_vs_measured`` and its faults of every finished record in ``folder`` from the record's
+    own phases (:func:`plan_vs_measured`, :func:`plan_faults`), keep its other faults, and say so in
+    ``rescored`` (this checkout's commit). Returns the records rewritten."""
+    done = []
+    for f in sorted(folder.glob("*_L*.json")):
+        rec = json.loads(f.read_text())
+        if rec.get("benchmark") != "rehearse_8b" or "plan_vs_measured" not in rec:
+            continue
+        pvm = plan_vs_measured(rec, rec["phases"].get("plan", {}).get("files_gib"))
+        faults = [x for x in rec["faults"] if not x.startswith("plan: ")]
+        new = dict(rec, plan_vs_measured=pvm)
+        new["faults"] = faults + plan_faults(new)
+        if new != rec:
+            new["rescored"] = {"by": _code_commit(), "why": "plan_vs_measured recomputed from the record's phases: "
+                               "the 15 % check on the 2-process peak is on the largest rank (the plan is each "
+                               "process's peak at the longest prompt); each rank is checked not to exceed it"}
+            f.write_text(json.dumps(new, indent=2, default=str) + "\n")
+            done.append(f)
+    return done
+
+
 def plan_vs_measured(rec: dict, files_gib: dict | None = None) -> dict:
     """The plan's per-process peak beside the measurements: the 1-process step (``count``, the plan without
-    DDP's gradient buckets) and the 2-process run's step windows (worker ``VmHWM`` minus the count
-    process's memory before the model was built)."""
+    DDP's gradient buckets, at exactly the plan's prompt length) and the 2-process run's step windows
+    (worker ``VmHWM`` minus the count process's memory before the model was built). The plan is each
+    process's peak at the longest training prompt (its ``P``); a rank that drew only shorter prompts peaks
+    lower, so the 15 % check is on the largest rank (``two_process_steps_2_3``), and each rank only has to
+    stay under the plan (``bound``: at most 15 % above it)."""
     ph = rec["phases"]
     plan = ph.get("plan", {})
     if "peak_gib" not in plan:
@@ -820,9 +853,14 @@ def plan_vs_measured(rec: dict, files_gib: dict | None = None) -> dict:
     if base and run.get("windows"):
         steps = [w for w in run["windows"] if w["name"].startswith("step_")]
         if steps:
+            worst = 0.0
             for rank in sorted(steps[-1]["peak_gib"]):
                 measured = max(w["peak_gib"].get(rank, 0) for w in steps) - base
-                out[f"two_process_rank{rank}_steps_2_3"] = _err(plan["peak_gib"], measured)
+                e = _err(plan["peak_gib"], measured)
+                e["bound"] = e.pop("within_15pct") is not None and e["error"] >= -0.15
+                out[f"two_process_rank{rank}_steps_2_3"] = e
+                worst = max(worst, measured)
+            out["two_process_steps_2_3"] = _err(plan["peak_gib"], worst)
     files = ph.get("files", {})
     if files_gib and "checkpoint" in files:
         c = files["checkpoint"]
@@ -900,6 +938,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="one recipe, one step, no plan or resume; the count at P 32 (the test suite's mode)")
     p.add_argument("--depth-series", help="comma-separated depths: the 1-process count and plan at each (no runs)")
     p.add_argument("--keep", action="store_true", help="keep checkpoints and exports in --work")
+    p.add_argument("--rescore", action="store_true", help="recompute plan_vs_measured and its faults of the records "
+                                                           "in --out-dir from their own phases (no runs)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--recipe", help=argparse.SUPPRESS)
     p.add_argument("--overrides-json", help=argparse.SUPPRESS)
@@ -914,6 +954,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             res = child_count(args.recipe, ov, args.prompt_length)
         print(json.dumps(res, default=str))
+        return 0
+    if args.rescore:
+        for f in rescore(Path(args.out_dir)):
+            print(f"rescored {f}")
         return 0
     names = RECIPES if args.recipes == "all" else [r.strip() for r in args.recipes.split(",") if r.strip()]
     unknown = [r for r in names if not recipe_path(r).is_file()]

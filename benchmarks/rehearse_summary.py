@@ -9,7 +9,7 @@ records. Columns (each record's own numbers, :mod:`rehearse_8b`):
 
 * *code*: the commit the record ran (``code.commit``; ``?`` for records made before it was stored);
 * *P*: the plan's prompt length; *2 proc.*: the plan's peak per process on 2 DDP processes against the
-  measured peak of steps 2-3 (worker ``VmHWM`` minus the interpreter), with the error; *1 proc.*: the
+  larger rank's measured peak of steps 2-3 (worker ``VmHWM`` minus the interpreter), with the error; *1 proc.*: the
   same for the 1-process ``count``; *FLOPs*: the plan's against the counted ones of one step;
 * *resume*: the 2-process resume from step 2 equal to the uninterrupted run at step 3, bit for bit;
 * *export*: the merged ``model/``'s update against the adapter's ``scale · B A`` (median relative error)
@@ -66,7 +66,7 @@ def row(rec: dict) -> str:
     export = "—" if not ew else (f"{ew['median_rel_error']:.2g}, logits Δ {lg.get('export_vs_live_max_abs', float('nan')):.2g}, "
                                  f"eval {'=' if cm.get('maskrl_eval_equal_live') else '≠'} / lm-eval "
                                  f"{'=' if cm.get('lm_eval_equal_live') else '≠'}")
-    two = pvm.get("two_process_rank0_steps_2_3")
+    two = pvm.get("two_process_steps_2_3") or pvm.get("two_process_rank0_steps_2_3")  # the larger rank (older: rank 0)
     return (f"| {rec['recipe']} | {code[:7] if code else '?'} | {ph.get('plan', {}).get('prompt_length', '—')} | "
             f"{_cmp(two)} | {_cmp(one)} | {flops} | {'—' if resume is None else ('yes' if resume else 'NO')} | "
             f"{export} | {_cmp(pvm.get('checkpoint_size'))} | {len(rec.get('faults', []))} |")
