@@ -264,7 +264,9 @@ def base_plus_adapter(merged: ModelAdapter, adapter_dir: str | os.PathLike, dtyp
     ``merged`` is the export loaded in float32 (``W' = W + ΔW``, :func:`save_model`). The adapter in
     ``adapter_dir`` is attached with ``peft.PeftModel.from_pretrained``; each adapted weight becomes
     ``W' − ΔW`` (float32) and every base parameter is cast to ``dtype`` -- the training base again
-    (the float32 round trip is far inside half a bf16 step, so a bf16 base comes back bit for bit) --
+    (the float32 round trip is far inside half a bf16 step, so a bf16 base comes back bit for bit,
+    except a weight below ~2^-15 of its own update, which float32's ``W + ΔW`` could not hold: it comes
+    back within a float32 step of the update; docs/ecosystem.md) --
     while the LoRA matrices stay float32, as :func:`maskrl.models.apply_lora` keeps them. The forward
     is then the live policy's: bf16 base matmuls plus the float32 LoRA branch.
 
