@@ -94,6 +94,36 @@ def test_nonfinite_logits_observer_ignores_the_mask_column():
     assert obs.result() == {}
 
 
+def test_nonfinite_logits_observer_ignores_ids_without_a_tokenizer_entry():
+    class View:
+        def __init__(self, logits):
+            self.step, self.rows = 0, torch.tensor([0, 1])
+            self.covered = torch.ones(logits.shape[:2], dtype=torch.bool)
+            self.logits = logits.reshape(-1, logits.shape[-1])
+
+    lg = torch.zeros(2, 3, 8)
+    lg[..., 2] = float("-inf")
+    lg[..., 6:] = float("-inf")  # ids 6, 7: padded output rows, set by the sampler (candidate_logits)
+    obs = NonFiniteLogits(mask_id=2, token_count=6)
+    obs.on_step(View(lg))
+    assert obs.step is None
+    lg[1, 0, 5] = float("-inf")  # a real id's logit overflowing is still caught
+    obs.on_step(View(lg))
+    assert obs.step == 0 and obs.rows == [1]
+
+
+def test_a_model_with_padded_output_rows_trains(tmp_path):
+    """Qwen2-based models (Dream-7B: 152,064 output rows, 151,665 tokenizer ids) train: the sampler's own
+    -inf at the padded rows is not a non-finite logit (it stopped every Dream run at its first step)."""
+    from test_sampling_candidates import padded_vocab
+
+    ad = padded_vocab()
+    assert ad.token_count < ad.model.config.vocab_size
+    tr = RLTrainer(_cfg(tmp_path), ad, OddChars(), _examples())
+    metrics = tr.step()
+    assert metrics["step"] == 1 and tr.nonfinite_skips == 0
+
+
 # ---------------------------------------------------------------- item 1: in the trainer
 def test_nan_weight_is_caught_at_the_logits_and_weights_untouched(tmp_path):
     a = _tiny()

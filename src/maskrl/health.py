@@ -121,8 +121,10 @@ class NonFiniteLogits:
     """Sampler observer (:class:`maskrl.sampling.StepObserver`) that records the first denoising step
     whose completion logits hold a NaN or ±inf, and the rows concerned.
 
-    The sampler sets the ``[M]`` column to ``-inf`` itself; that one column is not counted. The
-    observer adds nothing to ``Rollout.step_stats``.
+    The sampler sets the ``[M]`` column to ``-inf`` itself, and the columns of ids without a tokenizer
+    entry (``>= token_count``: the padded output rows of Qwen2-based models such as Dream-7B,
+    :func:`~maskrl.sampling.commit.candidate_logits`); those columns are not counted. The observer adds
+    nothing to ``Rollout.step_stats``.
 
     Attributes:
         step: the first sampler step (0-based) with a non-finite logit, or ``None``.
@@ -131,15 +133,15 @@ class NonFiniteLogits:
 
     exact_logits = False  # it checks the logits the view holds; no need for theta's exact ones
 
-    def __init__(self, mask_id: int) -> None:
-        self.mask_id = mask_id
+    def __init__(self, mask_id: int, token_count: int | None = None) -> None:
+        self.mask_id, self.token_count = mask_id, token_count
         self.step: int | None = None
         self.rows: list[int] = []
 
     def on_step(self, view) -> None:
         if self.step is not None:
             return
-        lg = view.logits  # [M, V] at the step's covered positions (the current block at least)
+        lg = view.logits[..., :self.token_count]  # [M, V'] at the covered positions, ids with a tokenizer entry
         # one float32 sum per position over every column but [M] (views, no [M, V] temporaries):
         # a NaN or ±inf anywhere makes it non-finite
         m = self.mask_id

@@ -161,7 +161,7 @@ class RLTrainer:
         group_ids = torch.arange(len(examples)).repeat_interleave(g)
         ids, mask = encode_prompts(self.policy.tokenizer, [self.prompt_fn(ex.prompt) for ex in rows])
         self.policy_eval.model.eval()
-        guard = NonFiniteLogits(self.policy.mask_id)
+        guard = NonFiniteLogits(self.policy.mask_id, self.policy.token_count)
         observers = [guard] + [o for i, (_, c) in enumerate(self.credits) for o in c.observers(self.sampler, self._observer_generator(i))]
         rollout = generate(self.policy_eval, ids, mask, self.sampler, generator=self.rollout_gen, group_ids=group_ids,
                            all_done=self.all_done, ranks_max=self.ranks_max, observers=observers)
