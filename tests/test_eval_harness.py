@@ -397,3 +397,40 @@ def test_cli_eval_end_to_end(tmp_path, monkeypatch, capsys, model_dir, data_csv)
     assert main(argv[:5] + ["--gen-length", "48"] + argv[7:]) == 2
     err = capsys.readouterr().err
     assert "maskrl eval: error:" in err and "--gen-length" in err and "block_length" in err
+
+
+def test_eval_samples_with_the_cards_decoding_rule_as_lm_eval_does(tmp_path):
+    """A Dream model's card carries Dream's rule (schedule dream, entropy, top-k 50): ``maskrl eval``
+    samples with it, as the lm-eval model does, not with LLaDA's fixed / low-confidence rule (it did:
+    the Dream-7B rehearsal's lm-eval and maskrl eval completions differed)."""
+    import json
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.registry import get_model
+
+    import maskrl.lm_eval_model  # noqa: F401
+    from conftest import tiny_dream
+    from maskrl.evaluate import resolve_prompt_settings, run_harness
+    from maskrl.models import save_model
+    from maskrl.prompt_card import save_prompt_card
+    from maskrl.sampling import SamplerConfig
+    from maskrl.tasks import get_task
+
+    task = get_task("countdown")
+    rule = SamplerConfig(gen_length=16, block_length=16, steps=8, temperature=0.0, schedule="dream",
+                         remasking="entropy", top_k=50)
+    out = save_model(tiny_dream(max_positions=1024), tmp_path / "model")
+    save_prompt_card(out, task, False, rule)
+    used = resolve_prompt_settings(out, "countdown")
+    assert used["rule"]["from"] == "model card" and used["rule"]["value"]["schedule"] == "dream"
+    run_harness(model=str(out), task_name="countdown", limit=3, out_dir=tmp_path / "eval", batch_size=3,
+                progress=False)
+    f = sorted((tmp_path / "eval").rglob("samples*.jsonl"))[0]
+    cli = [json.loads(x)["completion"] for x in f.read_text().splitlines() if x.strip()]
+    lm = get_model("maskrl")(pretrained=str(out), batch_size=3)
+    rows = task.load()[:3]
+    lmo = lm.generate_until([Instance("generate_until", {}, (ex.prompt, {"until": []}), i) for i, ex in enumerate(rows)])
+    assert cli == lmo
+    from maskrl.evaluate import describe_settings
+
+    assert "decoding rule schedule dream, remasking entropy, top_k 50 (model card)" in describe_settings(used)

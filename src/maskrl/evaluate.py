@@ -2,6 +2,7 @@
 benchmark harness behind ``maskrl eval`` (:func:`run_harness`; its output folder: :mod:`maskrl.eval_store`)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -124,16 +125,24 @@ def _length_origin(used: dict[str, dict], largest: int) -> str:
             f"{why}); choose lengths with --gen-length")
 
 
+#: the sampler fields an evaluation takes from the prompt card besides the lengths: the decoding rule
+#: (Dream's schedule, remasking, top-k, ...); greedy (τ 0) always
+RULE_FIELDS = tuple(f.name for f in dataclasses.fields(SamplerConfig)
+                    if f.name not in ("gen_length", "block_length", "steps", "temperature"))
+
+
 def harness_samplers(gen_lengths: str | int | Sequence[int] = DEFAULT_GEN_LENGTHS,
                      block_length: int = DEFAULT_BLOCK_LENGTH, steps: int = 0,
                      used: dict[str, dict] | None = None) -> dict[int, SamplerConfig]:
-    """The evaluation sampler of each completion length (SPEC §5): greedy (τ = 0), fixed schedule,
-    low-confidence remasking, block ``block_length``, ``steps`` denoising steps (0: ``L/2``).
+    """The evaluation sampler of each completion length (SPEC §5): greedy (τ = 0), block
+    ``block_length``, ``steps`` denoising steps (0: ``L/2``), and the decoding rule of the prompt card
+    (``used["rule"]``: the model's own, e.g. Dream's ``schedule: dream``, ``remasking: entropy``,
+    ``top_k: 50``), else LLaDA's: fixed schedule, low-confidence remasking.
 
     Args:
         gen_lengths, block_length, steps: the settings.
         used: :func:`resolve_prompt_settings`'s record of where each came from, named in the error
-            (default: each is taken to be its flag's).
+            (default: each is taken to be its flag's), and the card's rule.
 
     Returns:
         ``{L: SamplerConfig}`` in the order given.
@@ -150,8 +159,8 @@ def harness_samplers(gen_lengths: str | int | Sequence[int] = DEFAULT_GEN_LENGTH
     for L in parse_gen_lengths(gen_lengths):
         s = steps if steps else L // 2
         try:
-            out[L] = SamplerConfig(gen_length=L, block_length=block_length, steps=s, temperature=0.0,
-                                   schedule="fixed", remasking="low_confidence")
+            rule = (used or {}).get("rule", {}).get("value") or {"schedule": "fixed", "remasking": "low_confidence"}
+            out[L] = SamplerConfig(gen_length=L, block_length=block_length, steps=s, temperature=0.0, **rule)
         except ValueError as e:
             hint = "" if steps else f" (steps defaults to gen_length/2 = {s}; set it with steps / --steps)"
             card = f"; prompt card: {used['card']['value']}" if used is not None else ""
@@ -231,6 +240,8 @@ def resolve_prompt_settings(model, task_name: str, gen_lengths=None, block_lengt
     pick("steps", steps, es.get("steps") if same else None, 0)
     pick("prompt_template", prompt_template, card["prompt_template"] if card else None, None)
     pick("chat_template", chat_template, card["chat_template"] if card else None, True)
+    rule = {k: es[k] for k in RULE_FIELDS if k in es}
+    out["rule"] = {"value": rule, "from": "model card"} if rule else {"value": {}, "from": "default"}
     return out
 
 
@@ -249,6 +260,10 @@ def describe_settings(used: dict[str, dict]) -> str:
             v = "on" if v else "off"
         elif name == "prompt_template":
             v = repr(v)
+        elif name == "rule":
+            default = SamplerConfig(gen_length=32, block_length=32, steps=16)
+            v = ", ".join(f"{k} {x}" for k, x in v.items() if getattr(default, k) != x) or "fixed, low_confidence"
+            name = "decoding rule"
         parts.append(f"{name} {v} ({d['from']})")
     return "; ".join(parts) + f"; prompt card: {used['card']['value']}"
 
