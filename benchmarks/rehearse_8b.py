@@ -407,11 +407,14 @@ def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Pat
 
     # ---- greedy completions of the live policy on the eval rows (maskrl eval's code, the adapter)
     card = read_prompt_card(export)
+    from maskrl.evaluate import RULE_FIELDS
+
     live_eval = run_harness(model=live, task_name=task.name, limit=EVAL_ROWS, out_dir=eval_dir.parent / "eval_live",
                             batch_size=EVAL_ROWS, progress=False, overwrite=True,
                             gen_lengths=card["eval_sampler"]["gen_length"],
                             block_length=card["eval_sampler"]["block_length"], steps=card["eval_sampler"]["steps"],
-                            chat_template=card["chat_template"])
+                            chat_template=card["chat_template"],
+                            rule={k: v for k, v in card["eval_sampler"].items() if k in RULE_FIELDS})
     del live, state, ref
     gc.collect()
 

@@ -431,6 +431,15 @@ def test_eval_samples_with_the_cards_decoding_rule_as_lm_eval_does(tmp_path):
     rows = task.load()[:3]
     lmo = lm.generate_until([Instance("generate_until", {}, (ex.prompt, {"until": []}), i) for i, ex in enumerate(rows)])
     assert cli == lmo
+    from maskrl.models import load
+
+    live = run_harness(model=load(out), task_name="countdown", limit=3, out_dir=tmp_path / "live", batch_size=3,
+                       progress=False, gen_lengths=16, block_length=16, steps=8,
+                       rule={k: getattr(rule, k) for k in ("schedule", "remasking", "top_k")})
+    f = sorted((tmp_path / "live").rglob("samples*.jsonl"))[0]  # an adapter has no card: the rule as an argument
+    assert [json.loads(x)["completion"] for x in f.read_text().splitlines() if x.strip()] == cli
+    with pytest.raises(ValueError, match="rule: colour are not decoding-rule fields"):
+        run_harness(model=str(out), task_name="countdown", limit=1, out_dir=tmp_path / "bad", rule={"colour": 1})
     from maskrl.evaluate import describe_settings
 
     assert "decoding rule schedule dream, remasking entropy, top_k 50 (model card)" in describe_settings(used)

@@ -273,7 +273,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
                 data_path: str | os.PathLike | None = None, block_length: int | None = None,
                 steps: int | None = None, batch_size: int = 16, resume: bool = False, device: str = "auto",
                 dtype: str = "float32", chat_template: bool | None = None, progress: bool = True,
-                prompt_template: str | None = None, overwrite: bool = False) -> dict:
+                prompt_template: str | None = None, overwrite: bool = False, rule: dict | None = None) -> dict:
     """Benchmark a model on a task at several completion lengths: the body of ``maskrl eval`` (SPEC §5).
 
     For each length ``L``: greedy decoding (τ = 0) with the training sampler
@@ -301,6 +301,8 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
         data_path: the task's data file or a data dir holding it (default: the shared data dir).
         block_length: block size ``b`` in tokens; every ``L`` must be a multiple of it.
         steps: denoising steps per completion (``0``: ``L/2``); a multiple of ``L/b``.
+        rule: the decoding rule (:data:`RULE_FIELDS`, e.g. ``{"schedule": "dream", "top_k": 50}``); ``None``:
+            the prompt card's, else LLaDA's fixed / low-confidence (an adapter has no card: pass it here).
         batch_size: rows per sampler batch.
         resume: keep the rows already in ``samples_L{L}.jsonl`` (matched by id) and generate only
             the others. Without it, finished samples of this evaluation in ``out_dir`` are refused
@@ -335,7 +337,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
     t_start = time.time()
     model = run_model_folder(model, "--model")  # a run folder: its model/ (adapters pass through)
     h = _prepare_harness(model, task_name, gen_lengths, limit, data_path, block_length, steps, batch_size, device,
-                         dtype, chat_template, prompt_template)
+                         dtype, chat_template, prompt_template, rule)
     out = Path(out_dir) if out_dir is not None else default_eval_dir(h.task.name, h.settings)
     with run_lock(out, "maskrl eval"):
         check_settings(out, h.settings, resume, overwrite, list(h.samplers))
@@ -370,11 +372,16 @@ class _Harness:
 
 
 def _prepare_harness(model, task_name: str, gen_lengths, limit, data_path, block_length, steps, batch_size,
-                     device: str, dtype: str, chat_template, prompt_template) -> _Harness:
+                     device: str, dtype: str, chat_template, prompt_template, rule=None) -> _Harness:
     """Resolve the settings (prompt card, defaults), check every argument, load the task's rows and the
     model and encode the prompts, in this order, so a bad setting is refused before the model loads.
     Raises what :func:`run_harness` documents (all but the output folder's errors)."""
     used = resolve_prompt_settings(model, task_name, gen_lengths, block_length, steps, prompt_template, chat_template)
+    if rule is not None:
+        unknown = sorted(set(rule) - set(RULE_FIELDS))
+        if unknown:
+            raise ValueError(f"rule: {', '.join(unknown)} are not decoding-rule fields ({', '.join(RULE_FIELDS)})")
+        used["rule"] = {"value": dict(rule), "from": "argument"}
     samplers = harness_samplers(used["gen_lengths"]["value"], used["block_length"]["value"], used["steps"]["value"],
                                 used)
     _check_harness_args(model, dtype, batch_size, limit)
