@@ -159,7 +159,7 @@ def harness_samplers(gen_lengths: str | int | Sequence[int] = DEFAULT_GEN_LENGTH
     for L in parse_gen_lengths(gen_lengths):
         s = steps if steps else L // 2
         try:
-            rule = (used or {}).get("rule", {}).get("value") or {"schedule": "fixed", "remasking": "low_confidence"}
+            rule = (used or {}).get("rule", {}).get("value") or {}  # none: SamplerConfig's (LLaDA's fixed / low_confidence)
             out[L] = SamplerConfig(gen_length=L, block_length=block_length, steps=s, temperature=0.0, **rule)
         except ValueError as e:
             hint = "" if steps else f" (steps defaults to gen_length/2 = {s}; set it with steps / --steps)"
