@@ -486,7 +486,6 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    from maskrl.credit.dispo import DiSPO
     from maskrl.pipeline import load_policy
     from maskrl.plan import synthetic_trainer
     from maskrl.tasks.base import Example, Task
@@ -494,8 +493,9 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
 
     torch.set_num_threads(2)
     cfg = load_recipe(recipe, overrides)
-    # as the plan counts it: DiSPO keeps every branched state (its worst case)
-    cfg.credit = [dataclasses.replace(m, skip_equal=False) if isinstance(m, DiSPO) else m for m in cfg.credit]
+    # as the plan counts it: each credit module at its worst case (CreditModule.for_planning: DiSPO keeps every
+    # branched state, DTCA max_steps states a sequence)
+    cfg.credit = [m.for_planning() for m in cfg.credit]
     cfg.output_dir = "/nonexistent-rehearsal-count"
     warm = load_recipe(recipe, [])
     from maskrl.plan.work import _standin_config

@@ -183,8 +183,9 @@ def test_maskrl_plan_runs_on_every_small_recipe(path, tmp_path, capsys):
 def test_the_planner_asks_each_credit_module_for_its_worst_case(tmp_path, monkeypatch):
     """The stand-in runs each credit module as its ``for_planning`` hook says and counts the rows its
     ``planned_rows`` states, without knowing any module by class: DiSPO keeps every branched state
-    (B·G·Z rows with a step term, none without), DTCA drops its POS table (it only reweights), the
-    others run as configured, and a new module (a plug-in defined here) is planned by its own hooks."""
+    (B·G·Z rows with a step term, none without), DTCA keeps max_steps states of every sequence and
+    drops its POS table (it only reweights), the others run as configured, and a new module (a
+    plug-in defined here) is planned by its own hooks."""
     import dataclasses
     import json
 
@@ -202,8 +203,13 @@ def test_the_planner_asks_each_credit_module_for_its_worst_case(tmp_path, monkey
     dispo, dps, dtca = _standin_config(cfg).credit
     assert dispo == dataclasses.replace(cfg.credit[0], skip_equal=False) and cfg.credit[0].skip_equal
     assert dps == cfg.credit[1]
-    assert dtca == dataclasses.replace(cfg.credit[2], pos_weights=None, tagger=None)
-    assert credit_rows_bound(cfg) == dispo_step_rows(cfg) == 3 * 2 * 4
+    assert dtca == dataclasses.replace(cfg.credit[2], pos_weights=None, tagger=None, min_steps=cfg.credit[2].max_steps)
+    assert cfg.credit[2].min_steps == 2 and dtca.min_steps == dtca.max_steps == 32
+    assert credit_rows_bound(cfg) == 3 * 2 * 4 + 3 * 2 * 32
+    assert dispo_step_rows(load_config([], TINY + ["train.prompts_per_step=3", "train.group_size=2",
+                                                   "credit=[{name: dispo, z: 4}]"])) == 3 * 2 * 4
+    sample = load_config([], TINY + ["credit=[{name: dtca, selection: sample, k: 3}]"]).credit[0]
+    assert sample.for_planning() == sample and sample.planned_rows(4) == 12  # k steps each, already the bound
     assert credit_rows_bound(load_config([], TINY + ["credit=[{name: dispo, alpha_step: 0}]"])) == 0
     assert credit_rows_bound(load_config([], TINY)) == 0
 
@@ -277,3 +283,47 @@ def test_maskrl_plan_prints_its_report_without_profiler_noise(tmp_path):
     control = subprocess.run([sys.executable, "-c", bare], capture_output=True, text=True, timeout=300)
     if not any(PROFILER_LOG.match(line) for line in control.stderr.splitlines()):
         pytest.skip("this torch build's profiler logs nothing by itself (nothing to hold back)")
+
+
+#: RLDF's state term on the tiny recipe at one block of 8 (8 commit steps), threshold schedule
+STATES = TINY + ["rollout.gen_length=8", "rollout.block_length=8", "rollout.steps=8", "rollout.schedule=threshold",
+                 "objective.name=rldf", "likelihood={name: state}", "train.prompts_per_step=2", "train.inner_iterations=1"]
+
+
+@pytest.mark.parametrize("credit", ["{name: rldf_steps, k: 4}", "{name: dtca, max_steps: 8}"])
+def test_credit_forwards_are_planned_as_what_they_are_and_split_as_on_the_full_model(credit):
+    """The credit modules' own forwards after the rewards (RLDF / DTCA's state filter) are phase
+    ``credit``, not sampler steps (planned as proposals they made DTCA's plan +26 % of the measured
+    peak), and their split into forwards follows the full model's vocabulary
+    (:func:`~maskrl.credit.rldf.state_chunk_rows`), not the stand-in's: at a vocabulary of 2^21 ids a
+    forward of [r, 8, V] float32 logits keeps r <= 2, at the stand-in's own it takes 16 rows."""
+    from maskrl.credit.rldf import STATE_MAX_ELEMENTS, state_chunk_rows
+
+    cfg = load_config([], STATES + [f"credit=[{credit}]"])
+    own = record_work(cfg, prompt_length=6)
+    wide = record_work(cfg, prompt_length=6, vocab_size=2 ** 21)
+    for calls in (own, wide):
+        assert [c.phase for c in calls[:8]] == ["rollout"] * 8  # one sampler forward per commit step (2 x 2 rows)
+        assert all(c.rows == 4 for c in calls[:8])
+        assert {c.phase for c in calls[8:]} == {"credit", "reference", "theta"}
+    k = lambda c: c.scored // c.rows  # noqa: E731 - needed positions of the forward's widest row
+    own_c = [c for c in own if c.phase == "credit"]
+    wide_c = [c for c in wide if c.phase == "credit"]
+    assert sum(c.rows for c in own_c) == sum(c.rows for c in wide_c) >= 4 * 2  # the same states either way
+    assert all(c.rows <= 16 for c in own_c) and own_c[0].rows == 16
+    assert len(wide_c) > len(own_c) and all(c.rows <= state_chunk_rows(k(c), 2 ** 21) for c in wide_c)
+    assert state_chunk_rows(8, 2 ** 21) == STATE_MAX_ELEMENTS // (8 * 2 ** 21) == 2
+    assert state_chunk_rows(8, 50) == 16 and state_chunk_rows(10 ** 6, 10 ** 6) == 1
+
+
+def test_token_stats_give_the_probability_and_entropy_by_hand():
+    """p = softmax(logits)[target] and H = -Σ q log q (nats), in float32 from bf16 logits too."""
+    from maskrl.credit.rldf import token_stats
+
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 2.0, 3.0]])
+    p, h = token_stats(logits, torch.tensor([2, 3]), entropy=True)
+    q = torch.tensor([1.0, torch.e, torch.e ** 2, torch.e ** 3]) / (1 + torch.e + torch.e ** 2 + torch.e ** 3)
+    assert torch.allclose(p, torch.tensor([0.25, float(q[3])]), atol=1e-6)
+    assert torch.allclose(h, torch.tensor([float(torch.log(torch.tensor(4.0))), float(-(q * q.log()).sum())]), atol=1e-6)
+    pb, hb = token_stats(logits.bfloat16(), torch.tensor([2, 3]), entropy=False)
+    assert hb is None and pb.dtype == torch.float32 and torch.allclose(pb, p, atol=1e-6)  # these logits are exact in bf16

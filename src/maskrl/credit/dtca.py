@@ -296,8 +296,16 @@ class DTCA(CreditModule):
         return token_weights(classes, table, ro.completion_mask)
 
     def for_planning(self) -> "DTCA":
-        """Without the POS table and tagger (they only reweight, and the stand-in's text has no parts of speech)."""
-        return dataclasses.replace(self, pos_weights=None, tagger=None) if self.pos_weights else self
+        """The worst case ``maskrl plan`` sizes for: coverage selection keeps ``max_steps`` states of every
+        sequence (``min_steps = max_steps``; how few steps reach 70 % of Σ I_t depends on the model's
+        p_i, SPEC §3.2), and no POS table or tagger (they only reweight, and the stand-in's text has
+        no parts of speech)."""
+        worst = {"min_steps": self.max_steps} if self.selection == "coverage" else {}
+        return dataclasses.replace(self, pos_weights=None, tagger=None, **worst)
+
+    def planned_rows(self, sequences: int) -> int:
+        """Chosen states per RL step at most: ``max_steps`` (coverage) or ``k`` (sample) per sequence."""
+        return sequences * (self.max_steps if self.selection == "coverage" else self.k)
 
     def observers(self, sampler, generator: torch.Generator) -> list:
         """With a cache: θ's exact ``p_i`` for the step scores (:func:`maskrl.credit.rldf.commit_observers`)."""

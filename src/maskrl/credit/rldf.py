@@ -172,9 +172,29 @@ def masked_at(commit_step: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return commit_step.long() >= steps[:, None].long()
 
 
+#: largest ``[r, k, V]`` float32 logits tensor of one :func:`state_token_stats` forward (2^25 = 128 MiB)
+STATE_MAX_ELEMENTS = 2 ** 25
+
+
+def state_chunk_rows(k_max: int, vocab: int, chunk: int = 16, max_elements: int = STATE_MAX_ELEMENTS) -> int:
+    """Rows per :func:`state_token_stats` forward: at most ``chunk``, fewer when ``rows · k_max · vocab``
+    would exceed ``max_elements`` (``k_max``: most needed positions of a row), at least one."""
+    return max(1, min(chunk, max_elements // max(1, k_max * vocab)))
+
+
+def token_stats(logits: torch.Tensor, targets: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(p, H)``: probability of ``targets`` and the entropy (nats) of the full distribution, from
+    ``[..., V]`` logits of any float dtype (computed in float32); ``H`` is None unless ``entropy``.
+    Shapes: ``targets`` and both outputs ``[...]``. :func:`state_token_stats`' statistics, and what
+    ``maskrl plan`` profiles for its memory (:class:`maskrl.plan.memory.ActivationModel`)."""
+    logp = torch.log_softmax(logits.float(), -1)
+    p = logp.gather(-1, targets[..., None]).squeeze(-1).exp()
+    return p, (-(logp.exp() * logp).sum(-1) if entropy else None)
+
+
 @torch.no_grad()
 def state_token_stats(policy: Any, rollout: Rollout, need: torch.Tensor, entropy: bool = False,
-                      chunk: int = 16, max_elements: int = 2 ** 25) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      chunk: int = 16, max_elements: int = STATE_MAX_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Current probability of the completion's token (and the entropy of the full distribution) at
     the ``need`` positions, each in the state x_s of its row (positions with ``commit_step >=
     commit_step[i]`` masked; with :func:`state_rollout` rows every needed position of a row shares
@@ -187,7 +207,8 @@ def state_token_stats(policy: Any, rollout: Rollout, need: torch.Tensor, entropy
         entropy: also return ``H [M, L]`` (nats).
         chunk: at most this many rows per forward.
         max_elements: fewer rows per forward when ``rows · (needed positions per row) · V`` would
-            exceed this (the ``[r, k, V]`` float32 logits of a forward; 2^25 = 128 MiB), down to one.
+            exceed this (the ``[r, k, V]`` float32 logits of a forward; 2^25 = 128 MiB), down to one
+            (:func:`state_chunk_rows`; V is the policy's ``logits_vocab``).
 
     Returns:
         ``(p [M, L] float32, H [M, L] float32 or None)``, 0 where ``need`` is False.
@@ -200,9 +221,9 @@ def state_token_stats(policy: Any, rollout: Rollout, need: torch.Tensor, entropy
     p = torch.zeros(m, L, dtype=torch.float32, device=cs.device)
     h = torch.zeros(m, L, dtype=torch.float32, device=cs.device) if entropy else None
     big = torch.iinfo(torch.long).max
-    vocab = getattr(getattr(getattr(policy, "model", None), "config", None), "vocab_size", None) or 1
+    vocab = getattr(policy, "logits_vocab", None) or 1
     k_max = int(need.sum(-1).max().item()) if need.numel() else 0
-    chunk = max(1, min(chunk, max_elements // max(1, k_max * vocab)))
+    chunk = state_chunk_rows(k_max, vocab, chunk, max_elements)
     for a in range(0, m, chunk):
         b = min(m, a + chunk)
         nd, c = need[a:b], cs[a:b]
@@ -219,19 +240,18 @@ def state_token_stats(policy: Any, rollout: Rollout, need: torch.Tensor, entropy
         comp = torch.where(hidden, policy.mask_id, rollout.completion_ids[a:b])
         x = torch.cat([rollout.prompt_ids[a:b], comp], 1)
         attn = torch.cat([rollout.prompt_mask[a:b].bool(), torch.ones_like(comp, dtype=torch.bool)], 1)
-        k = int(nd.sum(-1).max().item())
+        k = k_max  # every forward scores k_max positions a row: its work does not depend on the rows' order
         # columns of each row's needed positions, padded with the row's first needed column
         order = torch.sort(nd.long(), dim=1, descending=True, stable=True).indices[:, :k]  # [r, k]
         valid = torch.gather(nd, 1, order)
         cols = torch.where(valid, order, order[:, :1])
-        logits = policy.logits_at(x, attn, cols + rollout.prompt_ids.shape[1]).float()  # [r, k, V]
-        logp = torch.log_softmax(logits, -1)
+        logits = policy.logits_at(x, attn, cols + rollout.prompt_ids.shape[1])  # [r, k, V]
         tgt = torch.gather(rollout.completion_ids[a:b], 1, cols)
-        pv = logp.gather(-1, tgt[..., None]).squeeze(-1).exp()
+        pv, hv = token_stats(logits, tgt, entropy)
+        del logits
         rr = torch.arange(b - a, device=cs.device)[:, None].expand_as(cols)
         p[a + rr[valid], cols[valid]] = pv[valid]
         if entropy:
-            hv = -(logp.exp() * logp).sum(-1)
             h[a + rr[valid], cols[valid]] = hv[valid]
     return p, h
 

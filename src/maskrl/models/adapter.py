@@ -87,6 +87,10 @@ class ModelAdapter:
             :attr:`pad_id` as its pad token (``tokenizer.pad_token_id = pad_id``), so that prompt
             batches pad with the model's own pad id.
         stop_ids: extra ids that also end a completion (e.g. LLaDA's end-of-turn 126348).
+        logits_width: output-layer width that code bounding the memory of chunked ``[.., V]`` logits
+            assumes (:attr:`logits_vocab`); ``None`` (default): the model config's ``vocab_size``.
+            ``maskrl plan``'s narrow stand-in sets the full model's, so that it splits its forwards as
+            the full model does (:func:`maskrl.credit.rldf.state_chunk_rows`).
 
     Raises:
         ValueError: at construction, on a special-id collision (:meth:`check_special_ids`), or a
@@ -102,6 +106,7 @@ class ModelAdapter:
     attention: str = "4d"
     tokenizer: Any = None
     stop_ids: tuple[int, ...] = field(default_factory=tuple)
+    logits_width: int | None = None
 
     def __post_init__(self) -> None:
         self.check_special_ids()
@@ -155,6 +160,14 @@ class ModelAdapter:
             ids = vocab().values()
             return max(ids) + 1 if ids else 0
         return len(tok) if hasattr(tok, "__len__") else None
+
+    @property
+    def logits_vocab(self) -> int:
+        """Width V of the output layer's logits for memory bounds: :attr:`logits_width`, else the model
+        config's ``vocab_size``, else 1."""
+        if self.logits_width is not None:
+            return int(self.logits_width)
+        return int(getattr(getattr(self.model, "config", None), "vocab_size", None) or 1)
 
     @property
     def device(self) -> torch.device:

@@ -10,7 +10,9 @@ How each number is obtained -- counted on the library's own code, not from hand 
   ``CreditModule.for_planning`` hook gives it (its data-dependent work at the worst case, e.g. DiSPO
   keeping every branched state -- the step term's B·G·Z rows instead of the states whose random
   rewards happen to differ, :func:`credit_rows_bound`). ``RLTrainer.collect`` records every
-  decoder and output-layer call of the rollout (and of the credit modules' observers); the loss terms come from
+  decoder and output-layer call of the rollout (phase ``rollout``, the credit modules' observers included) and
+  of the credit modules' own no-grad forwards after the rewards (phase ``credit``, e.g. RLDF / DTCA's state
+  filter, planned as no-grad forwards of their rows and scored positions); the loss terms come from
   ``RLTrainer.loss_terms`` (DiSPO's branches, SML's strata, RLDF/DTCA's states included) and are
   split with the trainer's own :func:`maskrl.trainer.split_rows` under ``micro_batch_size`` /
   ``max_forward_rows``; each micro-batch's likelihood call runs once on the stand-in (no grad) to

@@ -135,7 +135,7 @@ def work_table(calls: list[Call], fm: FlopModel, checkpointing: bool) -> tuple[d
     for c in calls:
         kind = {"rollout": "rollout", "theta": "train", "reference": "reference"}.get(c.phase, "forward")
         f = fm.flops(kind, c.rows, c.seq, c.scored, c.past) * c.count
-        key = c.phase if c.phase == "rollout" else f"{c.phase}/{c.term}"
+        key = c.phase if c.phase in ("rollout", "credit") else f"{c.phase}/{c.term}"
         w = work.setdefault(key, {"forwards": 0, "rows": 0, "scored_positions": 0, "flops": 0})
         w["forwards"] += c.count
         w["rows"] += c.rows * c.count

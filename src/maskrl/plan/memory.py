@@ -137,13 +137,15 @@ class ActivationModel:
       in 1/k, layers, R and M);
     * ``backward(R)``: the decoder backward's peak above ``saved`` (per-layer recomputation and
       activation gradients);
-    * ``head(M)`` / ``head_backward(M)`` / ``propose(R)``: the output layer and log-probability of M
-      scored positions without / with backward, and the sampler's block proposal (float64 Gumbel-max,
-      SPEC §1.2) of R rows.
+    * ``head(M)`` / ``head_backward(M)`` / ``propose(R)`` / ``stats(M)``: the output layer and
+      log-probability of M scored positions without / with backward, the sampler's block proposal
+      (float64 Gumbel-max, SPEC §1.2) of R rows, and a credit module's token statistics of M positions
+      (probability and entropy over the vocabulary, :func:`maskrl.credit.rldf.token_stats`).
 
     Peaks: no-grad forward ``max(decoder(R), hidden(R) + head(M))``; θ forward + backward
     ``saved(R, M) + max(backward(R), head_backward(M))``; rollout step ``max(decoder(R), hidden(R) +
-    propose(R))``; ``hidden(R)`` = R·S·d bytes of the last hidden state.
+    propose(R))``; a credit module's forward (phase ``credit``) ``max(decoder(R), hidden(R) + stats(M))``;
+    ``hidden(R)`` = R·S·d bytes of the last hidden state.
     """
 
     def __init__(self, shape: ModelShape, dtype: torch.dtype, lora: dict | None, checkpointing: bool,
@@ -187,10 +189,11 @@ class ActivationModel:
         bwd, _ = profiled_peak(lambda: lp.sum().backward())
         return fwd, saved, bwd
 
-    def _head_parts(self, scored: int) -> tuple[int, int, int, int]:
+    def _head_parts(self, scored: int) -> tuple[int, int, int, int, int]:
         """(no-grad head + log-prob peak, saved bytes of the head with grad, its backward peak, the
-        sampler's proposal peak) for ``scored`` positions, at the narrowest width (the [M, V] tensors
-        dominate; the [M, d] input is added at full width)."""
+        sampler's proposal peak, the credit statistics' peak) for ``scored`` positions, at the narrowest
+        width (the [M, V] tensors dominate; the [M, d] input is added at full width)."""
+        from maskrl.credit.rldf import token_stats
         from maskrl.models.adapter import token_log_probs
         from maskrl.sampling import propose as _propose  # the sampler's own candidate draw
 
@@ -216,7 +219,14 @@ class ActivationModel:
                 _propose(head(hid).view(1, scored, -1), temp, g)
 
         pp, _ = profiled_peak(prop)
-        return hf, hs, hb, pp
+
+        def stats():
+            with torch.no_grad():
+                logits = head(hid)
+                token_stats(logits, tg, entropy=True)  # the entropy's extra [M, V] tensors: the larger case
+
+        sp, _ = profiled_peak(stats)
+        return hf, hs, hb, pp, sp
 
     def _fit(self, seq: int) -> dict:
         if seq in self._memo:
@@ -233,7 +243,7 @@ class ActivationModel:
         return self._memo[seq]
 
     def peak(self, kind: str, rows: int, seq: int, scored: int) -> int:
-        """Transient peak bytes of one call (``forward``, ``train`` or ``rollout``) at the full shape."""
+        """Transient peak bytes of one call (``forward``, ``train``, ``rollout`` or ``credit``) at the full shape."""
         f = self._fit(seq)
         d1, d2 = f["dec"][1], f["dec"][2]
         m1, h1, m2, h2 = f["head"]
@@ -247,6 +257,8 @@ class ActivationModel:
         hidden = rows * seq * self.shape.hidden_size * self.bytes
         if kind == "forward":
             return int(max(dec(0), hidden + head(0, scored)))
+        if kind == "credit":
+            return int(max(dec(0), hidden + head(4, scored)))
         if kind == "rollout":  # the block's rows x b positions are proposed (float64 Gumbel-max); observers' extra
             blk = min(scored, rows * self.sampler.block_length) if self.sampler is not None else scored  # ones: logits
             extra = head(0, scored - blk) if scored > blk else 0.0
@@ -331,6 +343,8 @@ def memory_gib(cfg, calls: list, shape: ModelShape, dtype: torch.dtype, am: Acti
             act = am.peak("rollout", c.rows, c.seq, c.scored) + kv
         elif c.phase == "theta":
             act = am.peak("train", c.rows, c.seq, c.scored)
+        elif c.phase == "credit":
+            act = am.peak("credit", c.rows, c.seq, c.scored)
         else:
             act = am.peak("forward", c.rows, c.seq, c.scored)
         phases[c.phase] = max(phases.get(c.phase, 0.0), act)

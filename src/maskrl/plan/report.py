@@ -44,7 +44,7 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
     ckpt = cfg.model.gradient_checkpointing
     needs_reference = cfg.objective.needs_reference or any(getattr(c, "needs_reference", False) for c in cfg.credit)
     fm, am, pm = _models(cache, shape, dtype, lora, ckpt, cfg.rollout)
-    calls = _recorded_work(cache, cfg, prompt_length, seed, micro_batch_size, max_forward_rows)
+    calls = _recorded_work(cache, cfg, prompt_length, seed, micro_batch_size, max_forward_rows, shape.vocab_size)
     work, total_flops, forwards = work_table(calls, fm, ckpt)
     memory = memory_gib(cfg, calls, shape, dtype, am, pm, hw, prompt_length, needs_reference)
     plan = {
@@ -70,6 +70,8 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
 NOTES = ("prompt_length is an estimate (pass --prompt-length); completions run to L tokens (no early stop)",
          "DiSPO's step term is its worst case: every branched state kept (B*G*Z rows; a run keeps only "
          "states whose Z rewards differ)",
+         "DTCA's step selection is its worst case: max_steps states per sequence (a run keeps the fewest "
+         "steps that cover 70 % of the step importance, at least min_steps)",
          "other data-dependent work (RLDF/DTCA's filters, the threshold schedule's steps, DiSPO's extra "
          "exact-logit forwards under a key/value cache) is that of the stand-in with random rewards")
 
@@ -85,14 +87,14 @@ def _models(cache: dict, shape: ModelShape, dtype: torch.dtype, lora: dict | Non
 
 
 def _recorded_work(cache: dict, cfg, prompt_length: int, seed: int, micro_batch_size: int | None,
-                   max_forward_rows: int | None) -> list:
+                   max_forward_rows: int | None, vocab_size: int | None = None) -> list:
     """:func:`~maskrl.plan.work.record_work` of ``cfg``, recorded once per process (keyed by the config's content)."""
     from maskrl.config import to_dict
 
     wkey = ("work", json.dumps(to_dict(cfg), sort_keys=True, default=str), micro_batch_size, max_forward_rows,
-            prompt_length, seed)
+            prompt_length, seed, vocab_size)
     if wkey not in cache:
-        cache[wkey] = record_work(cfg, prompt_length, seed, micro_batch_size, max_forward_rows)
+        cache[wkey] = record_work(cfg, prompt_length, seed, micro_batch_size, max_forward_rows, vocab_size)
     return cache[wkey]
 
 

@@ -13,8 +13,10 @@ import torch
 @dataclass(frozen=True)
 class Call:
     """One model forward: ``rows`` × ``seq`` tokens (``past`` cached keys), ``scored`` output-layer
-    positions, in ``phase`` (``rollout``, ``theta_old``, ``reference``, ``theta``) of loss ``term``;
-    ``count`` times per RL step."""
+    positions, in ``phase`` of loss ``term``; ``count`` times per RL step. Phases: ``rollout`` (the
+    sampler's steps, its observers' included), ``credit`` (the credit modules' own no-grad forwards
+    after the rewards, e.g. RLDF / DTCA's state filter, SPEC §1.5 / §3), ``theta_old``, ``reference``,
+    ``theta``."""
 
     phase: str
     term: str
@@ -31,6 +33,7 @@ class _Recorder:
 
     def __init__(self, adapter) -> None:
         self.calls: list[list[int]] = []
+        self.boundary: int | None = None
         model = adapter.model
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._h = [base.get_decoder().register_forward_pre_hook(self._decoder, with_kwargs=True),
@@ -50,6 +53,11 @@ class _Recorder:
     def take(self) -> list[list[int]]:
         out, self.calls = self.calls, []
         return out
+
+    def mark(self) -> None:
+        """Remember where the sampler's calls end (the first reward call of a step)."""
+        if self.boundary is None:
+            self.boundary = len(self.calls)
 
     def close(self) -> None:
         for h in self._h:
@@ -124,13 +132,16 @@ def estimate_prompt_length(cfg, limit: int = 256, default: int = 256) -> tuple[i
         return default, f"default {default} ({type(e).__name__}: {str(e)[:80]})"
 
 
-def synthetic_trainer(cfg, prompt_length: int, seed: int = 0):
+def synthetic_trainer(cfg, prompt_length: int, seed: int = 0, on_reward=None, logits_width: int | None = None):
     """An :class:`~maskrl.trainer.RLTrainer` of ``cfg``'s model (``load_policy``) on synthetic work:
     ``train.prompts_per_step`` prompts of ``prompt_length`` random characters (the built-in character
     tokenizer: one token each, bos included), random 0/1 rewards from a generator seeded with ``seed``,
     and no early stop (the adapter's eos id is set to -1, so every completion is L tokens long). The
     plan's stand-in and the CPU check (``benchmarks/plan_check.py``) run their steps on it; nothing is
-    written to disk."""
+    written to disk. ``on_reward``: called with no arguments before each reward call (the plan's
+    recorder marks there where the sampler's forwards end and the credit modules' begin).
+    ``logits_width``: the policy's :attr:`~maskrl.models.adapter.ModelAdapter.logits_width` (the plan
+    passes the full model's vocabulary, so that a narrow stand-in splits its logits as that model does)."""
     from maskrl.policy import load_policy
     from maskrl.tasks.base import Example, Task
     from maskrl.trainer import RLTrainer
@@ -138,13 +149,15 @@ def synthetic_trainer(cfg, prompt_length: int, seed: int = 0):
     cfg = copy.deepcopy(cfg)
     cfg.output_dir = "/nonexistent-maskrl-plan"
     policy = load_policy(cfg)
-    policy = dataclasses.replace(policy, eos_id=-1, stop_ids=())
+    policy = dataclasses.replace(policy, eos_id=-1, stop_ids=(), logits_width=logits_width)
     gen = torch.Generator().manual_seed(seed)
 
     class _Synthetic(Task):
         name = "plan_synthetic"
 
         def reward(self, prompts, completions, **_):
+            if on_reward is not None:
+                on_reward()
             return torch.randint(0, 2, (len(completions),), generator=gen).float().tolist()
 
     chars = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -154,7 +167,7 @@ def synthetic_trainer(cfg, prompt_length: int, seed: int = 0):
 
 
 def record_work(cfg, prompt_length: int, seed: int = 0, micro_batch_size: int | None = None,
-                max_forward_rows: int | None = None) -> list[Call]:
+                max_forward_rows: int | None = None, vocab_size: int | None = None) -> list[Call]:
     """The forwards of one RL step of ``cfg`` per process (see the module docstring).
 
     Args:
@@ -162,6 +175,9 @@ def record_work(cfg, prompt_length: int, seed: int = 0, micro_batch_size: int | 
         prompt_length: P, prompt tokens per row (the sequence is P + L).
         seed: seed of the stand-in's weights, prompts and rewards.
         micro_batch_size, max_forward_rows: override ``train.*`` (for the "what to change" search).
+        vocab_size: the full model's output width; forwards whose split depends on it (RLDF / DTCA's
+            state filter, :func:`maskrl.credit.rldf.state_chunk_rows`) are split as on that model
+            (default: the stand-in's own vocabulary).
 
     Returns:
         The :class:`Call` list (rollout calls one by one; loss calls with ``count`` = μ).
@@ -174,11 +190,14 @@ def record_work(cfg, prompt_length: int, seed: int = 0, micro_batch_size: int | 
                                        else micro_batch_size,
                                        max_forward_rows=sc.train.max_forward_rows if max_forward_rows is None
                                        else max_forward_rows)
-    trainer = synthetic_trainer(sc, prompt_length, seed)
+    rec = None
+    trainer = synthetic_trainer(sc, prompt_length, seed, on_reward=lambda: rec.mark(), logits_width=vocab_size)
     rec = _Recorder(trainer.policy_eval)
     try:
         batch = trainer.collect()
-        calls = [Call("rollout", "-", r, q, m, past) for r, q, past, m in rec.take()]
+        split = rec.boundary if rec.boundary is not None else len(rec.calls)
+        calls = [Call("rollout" if i < split else "credit", "-", r, q, m, past)
+                 for i, (r, q, past, m) in enumerate(rec.take())]
         mu = sc.train.inner_iterations
         with torch.no_grad():
             for ti, t in enumerate(trainer.loss_terms(batch)):
