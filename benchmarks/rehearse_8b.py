@@ -41,7 +41,10 @@ Phases (public entry points only; each a fresh process):
     the family's own layout reader (:func:`maskrl.models.standins.reference_logits`) against the live
     policy's, relative to the update's own effect on the logits; greedy completions of the live policy
     (``maskrl.evaluate.run_harness`` on the adapter), of ``maskrl eval`` on the export and of the
-    lm-eval model (``maskrl.lm_eval_model``, ``generate_until``) on the same rows.
+    lm-eval model (``maskrl.lm_eval_model``, ``generate_until``) on the same rows; the reloaded bf16
+    export's weights against the live policy's, bit for bit (:func:`weight_digests`), its completions in
+    the same process, and both models' completions in float32. A random stand-in's bf16 logits tie
+    exactly and often, so completions of another process are judged with these (:func:`completion_faults`).
 ``plan``
     ``maskrl plan --gpus 2 --strategy ddp --json`` of the same shape (the stand-in's config.json).
 ``count`` (``--child count``)
@@ -324,6 +327,22 @@ def _lora_state(ckpt: Path) -> dict:
         return {k: f.get_tensor(k) for k in f.keys() if "lora_" in k}
 
 
+def weight_digests(model) -> dict[str, str]:
+    """``{name: "dtype sha256"}`` of every parameter and buffer of a model, names as in the base model (peft's
+    ``base_model.model.`` and ``.base_layer`` taken out): two models with equal digests compute bit for bit
+    the same forward under the same kernels."""
+    import hashlib
+
+    import torch
+
+    out = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        key = name.replace("base_model.model.", "").replace(".base_layer", "")
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        out[key] = f"{str(t.dtype).removeprefix('torch.')} {hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:16]}"
+    return out
+
+
 def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Path) -> dict:
     """The live policy against its export (module docstring, ``checks``)."""
     import gc
@@ -405,29 +424,45 @@ def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Pat
             l_base = ref.logits(ids).float()
     out["prompt_tokens_row0"] = int(ids.shape[1] - 8)
 
-    # ---- greedy completions of the live policy on the eval rows (maskrl eval's code, the adapter)
+    # ---- greedy completions of the live policy on the eval rows (maskrl eval's code, the adapter), in the
+    # recipe's dtype and, as the tie-free control, with every weight in float32
     card = read_prompt_card(export)
     from maskrl.evaluate import RULE_FIELDS
 
-    live_eval = run_harness(model=live, task_name=task.name, limit=EVAL_ROWS, out_dir=eval_dir.parent / "eval_live",
-                            batch_size=EVAL_ROWS, progress=False, overwrite=True,
-                            gen_lengths=card["eval_sampler"]["gen_length"],
-                            block_length=card["eval_sampler"]["block_length"], steps=card["eval_sampler"]["steps"],
-                            chat_template=card["chat_template"],
-                            rule={k: v for k, v in card["eval_sampler"].items() if k in RULE_FIELDS})
-    del live, state, ref
-    gc.collect()
+    def complete_rows(model, name: str) -> list[str]:
+        run_harness(model=model, task_name=task.name, limit=EVAL_ROWS, out_dir=eval_dir.parent / name,
+                    batch_size=EVAL_ROWS, progress=False, overwrite=True,
+                    gen_lengths=card["eval_sampler"]["gen_length"], block_length=card["eval_sampler"]["block_length"],
+                    steps=card["eval_sampler"]["steps"], chat_template=card["chat_template"],
+                    rule={k: v for k, v in card["eval_sampler"].items() if k in RULE_FIELDS})
+        return [s["completion"] for s in samples(eval_dir.parent / name)]
 
     def samples(folder: Path) -> list[dict]:
         f = sorted(folder.glob("samples_L*.jsonl"))
         return [json.loads(x) for x in f[0].read_text().splitlines() if x.strip()] if f else []
 
-    s_live = samples(eval_dir.parent / "eval_live")
-    s_cli = samples(eval_dir)
+    c_live = complete_rows(live, "eval_live")
+    d_live = weight_digests(live.model)
+    live.model.float()
+    c_live32 = complete_rows(live, "eval_live_f32")
+    del live, state, ref
+    gc.collect()
+    c_cli = [s["completion"] for s in samples(eval_dir)]
 
     exp = load(export, dtype=cfg.model.dtype)
+    d_exp = weight_digests(exp.model)
     with torch.no_grad():
         l_exp = exp.logits(ids).float()
+    c_exp = complete_rows(exp, "eval_export_inproc")
+    del exp
+    gc.collect()
+    exp32 = load(export, dtype=torch.float32)
+    c_exp32 = complete_rows(exp32, "eval_export_f32")
+    del exp32
+    gc.collect()
+    differ = sorted(k for k in d_live.keys() | d_exp.keys() if d_live.get(k) != d_exp.get(k))
+    out["reloaded_weights"] = {"tensors": len(d_live), "bit_equal": not differ, "differ": differ[:8],
+                               "n_differ": len(differ), "threads": torch.get_num_threads()}
     ref_l = reference_logits(export, ids)
     lo = 1 if family == "dream" else 0  # Dream's position 0 has no aligned logit
     effect = float((l_live - l_base)[:, lo:].abs().max())
@@ -447,17 +482,15 @@ def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Pat
 
     import maskrl.lm_eval_model  # noqa: F401  (registers "maskrl")
 
-    del exp
-    gc.collect()
     lm = get_model("maskrl")(pretrained=str(export), dtype=str(cfg.model.dtype), batch_size=EVAL_ROWS)
     reqs = [Instance("generate_until", {}, (ex.prompt, {"until": []}), i) for i, ex in enumerate(held_out[:EVAL_ROWS])]
     lm_out = lm.generate_until(reqs)
     del lm
     gc.collect()
-    c_live = [s["completion"] for s in s_live]
-    c_cli = [s["completion"] for s in s_cli]
     out["completions"] = {"rows": len(c_live), "live": c_live, "maskrl_eval_export": c_cli, "lm_eval_export": lm_out,
+                          "export_in_process": c_exp, "live_float32": c_live32, "export_float32": c_exp32,
                           "maskrl_eval_equal_live": c_cli == c_live, "lm_eval_equal_live": lm_out == c_live,
+                          "in_process_equal_live": c_exp == c_live, "float32_equal": c_exp32 == c_live32,
                           "eval_sampler": card["eval_sampler"]}
     out["seconds"] = time.time() - t0
     out["peak_rss_gib"] = proc_status().get("VmHWM", 0) / GIB
@@ -737,10 +770,7 @@ def rehearse(recipe: str, layers: int, args) -> dict:
                                  f"same train.seed) draws other LoRA A matrices (max |diff| "
                                  f"{c['lora_init']['max_abs_diff_fresh_vs_run']:.3g}): two launches of one recipe and "
                                  "seed train different models")
-        if not c["completions"]["maskrl_eval_equal_live"]:
-            rec["faults"].append("eval: maskrl eval's completions on the export differ from the live policy's")
-        if not c["completions"]["lm_eval_equal_live"]:
-            rec["faults"].append("lm-eval: the lm-eval model's completions on the export differ from the live policy's")
+        rec["faults"] += completion_faults(c)
     save()
 
     if P:
@@ -759,6 +789,33 @@ def rehearse(recipe: str, layers: int, args) -> dict:
             shutil.rmtree(work / d / "model", ignore_errors=True)
             shutil.rmtree(work / d / "checkpoints", ignore_errors=True)
     return rec
+
+
+def completion_faults(checks: dict) -> list[str]:
+    """Faults of the live-vs-export comparison of ``checks`` (:func:`child_checks`).
+
+    The stand-in is random, so its bf16 logits over 126k / 152k ids are flat (scale ~6, a bf16 step 1/32
+    there) and a greedy decision is often an exact tie between bf16 logits: another kernel order (another
+    process, thread count or CPU) flips it. Completions of another process (``maskrl eval``, lm-eval) that
+    differ in bf16 are therefore a fault only unless three things show the export is the live policy: the
+    reloaded bf16 weights are bit-equal to the live policy's, the export's completions in the same process
+    equal the live policy's, and both in float32 (no ties at that precision) agree. Otherwise each
+    failed condition is a fault of its own."""
+    cm, rw = checks["completions"], checks.get("reloaded_weights")
+    faults = []
+    if rw is not None and not rw["bit_equal"]:
+        faults.append(f"export: the reloaded {rw['n_differ']} of {rw['tensors']} tensors differ from the live policy's "
+                      f"bits ({', '.join(rw['differ'][:4])})")
+    if "in_process_equal_live" in cm and not cm["in_process_equal_live"]:
+        faults.append("eval: the export's completions in the live policy's process differ from the live policy's")
+    if "float32_equal" in cm and not cm["float32_equal"]:
+        faults.append("eval: the export's float32 completions differ from the live policy's in float32")
+    proven = rw is not None and not faults
+    for key, who in (("maskrl_eval_equal_live", "maskrl eval"), ("lm_eval_equal_live", "the lm-eval model")):
+        if not cm[key] and not proven:
+            faults.append(f"{'eval' if who == 'maskrl eval' else 'lm-eval'}: {who}'s completions on the export differ "
+                          "from the live policy's")
+    return faults
 
 
 def _plan_summary(plan: dict) -> dict:

@@ -14,7 +14,9 @@ records. Columns (each record's own numbers, :mod:`rehearse_8b`):
 * *resume*: the 2-process resume from step 2 equal to the uninterrupted run at step 3, bit for bit;
 * *export*: the merged ``model/``'s update against the adapter's ``scale · B A`` (median relative error)
   and its logits against the live policy's (max |Δ|); ``maskrl eval`` and lm-eval completions equal the
-  live policy's;
+  live policy's; where the record has them, the reloaded bf16 weights bit for bit equal to the live
+  policy's (*bits*) and the float32 completions of the export and the live policy equal (*float32*), which
+  tell a wrong export from a flipped bf16 tie (``rehearse_8b.completion_faults``);
 * *checkpoint*: a checkpoint folder's weights + optimizer files, plan / written;
 * *faults*: how many the record lists (0: none).
 """
@@ -65,7 +67,10 @@ def row(rec: dict) -> str:
     ew, lg, cm = c.get("export_weights", {}), c.get("logits", {}), c.get("completions", {})
     export = "—" if not ew else (f"{ew['median_rel_error']:.2g}, logits Δ {lg.get('export_vs_live_max_abs', float('nan')):.2g}, "
                                  f"eval {'=' if cm.get('maskrl_eval_equal_live') else '≠'} / lm-eval "
-                                 f"{'=' if cm.get('lm_eval_equal_live') else '≠'}")
+                                 f"{'=' if cm.get('lm_eval_equal_live') else '≠'}"
+                                 + ("" if "reloaded_weights" not in c else
+                                    f", bits {'=' if c['reloaded_weights']['bit_equal'] else '≠'}, float32 "
+                                    f"{'=' if cm.get('float32_equal') else '≠'}"))
     two = pvm.get("two_process_steps_2_3") or pvm.get("two_process_rank0_steps_2_3")  # the larger rank (older: rank 0)
     return (f"| {rec['recipe']} | {code[:7] if code else '?'} | {ph.get('plan', {}).get('prompt_length', '—')} | "
             f"{_cmp(two)} | {_cmp(one)} | {flops} | {'—' if resume is None else ('yes' if resume else 'NO')} | "

@@ -255,6 +255,46 @@ def test_rehearsal_smoke_one_recipe_one_step(tmp_path):
     lg = c["logits"]
     assert lg["layout_reader_vs_maskrl_load_max_abs"] <= 2 ** -6 * lg["logit_scale_max_abs"]  # bf16 compute vs fp32
     assert c["completions"]["rows"] == 2 and len(c["completions"]["lm_eval_export"]) == 2
+    assert c["reloaded_weights"]["bit_equal"], c["reloaded_weights"]  # base_plus_adapter rebuilt the live bits
+    assert c["completions"]["in_process_equal_live"] and c["completions"]["float32_equal"], c["completions"]
+
+
+def _checks(**cm):
+    base = {"maskrl_eval_equal_live": True, "lm_eval_equal_live": True, "in_process_equal_live": True,
+            "float32_equal": True}
+    return {"completions": base | cm, "reloaded_weights": {"bit_equal": True, "tensors": 15, "n_differ": 0, "differ": []}}
+
+
+def test_completion_faults_tell_bf16_ties_from_a_wrong_export():
+    """Another process's bf16 completions may differ from the live policy's on a random stand-in (exact ties
+    between bf16 logits flip with the kernel order); that is a fault only when the export is not shown to be
+    the live policy: bit-equal reloaded weights, equal in-process completions, equal float32 completions."""
+    f = _bench().completion_faults
+    assert f(_checks()) == []
+    assert f(_checks(maskrl_eval_equal_live=False, lm_eval_equal_live=False)) == []  # proven the same model
+    got = f(_checks(maskrl_eval_equal_live=False, float32_equal=False))
+    assert len(got) == 2 and "float32" in got[0] and got[1].startswith("eval: maskrl eval")
+    bad_bits = _checks(lm_eval_equal_live=False)
+    bad_bits["reloaded_weights"] = {"bit_equal": False, "tensors": 15, "n_differ": 1, "differ": ["lm_head.weight"]}
+    got = f(bad_bits)
+    assert "lm_head.weight" in got[0] and got[1].startswith("lm-eval:")
+    got = f(_checks(in_process_equal_live=False))
+    assert got == ["eval: the export's completions in the live policy's process differ from the live policy's"]
+    old = {"completions": {"maskrl_eval_equal_live": False, "lm_eval_equal_live": True}}  # a record before the control
+    assert f(old) == ["eval: maskrl eval's completions on the export differ from the live policy's"]
+
+
+def test_weight_digests_see_one_flipped_bit():
+    import torch
+
+    bench = _bench()
+    m = torch.nn.Linear(4, 3).to(torch.bfloat16)
+    a = bench.weight_digests(m)
+    with torch.no_grad():
+        m.weight.view(torch.int16)[1, 2] ^= 1  # the last mantissa bit of one entry
+    b = bench.weight_digests(m)
+    assert a.keys() == b.keys() == {"weight", "bias"} and a["bias"] == b["bias"] and a["weight"] != b["weight"]
+    assert a["weight"].startswith("bfloat16 ")
 
 
 def test_rehearsal_table_in_the_docs_is_the_records():
