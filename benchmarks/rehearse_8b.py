@@ -531,9 +531,9 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
     cfg.credit = [m.for_planning() for m in cfg.credit]
     cfg.output_dir = "/nonexistent-rehearsal-count"
     warm = load_recipe(recipe, [])
-    from maskrl.plan.work import _standin_config
+    from maskrl.plan import standin_config
 
-    t = synthetic_trainer(_standin_config(warm), 8)
+    t = synthetic_trainer(standin_config(warm), 8)
     t.step()  # imports, kernels, optimizer code paths
     del t
     gc.collect()

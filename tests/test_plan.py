@@ -191,7 +191,7 @@ def test_the_planner_asks_each_credit_module_for_its_worst_case(tmp_path, monkey
 
     from maskrl.credit import CreditModule
     from maskrl.plan import credit_rows_bound
-    from maskrl.plan.work import _standin_config
+    from maskrl.plan import standin_config
 
     table = tmp_path / "pos.json"
     table.write_text(json.dumps({"NOUN": 2.0}))
@@ -200,7 +200,7 @@ def test_the_planner_asks_each_credit_module_for_its_worst_case(tmp_path, monkey
     cfg = load_config([], TINY + ["train.prompts_per_step=3", "train.group_size=2",
                                   f"credit=[{{name: dispo, z: 4}}, {{name: dps}}, {{name: dtca, pos_weights: {table}, "
                                   "tagger: 'plan_stub_tagger:tag'}]"])
-    dispo, dps, dtca = _standin_config(cfg).credit
+    dispo, dps, dtca = standin_config(cfg).credit
     assert dispo == dataclasses.replace(cfg.credit[0], skip_equal=False) and cfg.credit[0].skip_equal
     assert dps == cfg.credit[1]
     assert dtca == dataclasses.replace(cfg.credit[2], pos_weights=None, tagger=None, min_steps=cfg.credit[2].max_steps)
@@ -228,7 +228,7 @@ def test_the_planner_asks_each_credit_module_for_its_worst_case(tmp_path, monkey
         k: int = 3
 
     cfg.credit = [Probe(), Plain()]
-    assert _standin_config(cfg).credit == [Probe(extra=99), Plain()]
+    assert standin_config(cfg).credit == [Probe(extra=99), Plain()]
     assert credit_rows_bound(cfg) == 6
 
 

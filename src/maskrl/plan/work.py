@@ -85,7 +85,7 @@ def credit_rows_bound(cfg) -> int:
 dispo_step_rows = credit_rows_bound
 
 
-def _standin_config(cfg):
+def standin_config(cfg):
     """The recipe on the stand-in model: 1-layer 32-wide tiny Llama (char tokenizer), float32, no LoRA
     or checkpointing (neither changes which forwards run), each credit module as its
     :meth:`~maskrl.credit.base.CreditModule.for_planning` says (its data-dependent work at the worst
@@ -184,7 +184,7 @@ def record_work(cfg, prompt_length: int, seed: int = 0, micro_batch_size: int | 
     """
     from maskrl.trainer import split_rows
 
-    sc = _standin_config(cfg)
+    sc = standin_config(cfg)
     if micro_batch_size is not None or max_forward_rows is not None:
         sc.train = dataclasses.replace(sc.train, micro_batch_size=sc.train.micro_batch_size if micro_batch_size is None
                                        else micro_batch_size,
@@ -223,5 +223,5 @@ def dry_run(cfg, prompt_length: int = 256, seed: int = 0) -> dict:
     plan's stand-in model (:func:`record_work`'s): the recipe's sampler, G, B, μ, micro-batching,
     objective, likelihood and credit modules on a 1-layer 32-wide model. Returns the step's metrics.
     A recipe whose settings cannot run together fails here, before any GPU is rented."""
-    trainer = synthetic_trainer(_standin_config(cfg), prompt_length, seed)
+    trainer = synthetic_trainer(standin_config(cfg), prompt_length, seed)
     return trainer.step()
