@@ -240,12 +240,12 @@ def state_token_stats(policy: Any, rollout: Rollout, need: torch.Tensor, entropy
         comp = torch.where(hidden, policy.mask_id, rollout.completion_ids[a:b])
         x = torch.cat([rollout.prompt_ids[a:b], comp], 1)
         attn = torch.cat([rollout.prompt_mask[a:b].bool(), torch.ones_like(comp, dtype=torch.bool)], 1)
-        k = k_max  # every forward scores k_max positions a row: its work does not depend on the rows' order
-        # columns of each row's needed positions, padded with the row's first needed column
-        order = torch.sort(nd.long(), dim=1, descending=True, stable=True).indices[:, :k]  # [r, k]
+        # columns of each row's needed positions, padded with the row's first needed column to k_max: every
+        # forward scores k_max positions a row, so its work does not depend on the rows' order
+        order = torch.sort(nd.long(), dim=1, descending=True, stable=True).indices[:, :k_max]  # [r, k_max]
         valid = torch.gather(nd, 1, order)
         cols = torch.where(valid, order, order[:, :1])
-        logits = policy.logits_at(x, attn, cols + rollout.prompt_ids.shape[1])  # [r, k, V]
+        logits = policy.logits_at(x, attn, cols + rollout.prompt_ids.shape[1])  # [r, k_max, V]
         tgt = torch.gather(rollout.completion_ids[a:b], 1, cols)
         pv, hv = token_stats(logits, tgt, entropy)
         del logits
