@@ -5,6 +5,7 @@
     python benchmarks/rehearse_8b.py --depth-series 1,2,4 --recipes llada8b_gsm8k_diffu_grpo
     python benchmarks/rehearse_8b.py --smoke                           # one recipe, one step, narrow (test suite)
     python benchmarks/rehearse_8b.py --rescore                         # plan_vs_measured again, from the records
+    python benchmarks/rehearse_8b.py --recipes R --layers 1 --recount WHY  # plan and count phases again, this code
     python benchmarks/rehearse_fsdp.py                                 # one recipe under FSDP2 against 1 process
 
 Each recipe writes one JSON record, ``results/rehearse_8b/<recipe>_L<layers>.json`` (``--out-dir``).
@@ -520,7 +521,7 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from maskrl.pipeline import load_policy
-    from maskrl.plan import synthetic_trainer
+    from maskrl.plan import spread_rewards, synthetic_trainer
     from maskrl.tasks.base import Example, Task
     from maskrl.trainer import RLTrainer
 
@@ -545,8 +546,8 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
     class _Synthetic(Task):
         name = "rehearsal_synthetic"
 
-        def reward(self, prompts, completions, **_):
-            return torch.randint(0, 2, (len(completions),), generator=gen).float().tolist()
+        def reward(self, prompts, completions, **_):  # every group trains, as the plan assumes
+            return spread_rewards(len(completions), cfg.train.group_size, gen)
 
     text = _exact_prompt(policy.tokenizer, prompt_length)
     trainer = RLTrainer(cfg, policy, _Synthetic(), [Example(id=i, prompt=text) for i in range(cfg.train.prompts_per_step)])
@@ -889,6 +890,39 @@ def rescore(folder: Path) -> list[Path]:
     return done
 
 
+def recount(record: Path, args, why: str) -> dict:
+    """Run a finished record's ``plan`` and ``count`` phases again with this checkout's code (same recipe,
+    overrides and prompt length; the stand-in rebuilt in ``args.work`` if it is gone), replace them in the
+    record, recompute ``plan_vs_measured`` and its faults, and say so in ``recounted`` (commit, date,
+    ``why``). The 2-process phases are kept: their windows are compared with the new plan."""
+    rec = json.loads(record.read_text())
+    family, layers = rec["family"], rec["layers"]
+    standin = ensure_standin(Path(args.work), family, layers, rec.get("width_divisor", 1))
+    ov = [f"model.path={standin}" if o.startswith("model.path=") else o for o in rec["overrides"]]
+    work = Path(args.work) / f"{rec['recipe']}_L{layers}_recount"
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "log.txt"
+    P = rec["phases"]["plan"]["prompt_length"]
+    old = {k: rec["phases"].get(k) for k in ("plan", "count")}
+    print("  plan (again)", flush=True)
+    rec["phases"]["plan"] = _plan_summary(run_plan(rec["recipe"], ov, log, 2, "ddp", P, work / "plan_ddp2.json"))
+    print(f"  count (again, 1 process, P={P})", flush=True)
+    rec["phases"]["count"] = _run_child("count", ["--recipe", rec["recipe"], "--overrides-json", json.dumps(ov),
+                                                  "--prompt-length", str(P)], log)
+    (work / "phases.json").write_text(json.dumps({k: rec["phases"][k] for k in ("plan", "count")}, default=str))
+    rec["faults"] = [f for f in rec["faults"] if not f.startswith(("plan: ", "count: "))]
+    for k in ("plan", "count"):
+        if "error" in rec["phases"][k]:
+            rec["faults"].append(f"{k}: {rec['phases'][k]['error']} (log: {log})")
+    rec["plan_vs_measured"] = plan_vs_measured(rec, rec["phases"]["plan"].get("files_gib"))
+    rec["faults"] += plan_faults(rec)
+    rec.setdefault("recounted", []).append({"by": _code_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                            "why": why, "before": {"plan_peak_gib": (old["plan"] or {}).get("peak_gib"),
+                                                                   "count_peak_gib": (old["count"] or {}).get("measured_peak_gib")}})
+    record.write_text(json.dumps(rec, indent=2, default=str) + "\n")
+    return rec
+
+
 def plan_vs_measured(rec: dict, files_gib: dict | None = None) -> dict:
     """The plan's per-process peak beside the measurements: the 1-process step (``count``, the plan without
     DDP's gradient buckets, at exactly the plan's prompt length) and the 2-process run's step windows
@@ -1000,6 +1034,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep checkpoints and exports in --work")
     p.add_argument("--rescore", action="store_true", help="recompute plan_vs_measured and its faults of the records "
                                                            "in --out-dir from their own phases (no runs)")
+    p.add_argument("--recount", metavar="WHY", help="run the plan and count phases of the records of --recipes and "
+                   "--layers in --out-dir again with this code (the 2-process phases kept); WHY goes into the record")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--recipe", help=argparse.SUPPRESS)
     p.add_argument("--overrides-json", help=argparse.SUPPRESS)
@@ -1025,6 +1061,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--recipes: no configs/{unknown[0]}.yaml")
     if args.smoke:
         names = names[:1]
+    if args.recount:
+        for layers in [int(x) for x in args.layers.split(",")]:
+            for r in names:
+                f = Path(args.out_dir) / f"{r}_L{layers}.json"
+                if not f.is_file():
+                    p.error(f"--recount: no record {f}")
+                print(f"{r}: {layers} block(s), recount", flush=True)
+                rec = recount(f, args, args.recount)
+                print(f"{r}: faults: {'; '.join(rec['faults']) or 'none'}; {f}", flush=True)
+        return 0
     if args.depth_series:
         for r in names[:1]:
             res = depth_series(r, [int(x) for x in args.depth_series.split(",")], args)

@@ -327,3 +327,23 @@ def test_token_stats_give_the_probability_and_entropy_by_hand():
     assert torch.allclose(h, torch.tensor([float(torch.log(torch.tensor(4.0))), float(-(q * q.log()).sum())]), atol=1e-6)
     pb, hb = token_stats(logits.bfloat16(), torch.tensor([2, 3]), entropy=False)
     assert hb is None and pb.dtype == torch.float32 and torch.allclose(pb, p, atol=1e-6)  # these logits are exact in bf16
+
+
+def test_spread_rewards_give_every_group_both_values():
+    """The plan's synthetic rewards train every group (a group of equal rewards trains nothing, so coin
+    flips would make a planned or counted step's work a matter of luck: half the groups of 2)."""
+    import torch
+
+    from maskrl.plan import spread_rewards
+
+    gen = torch.Generator().manual_seed(0)
+    for g in (2, 3, 6):
+        for _ in range(200):
+            r = torch.tensor(spread_rewards(4 * g + 1, g, gen))
+            assert set(r.tolist()) <= {0.0, 1.0}
+            groups = r[:4 * g].view(4, g)
+            assert bool((groups.max(1).values > groups.min(1).values).all())
+    flips = [spread_rewards(5, 1, gen) for _ in range(50)]  # G = 1: plain coin flips, both values occur
+    assert {v for f in flips for v in f} == {0.0, 1.0}
+    a = spread_rewards(12, 6, torch.Generator().manual_seed(3))
+    assert a == spread_rewards(12, 6, torch.Generator().manual_seed(3))  # the generator alone decides

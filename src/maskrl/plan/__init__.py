@@ -44,7 +44,7 @@ trainer steps in fresh processes and with ``FlopCounterMode`` on the same steps.
 from maskrl.plan.shapes import (GIB, KNOWN_MODELS, STRATEGIES, Hardware, ModelShape, PlanError, model_shape,
                                 parse_bytes, strategy_from_accelerate)
 from maskrl.plan.work import (Call, credit_rows_bound, dispo_step_rows, dry_run, estimate_prompt_length, record_work,
-                              standin_config, synthetic_trainer)
+                              spread_rewards, standin_config, synthetic_trainer)
 from maskrl.plan.flops import FlopModel, build_adapter, param_memory, work_table
 from maskrl.plan.memory import ActivationModel, _static_memory, narrow_widths, profiled_peak
 from maskrl.plan.report import format_plan, make_plan
@@ -52,5 +52,5 @@ from maskrl.plan.report import format_plan, make_plan
 __all__ = ["GIB", "KNOWN_MODELS", "STRATEGIES", "ActivationModel", "Call", "FlopModel", "Hardware", "ModelShape",
            "PlanError", "build_adapter", "credit_rows_bound", "dispo_step_rows", "dry_run", "estimate_prompt_length",
            "format_plan", "make_plan", "model_shape", "narrow_widths", "param_memory", "parse_bytes",
-           "profiled_peak", "record_work", "standin_config", "strategy_from_accelerate", "synthetic_trainer",
-           "work_table"]
+           "profiled_peak", "record_work", "spread_rewards", "standin_config", "strategy_from_accelerate",
+           "synthetic_trainer", "work_table"]

@@ -132,11 +132,36 @@ def estimate_prompt_length(cfg, limit: int = 256, default: int = 256) -> tuple[i
         return default, f"default {default} ({type(e).__name__}: {str(e)[:80]})"
 
 
+def spread_rewards(n: int, group_size: int, generator: torch.Generator) -> list[float]:
+    """``n`` synthetic rewards, 0 or 1 at random (``generator``), in which every run of ``group_size``
+    consecutive rows -- one group of rollouts, as the trainer lays a step's completions out -- has both
+    values: the step that trains every group. A group of equal rewards has advantage 0 and trains
+    nothing (``skip_equal``), so with plain coin flips a step's work and memory would depend on luck
+    (a group of 2 is equal half the time); the plan and its checks take the step at its largest.
+    Rows past the last whole group keep their coin flip.
+
+    Args:
+        n: completions in the call.
+        group_size: rollouts per prompt, G (1: plain coin flips).
+        generator: the source of randomness.
+
+    Returns:
+        ``n`` floats in ``{0.0, 1.0}``.
+    """
+    r = torch.randint(0, 2, (n,), generator=generator)
+    g = max(1, int(group_size))
+    if g > 1 and n >= g:
+        groups = r[:n - n % g].view(-1, g)
+        same = (groups == groups[:, :1]).all(1)
+        groups[same, -1] = 1 - groups[same, -1]
+    return r.float().tolist()
+
+
 def synthetic_trainer(cfg, prompt_length: int, seed: int = 0, on_reward=None, logits_width: int | None = None):
     """An :class:`~maskrl.trainer.RLTrainer` of ``cfg``'s model (``load_policy``) on synthetic work:
     ``train.prompts_per_step`` prompts of ``prompt_length`` random characters (the built-in character
-    tokenizer: one token each, bos included), random 0/1 rewards from a generator seeded with ``seed``,
-    and no early stop (the adapter's eos id is set to -1, so every completion is L tokens long). The
+    tokenizer: one token each, bos included), random 0/1 rewards with both values in every group
+    (:func:`spread_rewards`, a generator seeded with ``seed``), and no early stop (the adapter's eos id is set to -1, so every completion is L tokens long). The
     plan's stand-in and the CPU check (``benchmarks/plan_check.py``) run their steps on it; nothing is
     written to disk. ``on_reward``: called with no arguments before each reward call (the plan's
     recorder marks there where the sampler's forwards end and the credit modules' begin).
@@ -158,7 +183,7 @@ def synthetic_trainer(cfg, prompt_length: int, seed: int = 0, on_reward=None, lo
         def reward(self, prompts, completions, **_):
             if on_reward is not None:
                 on_reward()
-            return torch.randint(0, 2, (len(completions),), generator=gen).float().tolist()
+            return spread_rewards(len(completions), cfg.train.group_size, gen)
 
     chars = "0123456789abcdefghijklmnopqrstuvwxyz"
     picks = torch.randint(0, len(chars), (cfg.train.prompts_per_step, max(1, prompt_length - 1)), generator=gen)
