@@ -430,17 +430,17 @@ def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Pat
     card = read_prompt_card(export)
     from maskrl.evaluate import RULE_FIELDS
 
+    def completions(folder: Path) -> list[str]:
+        f = sorted(folder.glob("samples_L*.jsonl"))
+        return [json.loads(x)["completion"] for x in f[0].read_text().splitlines() if x.strip()] if f else []
+
     def complete_rows(model, name: str) -> list[str]:
         run_harness(model=model, task_name=task.name, limit=EVAL_ROWS, out_dir=eval_dir.parent / name,
                     batch_size=EVAL_ROWS, progress=False, overwrite=True,
                     gen_lengths=card["eval_sampler"]["gen_length"], block_length=card["eval_sampler"]["block_length"],
                     steps=card["eval_sampler"]["steps"], chat_template=card["chat_template"],
                     rule={k: v for k, v in card["eval_sampler"].items() if k in RULE_FIELDS})
-        return [s["completion"] for s in samples(eval_dir.parent / name)]
-
-    def samples(folder: Path) -> list[dict]:
-        f = sorted(folder.glob("samples_L*.jsonl"))
-        return [json.loads(x) for x in f[0].read_text().splitlines() if x.strip()] if f else []
+        return completions(eval_dir.parent / name)
 
     c_live = complete_rows(live, "eval_live")
     d_live = weight_digests(live.model)
@@ -448,7 +448,7 @@ def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Pat
     c_live32 = complete_rows(live, "eval_live_f32")
     del live, state, ref
     gc.collect()
-    c_cli = [s["completion"] for s in samples(eval_dir)]
+    c_cli = completions(eval_dir)
 
     exp = load(export, dtype=cfg.model.dtype)
     d_exp = weight_digests(exp.model)
@@ -811,12 +811,11 @@ def completion_faults(checks: dict) -> list[str]:
         faults.append("eval: the export's completions in the live policy's process differ from the live policy's")
     if "float32_equal" in cm and not cm["float32_equal"]:
         faults.append("eval: the export's float32 completions differ from the live policy's in float32")
-    proven = rw is not None and not faults
-    for key, who in (("maskrl_eval_equal_live", "maskrl eval"), ("lm_eval_equal_live", "the lm-eval model")):
-        if not cm[key] and not proven:
-            faults.append(f"{'eval' if who == 'maskrl eval' else 'lm-eval'}: {who}'s completions on the export differ "
-                          "from the live policy's")
-    return faults
+    if rw is not None and not faults:  # the export is shown to be the live policy
+        return []
+    return faults + [f"{phase}: {who}'s completions on the export differ from the live policy's"
+                     for key, phase, who in (("maskrl_eval_equal_live", "eval", "maskrl eval"),
+                                             ("lm_eval_equal_live", "lm-eval", "the lm-eval model")) if not cm[key]]
 
 
 def _plan_summary(plan: dict) -> dict:
@@ -903,7 +902,8 @@ def recount(record: Path, args, why: str) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"
     P = rec["phases"]["plan"]["prompt_length"]
-    old = {k: rec["phases"].get(k) for k in ("plan", "count")}
+    before = {"plan_peak_gib": rec["phases"]["plan"].get("peak_gib"),
+              "count_peak_gib": rec["phases"].get("count", {}).get("measured_peak_gib")}
     print("  plan (again)", flush=True)
     rec["phases"]["plan"] = _plan_summary(run_plan(rec["recipe"], ov, log, 2, "ddp", P, work / "plan_ddp2.json"))
     print(f"  count (again, 1 process, P={P})", flush=True)
@@ -917,8 +917,7 @@ def recount(record: Path, args, why: str) -> dict:
     rec["plan_vs_measured"] = plan_vs_measured(rec, rec["phases"]["plan"].get("files_gib"))
     rec["faults"] += plan_faults(rec)
     rec.setdefault("recounted", []).append({"by": _code_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                            "why": why, "before": {"plan_peak_gib": (old["plan"] or {}).get("peak_gib"),
-                                                                   "count_peak_gib": (old["count"] or {}).get("measured_peak_gib")}})
+                                            "why": why, "before": before})
     record.write_text(json.dumps(rec, indent=2, default=str) + "\n")
     return rec
 
