@@ -25,7 +25,8 @@ Protocol
   grid (:data:`GRID_LRS`, and β where the base has one) on the selection split, seeds 0 and 1
   (``results/grid/<task>_<family>.json``); ``--confirm FAMILY``: each arm at its own best grid point
   (:func:`best_points`) on 10 fresh paired seeds, scored once on the confirmation split
-  (``results/confirm/<task>_<family>.json``, with the SFT model's confirmation score).
+  (``results/confirm/<task>_<family>.json``, with the SFT model's confirmation score). The
+  cached-rollout pair (family ``cache``) has no grid: both samplers run at the state base's best point.
 - ``--verdicts`` regenerates the top of ``docs/results.md``: for each headline claim (:data:`CLAIMS`)
   the paired difference with its exact t-interval, the paired-t and exact sign-flip p-values
   Holm-corrected over the family, and a verdict (:func:`verdict`), from the confirmation records where
@@ -546,11 +547,16 @@ GRID_RECIPE = {task: [f"sft.steps={sft}", "train.warmup_steps=10", "likelihood.p
                for task, sft in (("sudoku", 250), ("countdown", 1000))}
 #: each base with its credit arms; ``beta``: the grid of the objective's KL weight where the base has one
 #: (SPG and wd1 have none in their papers' recipes). The same grid for the base and each of its arms.
+#: ``tuned_by`` ``(family, arm)``: a family with no grid of its own whose arms all run at that arm's best
+#: point (the cached-rollout pair is one base with two samplers, not a base and a credit arm)
 GRID_FAMILIES: dict[str, dict] = {
     "spg": {"arms": ("spg", "dispo@spg", "dispo-kl@spg"), "beta": ()},
     "rldf": {"arms": ("rldf", "dtca@rldf"), "beta": (0.01, 0.04)},
     "wd1": {"arms": ("wd1", "sml@wd1", "dps@wd1"), "beta": ()},
     "state": {"arms": ("diffu_grpo_state", "dispo@diffu_grpo_state", "dps@diffu_grpo_state"), "beta": (0.04, 0.1)},
+    "mf": {"arms": ("diffu_grpo_mf", "sml@diffu_grpo"), "beta": (0.04, 0.1)},
+    "cache": {"arms": ("diffu_grpo_state@4blocks", "diffu_grpo_state@4blocks+dual"), "beta": (0.04, 0.1),
+              "tuned_by": ("state", "diffu_grpo_state")},
 }
 
 
@@ -694,11 +700,23 @@ def _pos(setup: Setup, task: str, names, pos_dir: Path, smoke: bool, samples: in
 
 def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]:
     """``--grid`` and then ``--confirm``: for each task and family, every arm at every grid point on the
-    grid seeds (selection split), then each arm at its own best point (:func:`best_points`) on the
-    confirmation seeds, each scored once on the confirmation split. Returns the record files written."""
+    grid seeds (selection split), then each arm at its own best point (:func:`best_points`; a ``tuned_by``
+    family's arms at that arm's point) on the confirmation seeds, each scored once on the confirmation
+    split. Returns the record files written.
+
+    Raises:
+        SystemExit: an unknown family or task, ``--grid`` of a ``tuned_by`` family, or a confirmation
+        whose grid has no complete point (each before any run of that family).
+    """
     written = []
     lrs = [float(x) for x in args.grid_lrs.split(",") if x]
     runs_dir = Path(args.runs_dir)
+    for family in [f for f in (args.grid + "," + args.confirm).split(",") if f]:  # before any data or model
+        grid_points(family)  # an unknown family: SystemExit naming the known ones
+        tuned_by = GRID_FAMILIES[family].get("tuned_by")
+        if tuned_by and family in args.grid.split(","):
+            raise SystemExit(f"error: --grid {family}: the family has no grid of its own; its arms run at the best "
+                             f"point of {tuned_by[0]}'s {tuned_by[1]} (--grid {tuned_by[0]}, then --confirm {family})")
     for task in [t for t in args.tasks.split(",") if t]:
         if task not in GRID_RECIPE and not args.smoke:
             raise SystemExit(f"error: no grid recipe for task {task!r}; known: {', '.join(GRID_RECIPE)}")
@@ -713,10 +731,10 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
         pos_dir = (root if args.smoke else OUT.parent) / "pos_weights"
         for mode, families in (("grid", args.grid), ("confirm", args.confirm)):
             for family in [f for f in families.split(",") if f]:
-                grid_points(family)  # an unknown family: SystemExit naming the known ones
                 arms = GRID_FAMILIES[family]["arms"]
                 table = _pos(setup, task, arms, pos_dir, args.smoke, args.pos_samples)
                 recipes = {a: cell_recipe(bases[task], a, table, runs_dir / "recipes") for a in arms}
+                tuned_by = GRID_FAMILIES[family].get("tuned_by")
                 gpath = grid_path("grid", task, family, root)
                 if mode == "grid":
                     for seed in _ints(args.grid_seeds):
@@ -726,7 +744,13 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
                                     runs_dir / "grid", point=label)
                     written.append(gpath)
                     continue
-                best = best_points(load_results(gpath, must_exist=True), task, family, _ints(args.grid_seeds), lrs)
+                if tuned_by:
+                    src, src_arm = tuned_by
+                    chosen = best_points(load_results(grid_path("grid", task, src, root), must_exist=True), task, src,
+                                         _ints(args.grid_seeds), lrs, arms=[src_arm])[src_arm]
+                    best = {arm: {**chosen, "tuned_by": f"{src}/{src_arm}"} for arm in arms}
+                else:
+                    best = best_points(load_results(gpath, must_exist=True), task, family, _ints(args.grid_seeds), lrs)
                 cpath = grid_path("confirm", task, family, root)
                 for seed in _ints(args.confirm_seeds):
                     for arm in arms:
@@ -931,9 +955,10 @@ CLAIMS = [
     _claim("DPS improves wd1", "improves (no number in SPEC §2.1)", "sudoku", "dps@wd1", "wd1",
            [grid_path("confirm", "sudoku", "wd1"), OUT]),
     _claim("SML improves diffu-GRPO (mean-field)", "improves (no number in SPEC §2.2)", "sudoku", "sml@diffu_grpo",
-           "diffu_grpo_mf", [OUT]),
+           "diffu_grpo_mf", [grid_path("confirm", "sudoku", "mf"), OUT]),
     _claim("RL on dual-KV-cached rollouts learns as on exact ones (4 blocks)", "(reported unstable at 8B)", "sudoku",
-           "diffu_grpo_state@4blocks+dual", "diffu_grpo_state@4blocks", [OUT], kind="noninferior"),
+           "diffu_grpo_state@4blocks+dual", "diffu_grpo_state@4blocks", [grid_path("confirm", "sudoku", "cache"), OUT],
+           kind="noninferior"),
 ]
 
 
@@ -1214,7 +1239,8 @@ def grid_markdown(root: Path = OUT.parent) -> str:
         return ""
     return ("### Tuning grid (selection split)\n\nThe same learning-rate grid (and β where the base has one) for each "
             "base and its credit arms, seeds 0 and 1; each arm then runs at its own best point on 10 fresh seeds "
-            "on the confirmation split (`--confirm`).\n\n" + "\n".join(parts))
+            "on the confirmation split (`--confirm`). The cached-rollout pair (`--confirm cache`) has no grid: both "
+            "of its samplers run at the state base's best point.\n\n" + "\n".join(parts))
 
 
 def reproduce_commands() -> str:
@@ -1243,7 +1269,9 @@ def reproduce_commands() -> str:
         out.append(f"python benchmarks/controlled_table.py --summary --out {R3.relative_to(ROOT)}")
     out += ["# the tuning grid on the selection split, then each arm at its best point on the confirmation split",
             "python benchmarks/controlled_table.py --tasks sudoku --grid spg --confirm spg",
-            "python benchmarks/controlled_table.py --tasks sudoku --grid state,rldf,wd1 --confirm state,rldf,wd1",
+            "python benchmarks/controlled_table.py --tasks sudoku --grid state,rldf,wd1,mf --confirm state,rldf,wd1,mf",
+            "# the cached-rollout pair at the best point of the state base (no grid of its own)",
+            "python benchmarks/controlled_table.py --tasks sudoku --confirm cache",
             "python benchmarks/controlled_table.py --tasks countdown --grid state,wd1 --confirm state,wd1",
             "# the testbed pilots, grouped by the seeds and cadence their records were made with"]
     groups: dict[tuple, list[str]] = {}

@@ -194,8 +194,12 @@ def test_grid_points_and_best_point_rule():
     with pytest.raises(SystemExit, match="unknown grid family"):
         ct.grid_points("nope")
     for fam in ct.GRID_FAMILIES.values():  # every arm is a cell, and each arm's base is the family's base
+        first = fam["tuned_by"][1] if "tuned_by" in fam else None  # (or the arm whose point a tuned_by family runs at)
         assert all(a in ct.CELLS for a in fam["arms"]) and all(
-            ct.CELLS[a]["base"] in (None, fam["arms"][0]) for a in fam["arms"])
+            ct.CELLS[a]["base"] in (first, fam["arms"][0]) for a in fam["arms"])
+        if "tuned_by" in fam:
+            src, arm = fam["tuned_by"]
+            assert arm in ct.GRID_FAMILIES[src]["arms"] and "tuned_by" not in ct.GRID_FAMILIES[src]
 
     def rec(arm, point, seed, final, mid):
         return {"val": {"accuracy": final}, "val_curve": [[0, {"accuracy": 0.3}], [5, {"accuracy": mid}],
@@ -249,6 +253,34 @@ def test_grid_and_confirm_modes_smoke(tmp_path):
     ct.main(["--smoke", "--confirm", "spg", "--grid-lrs", "1e-4,2e-4", "--grid-seeds", "0", "--confirm-seeds", "3,4",
              "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
     assert json.loads(before)["runs"] == json.loads(out.parent.joinpath("confirm", "sudoku_spg.json").read_text())["runs"]
+
+
+def test_tuned_by_family_confirms_at_the_source_arms_point(tmp_path):
+    """``cache`` has no grid: --grid cache stops before building anything; --confirm cache runs both samplers
+    at the state base's best grid point (read from the state grid), and says where the point came from."""
+    out = tmp_path / "t.json"
+    common = ["--smoke", "--grid-lrs", "1e-4,2e-4", "--grid-seeds", "0", "--out", str(out), "--runs-dir",
+              str(tmp_path / "runs")]
+    with pytest.raises(SystemExit, match="--grid cache: the family has no grid of its own.*--grid state"):
+        ct.main(common + ["--grid", "cache"])
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit, match="unknown grid family 'nope'"):
+        ct.main(common + ["--confirm", "nope"])
+    runs = {}  # a hand-made state grid: diffu_grpo_state is best at lr=0.0002,beta=0.1, its arms elsewhere
+    for label, _ in ct.grid_points("state", (1e-4, 2e-4)):
+        for arm in ct.GRID_FAMILIES["state"]["arms"]:
+            acc = 0.5 if (arm == "diffu_grpo_state") == (label == "lr=0.0002,beta=0.1") else 0.2
+            runs[ct.run_key("sudoku", arm, 0, label)] = {"val": {"accuracy": acc}, "val_curve": [[0, {"accuracy": 0.1}]]}
+    ct.grid_path("grid", "sudoku", "state", tmp_path).parent.mkdir(parents=True)
+    ct.grid_path("grid", "sudoku", "state", tmp_path).write_text(json.dumps({"runs": runs}))
+    ct.main(common + ["--confirm", "cache", "--confirm-seeds", "3"])
+    conf = json.loads(ct.grid_path("confirm", "sudoku", "cache", tmp_path).read_text())
+    assert sorted(conf["runs"]) == sorted(ct.run_key("sudoku", a, 3) for a in ct.GRID_FAMILIES["cache"]["arms"])
+    for arm in ct.GRID_FAMILIES["cache"]["arms"]:
+        sel = conf["selected"][arm]
+        assert sel["point"] == "lr=0.0002,beta=0.1" and sel["tuned_by"] == "state/diffu_grpo_state"
+        r = conf["runs"][ct.run_key("sudoku", arm, 3)]
+        assert r["overrides"][-2:] == ["train.lr=0.0002", "objective.beta=0.1"] and "confirmation" in r
 
 
 @pytest.mark.parametrize("task", ["sudoku", "countdown"])
