@@ -483,6 +483,39 @@ def test_headline_page_is_generated_from_the_records():
     assert f"]({ct.DOC.stem}_headline.png)" in block and (ct.DOC.parent / f"{ct.DOC.stem}_headline.png").is_file()
 
 
+def test_readme_results_block_is_generated_from_the_records():
+    """The README's results block is what --verdicts computes from the committed records now (its rows and
+    its verdict counts), and it is that table's top rows: each README row is a row of the page's table."""
+    rows = ct.verdict_rows()
+    text = ct.README.read_text()
+    begin, end = ct.README_MARKS
+    block = text[text.index(begin) + len(begin) + 1:text.index(end)]
+    assert block == ct.readme_markdown(rows)
+    assert text.index(begin) < text.index("## Library in five lines")
+    page = ct.DOC.read_text()
+    by = {(r["task"], r["cell"]): r for r in rows}
+    for task, cell in ct.README_ROWS:
+        assert f"| {by[task, cell]['claim']} | {task} |" in page
+
+
+def test_readme_markdown_by_hand():
+    """Two hand-made rows: one reproduced on the confirmation split, one not yet run; the counts and the
+    confirmation reading follow them, and a README without its markers is an error, not a silent append."""
+    stat = {"mean": 0.05, "ci95": (0.02, 0.08), "positive": 10, "negative": 0, "n": 10}
+    rows = [{"task": t, "cell": c, "claim": f"claim {c}", "base": "sft" if c == "diffu_grpo_state" else "x",
+             "kind": "superior", "stat": None} for t, c in ct.README_ROWS]
+    rows[2].update(stat=stat, verdict="reproduced", p_t_holm=0.001, p_signflip_holm=0.02,
+                   diff={"split": "confirmation"})
+    md = ct.readme_markdown(rows)
+    assert "| claim dispo@spg | Sudoku | +5.0 [+2.0, +8.0] | reproduced | confirmation, 10 |" in md
+    assert "| claim dtca@rldf | Sudoku | not run yet | – | – |" in md
+    assert "Of the 1 credit-module comparisons with records, 1 reproduced, 0 not reproduced, 0 undecided." in md
+    assert "claim dispo@spg (sudoku) +5.0 (10 of 10 seeds above; Holm p 0.001 paired t, 0.020 sign-flip; reproduced)" in md
+    assert "Holm over 1 comparisons" in md and "selection split" not in md
+    with pytest.raises(SystemExit, match="has no <!-- results:begin -->"):
+        ct._replace_block("# no markers\n", ct.README_MARKS, md, "README.md")
+
+
 def test_figure_panels_hold_a_base_with_its_arms_and_few_curves():
     cells = ["diffu_grpo_state", "dps@diffu_grpo_state", "dispo@diffu_grpo_state", "dps+dispo@diffu_grpo_state",
              "spg", "dispo@spg", "rldf", "dtca@rldf"]
