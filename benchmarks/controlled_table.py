@@ -23,7 +23,8 @@ Protocol
   unless ``--generated-data`` asks for generated rows (they change every split and every number).
 - ``--grid FAMILY``: each base and its credit arms (:data:`GRID_FAMILIES`) over the same learning-rate
   grid (:data:`GRID_LRS`, and β where the base has one) on the selection split, seeds 0 and 1
-  (``results/grid/<task>_<family>.json``); ``--confirm FAMILY``: each arm at its own best grid point
+  (``results/grid/<task>_<family>.json``), extended one rung of :data:`LR_LADDER` at a time while an
+  arm's best point lies at the grid's lowest or highest rate (``--no-extend``: not); ``--confirm FAMILY``: each arm at its own best grid point
   (:func:`best_points`) on 10 fresh paired seeds, scored once on the confirmation split
   (``results/confirm/<task>_<family>.json``, with the SFT model's confirmation score). The
   cached-rollout pair (family ``cache``) has no grid: both samplers run at the state base's best point.
@@ -536,6 +537,10 @@ def resolve_bases(recipes: str, out_dir: Path) -> dict[str, Path]:
 # ---------------------------------------------------------------------------------------------
 #: the learning rates every base and its credit arms are tuned over (on the selection split)
 GRID_LRS = (2e-5, 5e-5, 1e-4, 2e-4)
+#: the learning rates a family's grid extends along, one rung at a time, while an arm's best point lies at
+#: the grid's lowest or highest rate (:func:`edge_extension`): the optimum then is inside the grid or at a
+#: ladder end, not outside the rates that were tried
+LR_LADDER = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3)
 GRID_SEEDS = (0, 1)
 CONFIRM_SEEDS = tuple(range(10, 20))  # >= 10 paired seeds, none of them a grid seed
 GRID_EVERY = 13  # the selection curve every 13 of the 65 steps, as the third-round table
@@ -578,10 +583,40 @@ def grid_path(kind: str, task: str, family: str, root: Path = OUT.parent) -> Pat
     return root / kind / f"{task}_{family}.json"
 
 
-def best_points(data: dict, task: str, family: str, seeds, lrs=GRID_LRS, arms=None) -> dict[str, dict]:
+def point_lr(label: str) -> float:
+    """The learning rate of a grid point's label (``lr=0.0001,beta=0.04`` -> 1e-4)."""
+    return float(label.split(",")[0].removeprefix("lr="))
+
+
+def family_lrs(data: dict, task: str, family: str, lrs=GRID_LRS) -> list[float]:
+    """``lrs`` and every learning rate the grid records ``data`` hold for ``task``'s arms of ``family``
+    (the rungs an extension added), ascending."""
+    arms = GRID_FAMILIES[family]["arms"]
+    found = {point_lr(r["grid_point"]) for r in data["runs"].values()
+             if r.get("task") == task and r.get("cell") in arms and r.get("grid_point")}
+    return sorted(set(lrs) | found)
+
+
+def edge_extension(best: dict[str, dict], lrs, ladder=LR_LADDER) -> list[float]:
+    """The rungs of ``ladder`` to add to a grid over ``lrs``: the next lower rung for every arm whose best
+    point (``best`` from :func:`best_points`) lies at the lowest rate, the next higher for the highest;
+    [] when every best is inside the grid or at a ladder end."""
+    add = set()
+    for b in best.values():
+        lr = point_lr(b["point"])
+        lower, higher = [x for x in ladder if x < lr], [x for x in ladder if x > lr]
+        if lr == min(lrs) and lower:
+            add.add(lower[-1])
+        if lr == max(lrs) and higher:
+            add.add(higher[0])
+    return sorted(add - set(lrs))
+
+
+def best_points(data: dict, task: str, family: str, seeds, lrs=None, arms=None) -> dict[str, dict]:
     """Each arm's best grid point in grid record file ``data``: the highest seed-mean final selection
     accuracy over ``seeds``, ties broken by the seed-mean AUC (:func:`curve_area`), then by grid order.
-    Only points with every seed recorded compete; ``arms`` (default: the family's) limits the arms.
+    Only points with every seed recorded compete; ``arms`` (default: the family's) limits the arms;
+    ``lrs`` (default :func:`family_lrs`: the grid with its recorded extensions) the learning rates.
 
     Returns:
         ``{arm: {"point", "overrides", "val_mean", "auc", "seeds", "points": {label: val_mean}}}``.
@@ -590,6 +625,7 @@ def best_points(data: dict, task: str, family: str, seeds, lrs=GRID_LRS, arms=No
         SystemExit: an arm with no complete grid point (names the missing runs).
     """
     out = {}
+    lrs = family_lrs(data, task, family) if lrs is None else lrs
     for arm in arms or GRID_FAMILIES[family]["arms"]:
         scored = []
         for order, (label, over) in enumerate(grid_points(family, lrs)):
@@ -631,6 +667,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--confirm", default="", help="comma-separated families: each arm at its own best grid point, "
                                                   "scored once on the confirmation split")
     ap.add_argument("--grid-lrs", default=",".join(f"{x:g}" for x in GRID_LRS))
+    ap.add_argument("--no-extend", action="store_true",
+                    help="do not extend a family's grid along LR_LADDER when an arm's best point is at its edge")
     ap.add_argument("--grid-seeds", default=",".join(map(str, GRID_SEEDS)))
     ap.add_argument("--confirm-seeds", default=",".join(map(str, CONFIRM_SEEDS)))
     ap.add_argument("--confirm-size", type=int, default=CONFIRM_SIZE, help="rows of the confirmation split")
@@ -737,20 +775,33 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
                 tuned_by = GRID_FAMILIES[family].get("tuned_by")
                 gpath = grid_path("grid", task, family, root)
                 if mode == "grid":
-                    for seed in _ints(args.grid_seeds):
-                        for label, over in grid_points(family, lrs):
-                            for arm in arms:
-                                run(setup, gpath, task, arm, recipes[arm], common + over, seed, every, False,
-                                    runs_dir / "grid", point=label)
+                    grid = family_lrs(load_results(gpath), task, family, lrs)  # with any extension begun before
+                    while grid:
+                        for seed in _ints(args.grid_seeds):
+                            for label, over in grid_points(family, grid):
+                                for arm in arms:
+                                    run(setup, gpath, task, arm, recipes[arm], common + over, seed, every, False,
+                                        runs_dir / "grid", point=label)
+                        best = best_points(load_results(gpath), task, family, _ints(args.grid_seeds),
+                                           family_lrs(load_results(gpath), task, family, lrs))
+                        add = [] if args.no_extend else edge_extension(best, family_lrs(load_results(gpath), task,
+                                                                                         family, lrs))
+                        if add:
+                            at = ", ".join(f"{a} at {b['point']}" for a, b in best.items())
+                            print(f"[table] {task}/{family}: a best point at the grid's edge ({at}); adding lr "
+                                  f"{', '.join(f'{x:g}' for x in add)} (LR_LADDER)", flush=True)
+                        grid = add
                     written.append(gpath)
                     continue
                 if tuned_by:
                     src, src_arm = tuned_by
-                    chosen = best_points(load_results(grid_path("grid", task, src, root), must_exist=True), task, src,
-                                         _ints(args.grid_seeds), lrs, arms=[src_arm])[src_arm]
+                    src_data = load_results(grid_path("grid", task, src, root), must_exist=True)
+                    chosen = best_points(src_data, task, src, _ints(args.grid_seeds),
+                                         family_lrs(src_data, task, src, lrs), arms=[src_arm])[src_arm]
                     best = {arm: {**chosen, "tuned_by": f"{src}/{src_arm}"} for arm in arms}
                 else:
-                    best = best_points(load_results(gpath, must_exist=True), task, family, _ints(args.grid_seeds), lrs)
+                    data = load_results(gpath, must_exist=True)
+                    best = best_points(data, task, family, _ints(args.grid_seeds), family_lrs(data, task, family, lrs))
                 cpath = grid_path("confirm", task, family, root)
                 for seed in _ints(args.confirm_seeds):
                     for arm in arms:
@@ -1207,14 +1258,17 @@ def _wrap(words: list[str], width: int = 104) -> str:
 def grid_markdown(root: Path = OUT.parent) -> str:
     """The tuning grids recorded under ``root/grid``: per task and family, each arm's seed-mean final
     selection-split solved rate (%) and seeds at each grid point, and the point it would run at now
-    (:func:`best_points` over the seeds every point has; '' when no grid is recorded)."""
-    parts = []
+    (:func:`best_points` over the seeds every point has; a point at the lowest or highest learning rate is
+    marked *grid edge*: the optimum may lie outside the grid), then each task's bases ranked by their best
+    point ('' when no grid is recorded)."""
+    parts, bases = [], {}
     for path in sorted((root / "grid").glob("*.json")):
         task, _, family = path.stem.partition("_")
         if family not in GRID_FAMILIES:
             continue
         runs = load_results(path)["runs"]
-        labels = [lab for lab, _ in grid_points(family)]
+        lrs = family_lrs({"runs": runs}, task, family)
+        labels = [lab for lab, _ in grid_points(family, lrs)]
         sft = sorted({round(100 * r["val_curve"][0][1]["accuracy"], 1) for r in runs.values()})
         lines = [f"`{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}` ({task}, {family}): seed-mean final "
                  f"solved rate on the selection split, % (seeds); the SFT model: {', '.join(map(str, sft))} %", "",
@@ -1232,13 +1286,21 @@ def grid_markdown(root: Path = OUT.parent) -> str:
             best = "–"
             if shared:
                 b = best_points({"runs": runs}, task, family, sorted(shared), arms=[arm])[arm]
-                best = f"{b['point']} ({100 * b['val_mean']:.1f}, seeds {','.join(map(str, b['seeds']))})"
+                edge = ", *grid edge*" if point_lr(b["point"]) in (min(lrs), max(lrs)) else ""
+                best = f"{b['point']} ({100 * b['val_mean']:.1f}, seeds {','.join(map(str, b['seeds']))}{edge})"
+                if arm == GRID_FAMILIES[family]["arms"][0]:
+                    bases.setdefault(task, []).append((b["val_mean"], arm, b["point"], len(b["seeds"])))
             lines.append(f"| {arm} | " + " | ".join(cells) + f" | {best} |")
         parts.append("\n".join(lines) + "\n")
     if not parts:
         return ""
+    for task, ranked in bases.items():
+        parts.append(f"The {task} bases by their best grid point: " + ", ".join(
+            f"{arm} {100 * m:.1f} ({point}, {n} seeds)" for m, arm, point, n in sorted(ranked, reverse=True)) + ".\n")
     return ("### Tuning grid (selection split)\n\nThe same learning-rate grid (and β where the base has one) for each "
-            "base and its credit arms, seeds 0 and 1; each arm then runs at its own best point on 10 fresh seeds "
+            "base and its credit arms, seeds 0 and 1, extended by one rate of the ladder 1e-5 … 1e-3 (`LR_LADDER`) "
+            "while an arm's best point lies at the grid's edge (*grid edge* below: an extension is pending, or "
+            "the rate is a ladder end); each arm then runs at its own best point on 10 fresh seeds "
             "on the confirmation split (`--confirm`). The cached-rollout pair (`--confirm cache`) has no grid: both "
             "of its samplers run at the state base's best point.\n\n" + "\n".join(parts))
 

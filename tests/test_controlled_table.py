@@ -227,7 +227,7 @@ def test_grid_and_confirm_modes_smoke(tmp_path):
     at its own best point on the confirmation split, scored once; records carry their provenance."""
     out = tmp_path / "t.json"
     ct.main(["--smoke", "--grid", "spg", "--confirm", "spg", "--grid-lrs", "1e-4,2e-4", "--grid-seeds", "0",
-             "--confirm-seeds", "3,4", "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
+             "--confirm-seeds", "3,4", "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--no-extend"])
     grid = json.loads(ct.grid_path("grid", "sudoku", "spg", tmp_path).read_text())
     assert sorted(grid["runs"]) == sorted(ct.run_key("sudoku", a, 0, p) for a in ct.GRID_FAMILIES["spg"]["arms"]
                                           for p in ("lr=0.0001", "lr=0.0002"))
@@ -253,6 +253,51 @@ def test_grid_and_confirm_modes_smoke(tmp_path):
     ct.main(["--smoke", "--confirm", "spg", "--grid-lrs", "1e-4,2e-4", "--grid-seeds", "0", "--confirm-seeds", "3,4",
              "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
     assert json.loads(before)["runs"] == json.loads(out.parent.joinpath("confirm", "sudoku_spg.json").read_text())["runs"]
+
+
+def test_edge_extension_by_hand():
+    best = lambda *points: {f"a{i}": {"point": p} for i, p in enumerate(points)}  # noqa: E731
+    lrs = [2e-5, 5e-5, 1e-4, 2e-4]
+    assert ct.edge_extension(best("lr=5e-05", "lr=0.0001"), lrs) == []  # inside the grid
+    assert ct.edge_extension(best("lr=2e-05,beta=0.1", "lr=0.0001"), lrs) == [1e-5]  # one arm at the low edge
+    assert ct.edge_extension(best("lr=2e-05", "lr=0.0002,beta=0.04"), lrs) == [1e-5, 5e-4]  # both edges
+    assert ct.edge_extension(best("lr=1e-05"), [1e-5, 2e-5]) == []  # the ladder's end: nothing lower to try
+    assert ct.edge_extension(best("lr=0.001"), [1e-3]) == [5e-4]  # a one-rate grid is at both edges
+    assert ct.point_lr("lr=0.0001,beta=0.04") == 1e-4
+    runs = {"k": {"task": "sudoku", "cell": "spg", "grid_point": "lr=1e-05"},
+            "o": {"task": "countdown", "cell": "spg", "grid_point": "lr=0.001"}}  # another task's rung: not this one's
+    assert ct.family_lrs({"runs": runs}, "sudoku", "spg") == [1e-5, 2e-5, 5e-5, 1e-4, 2e-4]
+
+
+def test_grid_extends_along_the_ladder_until_every_best_is_inside(tmp_path, monkeypatch):
+    """With the final accuracy peaking at lr 2e-4 for one arm and at the lowest rate for another, a grid
+    started at 2e-5, 5e-5 grows one rung per pass (5e-5 -> 1e-4 -> 2e-4 -> 5e-4 up, 1e-5 down) and stops;
+    recorded points are never run twice, and --no-extend runs the given grid only."""
+    made = []
+
+    def fake_run(setup, out, task, name, recipe, overrides, seed, every, test, runs_dir, point="", confirm=False):
+        key = ct.run_key(task, name, seed, point)
+        if key in ct.load_results(out)["runs"]:
+            return None
+        made.append(key)
+        lr = ct.point_lr(point)
+        acc = 0.5 - abs(math.log10(lr / 2e-4)) / 10 if name == "spg" else 0.5 - math.log10(lr / 1e-5) / 10
+        rec = {"task": task, "cell": name, "seed": seed, "grid_point": point, "val": {"accuracy": acc},
+               "val_curve": [[0, {"accuracy": 0.1}], [1, {"accuracy": acc}]]}
+        ct.update_results(out, lambda d: d["runs"].__setitem__(key, rec))
+        return rec
+
+    monkeypatch.setattr(ct, "run", fake_run)
+    argv = ["--smoke", "--grid", "spg", "--grid-lrs", "2e-5,5e-5", "--grid-seeds", "0", "--out",
+            str(tmp_path / "t.json"), "--runs-dir", str(tmp_path / "runs")]
+    ct.main(argv + ["--no-extend"])
+    assert len(made) == 2 * 3
+    ct.main(argv)
+    data = ct.load_results(ct.grid_path("grid", "sudoku", "spg", tmp_path))
+    assert ct.family_lrs(data, "sudoku", "spg", ()) == [1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4]
+    assert len(made) == len(set(made)) == 6 * 3
+    best = ct.best_points(data, "sudoku", "spg", [0])
+    assert best["spg"]["point"] == "lr=0.0002" and best["dispo@spg"]["point"] == "lr=1e-05"
 
 
 def test_tuned_by_family_confirms_at_the_source_arms_point(tmp_path):
@@ -562,4 +607,10 @@ def test_grid_markdown_by_hand(tmp_path):
     # 2e-05 over seeds 0, 1: 32.0; 5e-05 on seed 0 only; the best over the seeds both share (0): 5e-05
     assert row == "| spg | 32.0 (2) | 40.0 (1) | – | – | lr=5e-05 (40.0, seeds 0) |"
     assert "| dispo@spg | – | – | – | – | – |" in text and "the SFT model: 32.0 %" in text
+    assert "The sudoku bases by their best grid point: spg 40.0 (lr=5e-05, 1 seeds)." in text
+    # the best point at the lowest learning rate of the grid is marked: the optimum may lie below it
+    runs[ct.run_key("sudoku", "spg", 0, "lr=2e-05")]["val"]["accuracy"] = 0.5
+    ct.save_results(tmp_path / "grid" / "sudoku_spg.json", {"runs": runs})
+    row = next(line for line in ct.grid_markdown(tmp_path).splitlines() if line.startswith("| spg |"))
+    assert row == "| spg | 42.0 (2) | 40.0 (1) | – | – | lr=2e-05 (50.0, seeds 0, *grid edge*) |"
     assert ct.grid_markdown(tmp_path / "none") == ""
