@@ -26,7 +26,9 @@ Protocol
   (``results/grid/<task>_<family>.json``), extended one rung of :data:`LR_LADDER` at a time while an
   arm's best point lies at the grid's lowest or highest rate (``--no-extend``: not); ``--confirm FAMILY``: each arm at its own best grid point
   (:func:`best_points`) on 10 fresh paired seeds, scored once on the confirmation split
-  (``results/confirm/<task>_<family>.json``, with the SFT model's confirmation score). The
+  (``results/confirm/<task>_<family>.json``, with the SFT model's confirmation score);
+  ``--test-final FAMILY``, once every recipe is fixed: the test file read once per arm, by the first
+  confirmation seed retrained (``results/test/<task>_<family>.json``). The
   cached-rollout pair (family ``cache``) has no grid: both samplers run at the state base's best point.
 - ``--verdicts`` regenerates the top of ``docs/results.md``: for each headline claim (:data:`CLAIMS`)
   the paired difference with its exact t-interval, the paired-t and exact sign-flip p-values
@@ -666,6 +668,9 @@ def parser() -> argparse.ArgumentParser:
                                                "every grid point on the selection split (GRID_FAMILIES, GRID_LRS)")
     ap.add_argument("--confirm", default="", help="comma-separated families: each arm at its own best grid point, "
                                                   "scored once on the confirmation split")
+    ap.add_argument("--test-final", default="", help="comma-separated families, once every recipe is fixed: each "
+                                                     "arm's first confirmation seed retrained at its selected point "
+                                                     "and scored once on the test file (results/test/)")
     ap.add_argument("--grid-lrs", default=",".join(f"{x:g}" for x in GRID_LRS))
     ap.add_argument("--no-extend", action="store_true",
                     help="do not extend a family's grid along LR_LADDER when an arm's best point is at its edge")
@@ -749,7 +754,7 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
     written = []
     lrs = [float(x) for x in args.grid_lrs.split(",") if x]
     runs_dir = Path(args.runs_dir)
-    for family in [f for f in (args.grid + "," + args.confirm).split(",") if f]:  # before any data or model
+    for family in [f for f in ",".join((args.grid, args.confirm, args.test_final)).split(",") if f]:  # before any data
         grid_points(family)  # an unknown family: SystemExit naming the known ones
         tuned_by = GRID_FAMILIES[family].get("tuned_by")
         if tuned_by and family in args.grid.split(","):
@@ -762,12 +767,13 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
             + (["train.steps=1"] if args.smoke else [])
         every = 0 if args.smoke else (args.eval_every if args.eval_every is not None else GRID_EVERY)
         val_size = min(args.val_size, 8) if args.smoke else args.val_size
-        confirm_size = (min(args.confirm_size, 8) if args.smoke else args.confirm_size) if args.confirm else 0
+        confirm_size = ((min(args.confirm_size, 8) if args.smoke else args.confirm_size)
+                        if args.confirm or args.test_final else 0)
         setup = Setup(task, bases[task], common, "table", val_size, gen_kw=GEN_KW.get(task), confirm_size=confirm_size,
                       require_file=not args.generated_data)
         root = Path(args.out).parent if args.out else OUT.parent
         pos_dir = (root if args.smoke else OUT.parent) / "pos_weights"
-        for mode, families in (("grid", args.grid), ("confirm", args.confirm)):
+        for mode, families in (("grid", args.grid), ("confirm", args.confirm), ("test", args.test_final)):
             for family in [f for f in families.split(",") if f]:
                 arms = GRID_FAMILIES[family]["arms"]
                 table = _pos(setup, task, arms, pos_dir, args.smoke, args.pos_samples)
@@ -793,6 +799,9 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
                         grid = add
                     written.append(gpath)
                     continue
+                if mode == "test":
+                    written.append(test_final(setup, task, family, arms, recipes, common, every, args, root, runs_dir))
+                    continue
                 if tuned_by:
                     src, src_arm = tuned_by
                     src_data = load_results(grid_path("grid", task, src, root), must_exist=True)
@@ -816,6 +825,38 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
     return written
 
 
+def test_final(setup: Setup, task: str, family: str, arms, recipes: dict, common: list[str], every: int,
+               args: argparse.Namespace, root: Path, runs_dir: Path) -> Path:
+    """``--test-final``: the test file read once per headline cell, after every recipe is fixed. Each arm's
+    first confirmation seed is retrained at the point its confirmation file selected (the weights of the
+    confirmation runs are not kept) and its final model scored on the confirmation split and, once, on the
+    test file (``results/test/<task>_<family>.json``); ``reproduces_confirmation`` says whether the
+    retrained model's confirmation score equals the recorded one (it does on the same machine, software
+    and CPU kernel set). Returns the record file.
+
+    Raises:
+        SystemExit: no confirmation file, no selected point, or no recorded confirmation run of that seed.
+    """
+    cpath = grid_path("confirm", task, family, root)
+    cdata = load_results(cpath, must_exist=True)
+    seed = _ints(args.confirm_seeds)[0]
+    tpath = grid_path("test", task, family, root)
+    for arm in arms:
+        conf = cdata["runs"].get(run_key(task, arm, seed))
+        if conf is None or arm not in cdata.get("selected", {}):
+            raise SystemExit(f"error: --test-final {family}: {cpath} has no confirmation run {run_key(task, arm, seed)} "
+                             f"with its selected point; run --confirm {family} first")
+        key = run_key(task, arm, seed)
+        run(setup, tpath, task, arm, recipes[arm], common + cdata["selected"][arm]["overrides"], seed, every, True,
+            runs_dir / "test", confirm=True)
+        same = load_results(tpath)["runs"][key]["confirmation"] == conf["confirmation"]
+        update_results(tpath, lambda d: d["runs"][key].__setitem__("reproduces_confirmation", same))
+        if not same:
+            print(f"[table] {key}: the retrained model's confirmation score differs from {cpath}'s (another CPU "
+                  "kernel set or software?)", flush=True)
+    return tpath
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     code_version()  # the commit this process runs, read now: later commits in the checkout do not change its code
@@ -837,7 +878,7 @@ def main(argv: list[str] | None = None) -> None:
         if not path:
             raise SystemExit(f"error: --base {item!r}: expected TASK=YAML")
         bases[task] = Path(path).resolve()
-    if args.grid or args.confirm:
+    if args.grid or args.confirm or args.test_final:
         for path in run_families(args, bases):
             print(f"[table] records in {path}", flush=True)
         return
@@ -1305,6 +1346,30 @@ def grid_markdown(root: Path = OUT.parent) -> str:
             "of its samplers run at the state base's best point.\n\n" + "\n".join(parts))
 
 
+def test_markdown(root: Path = OUT.parent) -> str:
+    """The test-file reads recorded under ``root/test`` (``--test-final``): per task, family and arm, the
+    retrained seed's solved rate on the test file with its 95 % Wilson interval over the file's rows, its
+    confirmation score and whether that reproduces the confirmation record ('' when none is recorded)."""
+    from maskrl.stats import wilson_interval
+
+    lines = []
+    for path in sorted((root / "test").glob("*.json")):
+        task, _, family = path.stem.partition("_")
+        for key, r in sorted(load_results(path)["runs"].items()):
+            n = r["provenance"]["splits"]["test"]["size"]
+            lo, hi = wilson_interval(round(r["test"]["accuracy"] * n), n)
+            lines.append(f"| {task} | {family} | {r['cell']} | {r['seed']} | {100 * r['test']['accuracy']:.1f} "
+                         f"[{100 * lo:.1f}, {100 * hi:.1f}] ({n} rows) | {100 * r['confirmation']['accuracy']:.1f} | "
+                         f"{'yes' if r.get('reproduces_confirmation') else 'no'} |")
+    if not lines:
+        return ""
+    return ("### The test file (read once per headline cell)\n\nAfter every recipe was fixed, each arm's first "
+            "confirmation seed retrained at its selected point and scored once on the test file "
+            "(`--test-final`); the verdicts above do not read it.\n\n| task | family | arm | seed | test solved, % "
+            "[95 % Wilson] | confirmation solved, % | retrained model reproduces its confirmation record |\n"
+            "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n")
+
+
 def reproduce_commands() -> str:
     """The commands that regenerate the page and resume every record file, read from the records
     themselves (cells, seeds, ``--eval-every`` and ``--set`` overrides per task), as a shell block."""
@@ -1335,6 +1400,9 @@ def reproduce_commands() -> str:
             "# the cached-rollout pair at the best point of the state base (no grid of its own)",
             "python benchmarks/controlled_table.py --tasks sudoku --confirm cache",
             "python benchmarks/controlled_table.py --tasks countdown --grid state,wd1 --confirm state,wd1",
+            "# the test file, once every recipe is fixed (one retrained model per arm)",
+            "python benchmarks/controlled_table.py --tasks sudoku --test-final state,rldf,wd1,mf,spg,cache",
+            "python benchmarks/controlled_table.py --tasks countdown --test-final state,wd1",
             "# the testbed pilots, grouped by the seeds and cadence their records were made with"]
     groups: dict[tuple, list[str]] = {}
     for path in sorted((OUT.parent / "testbed_search").glob("*.json")):
@@ -1414,9 +1482,11 @@ def write_verdicts(doc: Path, readme: Path | None = README) -> list[dict]:
     figure = doc.with_name(f"{doc.stem}_headline.png")
     headline_figure(figure)
     paths = sorted({Path(p) for c in CLAIMS for p in c["sources"]} | {OUT, R3}
-                   | set((OUT.parent / "testbed_search").glob("*.json")) | set((OUT.parent / "grid").glob("*.json")))
-    grid = grid_markdown()
-    block = verdict_markdown(rows, record_census(paths), figure.name) + ("\n" + grid if grid else "") + (
+                   | set((OUT.parent / "testbed_search").glob("*.json")) | set((OUT.parent / "grid").glob("*.json"))
+                   | set((OUT.parent / "test").glob("*.json")))
+    grid, test = grid_markdown(), test_markdown()
+    block = verdict_markdown(rows, record_census(paths), figure.name) + ("\n" + test if test else "") + (
+        "\n" + grid if grid else "") + (
         "\n### Reproduce\n\nGenerated from the records (each command resumes: recorded runs are skipped, a run "
         "recorded with other settings stops it). Runs are bit-reproducible on the same machine, software, thread "
         "count and CPU kernel set.\n\n" + reproduce_commands())

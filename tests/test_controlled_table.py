@@ -248,6 +248,22 @@ def test_grid_and_confirm_modes_smoke(tmp_path):
     chosen = conf["selected"]
     for arm, sel in chosen.items():
         assert conf["runs"][ct.run_key("sudoku", arm, 3)]["overrides"][-len(sel["overrides"]):] == sel["overrides"]
+    # the test file, once every recipe is fixed: one retrained model per arm (the first confirmation seed),
+    # which reproduces its recorded confirmation score bit for bit, scored once on the test file
+    ct.main(["--smoke", "--test-final", "spg", "--confirm-seeds", "3,4", "--out", str(out), "--runs-dir",
+             str(tmp_path / "runs")])
+    test = json.loads(ct.grid_path("test", "sudoku", "spg", tmp_path).read_text())
+    assert sorted(test["runs"]) == sorted(ct.run_key("sudoku", a, 3) for a in ct.GRID_FAMILIES["spg"]["arms"])
+    for key, r in test["runs"].items():
+        assert r["test_reads"] == 1 and r["scored_on"] == ["selection", "confirmation", "test"], key
+        assert r["reproduces_confirmation"] is True and r["confirmation"] == conf["runs"][key]["confirmation"], key
+        assert r["overrides"] == conf["runs"][key]["overrides"] and "accuracy" in r["test"], key
+    md = ct.test_markdown(tmp_path)
+    assert md.startswith("### The test file") and md.count("\n| sudoku | spg | ") == 3 and "| yes |" in md
+    assert ct.test_markdown(tmp_path / "none") == ""
+    with pytest.raises(SystemExit, match="has no confirmation run sudoku/spg/seed7"):
+        ct.main(["--smoke", "--test-final", "spg", "--confirm-seeds", "7", "--out", str(out), "--runs-dir",
+                 str(tmp_path / "runs")])
     # resuming the same command runs nothing new
     before = out.parent.joinpath("confirm", "sudoku_spg.json").read_text()
     ct.main(["--smoke", "--confirm", "spg", "--grid-lrs", "1e-4,2e-4", "--grid-seeds", "0", "--confirm-seeds", "3,4",
@@ -405,9 +421,9 @@ def _check_resume(argv: list[str], where: str) -> int:
         return 0
     if args.verdicts:
         return 0
-    for fam in [f for f in (args.grid + "," + args.confirm).split(",") if f]:
+    for fam in [f for f in ",".join((args.grid, args.confirm, args.test_final)).split(",") if f]:
         ct.grid_points(fam)  # a documented family exists
-    if args.grid or args.confirm:
+    if args.grid or args.confirm or args.test_final:
         return 0
     recorded = 0
     for p in ct.planned_runs(args):
@@ -541,6 +557,14 @@ def test_readme_results_block_is_generated_from_the_records():
     by = {(r["task"], r["cell"]): r for r in rows}
     for task, cell in ct.README_ROWS:
         assert f"| {by[task, cell]['claim']} | {task} |" in page
+
+
+def test_test_markdown_by_hand(tmp_path):
+    """4 of 8 test rows solved: 50.0 % with the Wilson interval [21.5, 78.5] (z 1.96, by hand)."""
+    r = {"cell": "spg", "seed": 10, "test": {"accuracy": 0.5}, "confirmation": {"accuracy": 0.25},
+         "reproduces_confirmation": False, "provenance": {"splits": {"test": {"size": 8}}}}
+    ct.save_results(tmp_path / "test" / "sudoku_spg.json", {"runs": {"sudoku/spg/seed10": r}})
+    assert "| sudoku | spg | spg | 10 | 50.0 [21.5, 78.5] (8 rows) | 25.0 | no |" in ct.test_markdown(tmp_path)
 
 
 def test_readme_markdown_by_hand():
