@@ -24,11 +24,11 @@ Protocol
 - ``--grid FAMILY``: each base and its credit arms (:data:`GRID_FAMILIES`) over the same learning-rate
   grid (:data:`GRID_LRS`, and β where the base has one) on the selection split, seeds 0 and 1
   (``results/grid/<task>_<family>.json``), extended one rung of :data:`LR_LADDER` at a time while an
-  arm's best point lies at the grid's lowest or highest rate (``--no-extend``: not); ``--confirm FAMILY``: each arm at its own best grid point
-  (:func:`best_points`) on 10 fresh paired seeds, scored once on the confirmation split
-  (``results/confirm/<task>_<family>.json``, with the SFT model's confirmation score);
-  ``--test-final FAMILY``, once every recipe is fixed: the test file read once per arm, by the first
-  confirmation seed retrained (``results/test/<task>_<family>.json``). The
+  arm's best point lies at the grid's lowest or highest rate (``--no-extend``: not); ``--confirm
+  FAMILY``: each arm at its own best grid point (:func:`best_points`) on 10 fresh paired seeds, scored
+  once on the confirmation split (``results/confirm/<task>_<family>.json``, with the SFT model's
+  confirmation score); ``--test-final FAMILY``, once every recipe is fixed: the test file read once per
+  arm, by its first confirmation seed retrained (``results/test/<task>_<family>.json``). The
   cached-rollout pair (family ``cache``) has no grid: both samplers run at the state base's best point.
 - ``--verdicts`` regenerates the top of ``docs/results.md``: for each headline claim (:data:`CLAIMS`)
   the paired difference with its exact t-interval, the paired-t and exact sign-flip p-values
@@ -788,10 +788,9 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
                                 for arm in arms:
                                     run(setup, gpath, task, arm, recipes[arm], common + over, seed, every, False,
                                         runs_dir / "grid", point=label)
-                        best = best_points(load_results(gpath), task, family, _ints(args.grid_seeds),
-                                           family_lrs(load_results(gpath), task, family, lrs))
-                        add = [] if args.no_extend else edge_extension(best, family_lrs(load_results(gpath), task,
-                                                                                         family, lrs))
+                        done = family_lrs(load_results(gpath), task, family, lrs)
+                        best = best_points(load_results(gpath), task, family, _ints(args.grid_seeds), done)
+                        add = [] if args.no_extend else edge_extension(best, done)
                         if add:
                             at = ", ".join(f"{a} at {b['point']}" for a, b in best.items())
                             print(f"[table] {task}/{family}: a best point at the grid's edge ({at}); adding lr "
