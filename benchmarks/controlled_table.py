@@ -672,6 +672,9 @@ def parser() -> argparse.ArgumentParser:
                                                      "arm's first confirmation seed retrained at its selected point "
                                                      "and scored once on the test file (results/test/)")
     ap.add_argument("--grid-lrs", default=",".join(f"{x:g}" for x in GRID_LRS))
+    ap.add_argument("--supersede", action="store_true",
+                    help="with --confirm: move confirmation runs recorded at a point no longer selected to the "
+                         "file's 'superseded' list and run those arms again (without it such runs are an error)")
     ap.add_argument("--no-extend", action="store_true",
                     help="do not extend a family's grid along LR_LADDER when an arm's best point is at its edge")
     ap.add_argument("--grid-seeds", default=",".join(map(str, GRID_SEEDS)))
@@ -811,6 +814,8 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
                     data = load_results(gpath, must_exist=True)
                     best = best_points(data, task, family, _ints(args.grid_seeds), family_lrs(data, task, family, lrs))
                 cpath = grid_path("confirm", task, family, root)
+                supersede_stale(cpath, task, {arm: common + best[arm]["overrides"] for arm in arms},
+                                {arm: best[arm]["point"] for arm in arms}, args.supersede)
                 for seed in _ints(args.confirm_seeds):
                     for arm in arms:
                         run(setup, cpath, task, arm, recipes[arm], common + best[arm]["overrides"], seed, every, False,
@@ -822,6 +827,36 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
                 update_results(cpath, lambda d: d.__setitem__("selected", best))
                 written.append(cpath)
     return written
+
+
+def supersede_stale(cpath: Path, task: str, want: dict[str, list[str]], points: dict[str, str], move: bool) -> None:
+    """Confirmation runs in ``cpath`` of ``task``'s arms (the keys of ``want``) recorded with other overrides
+    than ``want[arm]``, the point selected now (the grid grew since they ran): an error naming them, or with
+    ``move`` (``--supersede``) moved to the file's ``superseded`` list, kept with their reads, never paired
+    again, so those arms run again at their new point.
+
+    Raises:
+        SystemExit: stale runs and not ``move`` (names the arms, their recorded and their selected points).
+    """
+    data = load_results(cpath)
+    stale = sorted(k for k, r in data["runs"].items()
+                   if r.get("task") == task and r.get("cell") in want and r.get("overrides") != want[r["cell"]])
+    if not stale:
+        return
+    arms = sorted({data["runs"][k]["cell"] for k in stale})
+    was = data.get("selected", {})
+    moves = ", ".join(f"{a} {was.get(a, {}).get('point', '?')} -> {points[a]}" for a in arms)
+    if not move:
+        raise SystemExit(f"error: {cpath}: {len(stale)} confirmation runs were recorded at another grid point than the "
+                         f"one selected now ({moves}); --supersede moves them to the file's 'superseded' list (kept, "
+                         "never paired again) and runs those arms at their new point")
+
+    def change(d):
+        for k in stale:
+            if k in d["runs"]:
+                d.setdefault("superseded", []).append({"key": k, **d["runs"].pop(k)})
+    update_results(cpath, change)
+    print(f"[table] {cpath}: {len(stale)} confirmation runs superseded ({moves})", flush=True)
 
 
 def test_final(setup: Setup, task: str, family: str, arms, recipes: dict, common: list[str], every: int,
@@ -1135,9 +1170,11 @@ def _p(x: float) -> str:
 def record_census(paths: list[Path]) -> dict:
     """Over the record files ``paths``: distinct runs (a run copied into two files counts once), runs with a
     provenance block, test-file reads, confirmation reads."""
-    seen, runs = set(), []
+    seen, runs, superseded = set(), [], 0
     for p in paths:
-        for r in (load_results(p)["runs"].values() if p.is_file() else ()):
+        data = load_results(p) if p.is_file() else {"runs": {}}
+        superseded += len(data.get("superseded", []))
+        for r in list(data["runs"].values()) + data.get("superseded", []):  # superseded runs read splits too
             ident = json.dumps([r.get(k) for k in ("task", "cell", "seed", "overrides", "grid_point", "rewards")])
             if ident not in seen:  # a run copied into two files (the third-round base rows) counts once
                 seen.add(ident)
@@ -1146,7 +1183,7 @@ def record_census(paths: list[Path]) -> dict:
             "backfilled": sum(bool(r.get("provenance", {}).get("backfilled")) for r in runs),
             "sft_verified": sum(bool((r.get("provenance", {}).get("sft") or {}).get("sha256")) for r in runs),
             "test_reads": sum(r.get("test_reads", 1 if "test" in r else 0) for r in runs),
-            "confirmation_reads": sum(r.get("confirmation_reads", 0) for r in runs)}
+            "confirmation_reads": sum(r.get("confirmation_reads", 0) for r in runs), "superseded": superseded}
 
 
 def verdict_markdown(rows: list[dict], census: dict, figure: str) -> str:
@@ -1183,7 +1220,9 @@ def verdict_markdown(rows: list[dict], census: dict, figure: str) -> str:
               f"recorded the run instead); {census.get('sft_verified', 0)} runs carry their SFT checkpoint's weights "
               f"hash, checked for the older ones by re-scoring the retrained checkpoint's step 0 exactly. "
               f"Test-file reads over all of them: **{census['test_reads']}**. "
-              f"Confirmation-split reads: {census['confirmation_reads']} (one per final run).", "",
+              f"Confirmation-split reads: {census['confirmation_reads']} (one per final run"
+              + (f"; {census['superseded']} of them by runs superseded when a grid grew" if census.get("superseded")
+                 else "") + ").", "",
               "Readings (generated):", ""]
     for r in rows:
         if not r["stat"]:

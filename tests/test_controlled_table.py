@@ -342,6 +342,22 @@ def test_tuned_by_family_confirms_at_the_source_arms_point(tmp_path):
         assert sel["point"] == "lr=0.0002,beta=0.1" and sel["tuned_by"] == "state/diffu_grpo_state"
         r = conf["runs"][ct.run_key("sudoku", arm, 3)]
         assert r["overrides"][-2:] == ["train.lr=0.0002", "objective.beta=0.1"] and "confirmation" in r
+    # the grid grows and the base's best point moves: the recorded confirmation runs are stale; an error
+    # naming both arms and their points, then --supersede keeps them aside and runs both at the new point
+    runs[ct.run_key("sudoku", "diffu_grpo_state", 0, "lr=0.0001,beta=0.04")]["val"]["accuracy"] = 0.9
+    ct.grid_path("grid", "sudoku", "state", tmp_path).write_text(json.dumps({"runs": runs}))
+    with pytest.raises(SystemExit, match=r"2 confirmation runs .*diffu_grpo_state@4blocks lr=0.0002,beta=0.1 -> "
+                                         r"lr=0.0001,beta=0.04.*--supersede"):
+        ct.main(common + ["--confirm", "cache", "--confirm-seeds", "3"])
+    ct.main(common + ["--confirm", "cache", "--confirm-seeds", "3", "--supersede"])
+    new = json.loads(ct.grid_path("confirm", "sudoku", "cache", tmp_path).read_text())
+    assert sorted(s["key"] for s in new["superseded"]) == sorted(conf["runs"])
+    assert all(s["overrides"] == conf["runs"][s["key"]]["overrides"] for s in new["superseded"])  # kept as they were
+    for arm in ct.GRID_FAMILIES["cache"]["arms"]:
+        assert new["selected"][arm]["point"] == "lr=0.0001,beta=0.04"
+        assert new["runs"][ct.run_key("sudoku", arm, 3)]["overrides"][-2:] == ["train.lr=0.0001", "objective.beta=0.04"]
+    census = ct.record_census([ct.grid_path("confirm", "sudoku", "cache", tmp_path)])
+    assert census["confirmation_reads"] == 4 and census["superseded"] == 2
 
 
 @pytest.mark.parametrize("task", ["sudoku", "countdown"])
