@@ -791,8 +791,9 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
                                 for arm in arms:
                                     run(setup, gpath, task, arm, recipes[arm], common + over, seed, every, False,
                                         runs_dir / "grid", point=label)
-                        done = family_lrs(load_results(gpath), task, family, lrs)
-                        best = best_points(load_results(gpath), task, family, _ints(args.grid_seeds), done)
+                        data = load_results(gpath)
+                        done = family_lrs(data, task, family, lrs)
+                        best = best_points(data, task, family, _ints(args.grid_seeds), done)
                         add = [] if args.no_extend else edge_extension(best, done)
                         if add:
                             at = ", ".join(f"{a} at {b['point']}" for a, b in best.items())
@@ -876,11 +877,11 @@ def test_final(setup: Setup, task: str, family: str, arms, recipes: dict, common
     seed = _ints(args.confirm_seeds)[0]
     tpath = grid_path("test", task, family, root)
     for arm in arms:
-        conf = cdata["runs"].get(run_key(task, arm, seed))
-        if conf is None or arm not in cdata.get("selected", {}):
-            raise SystemExit(f"error: --test-final {family}: {cpath} has no confirmation run {run_key(task, arm, seed)} "
-                             f"with its selected point; run --confirm {family} first")
         key = run_key(task, arm, seed)
+        conf = cdata["runs"].get(key)
+        if conf is None or arm not in cdata.get("selected", {}):
+            raise SystemExit(f"error: --test-final {family}: {cpath} has no confirmation run {key} "
+                             f"with its selected point; run --confirm {family} first")
         run(setup, tpath, task, arm, recipes[arm], common + cdata["selected"][arm]["overrides"], seed, every, True,
             runs_dir / "test", confirm=True)
         same = load_results(tpath)["runs"][key]["confirmation"] == conf["confirmation"]
