@@ -51,6 +51,8 @@ from pathlib import Path
 
 import torch
 
+from maskrl.machine import float_key
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CODE = Path(os.environ.get("MASKRL_DREAM_CODE", "/work/ref/fastdllm_dream_model"))
 FILES = ("configuration_dream.py", "modeling_dream.py", "generation_utils.py", "generation_utils_block.py")
@@ -412,8 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch=torch.__version__, transformers=importlib.import_module("transformers").__version__,
                 seed=args.seed)
     if args.fixture:
-        machine = f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}"
-        out = dict(head, machine=machine, rows=rows, prompts_seed=0,
+        out = dict(head, machine=float_key(), rows=rows, prompts_seed=0,
                    note="tokens = completions produced by Dream's / Fast-dLLM's code (benchmarks/dream_reference.py)")
         lines = [json.dumps(dict({k: v for k, v in r.items() if k in Setting.__dataclass_fields__},
                                  name=r["name"], tokens=r["_tokens"].tolist())) for r in records]

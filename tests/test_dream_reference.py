@@ -3,9 +3,10 @@
 
 ``tests/golden/dream_reference.json`` holds the tokens Dream's ``diffusion_generate`` and Fast-dLLM's
 Dream block variant produced for small settings on the tiny Dream-style model (numbers their code
-made; their code is not in this repository). The first test checks maskrl against those numbers and
-needs nothing else; the second runs Dream's code itself when ``$MASKRL_DREAM_CODE`` names a folder
-holding it (Fast-dLLM's ``dream/model``), and skips, saying so, otherwise.
+made; their code is not in this repository). The first test checks maskrl against those numbers on
+the machine key they were recorded on (maskrl.machine.float_key) and needs nothing else; the second
+runs Dream's code itself when ``$MASKRL_DREAM_CODE`` names a folder holding it (Fast-dLLM's
+``dream/model``), and skips, saying so, otherwise.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from maskrl.machine import float_key
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "golden" / "dream_reference.json"
@@ -42,14 +45,20 @@ def _adapter(name: str):
     return MODELS[name]
 
 
-def _machine_key() -> str:
-    return f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}"
-
-
 @pytest.mark.parametrize("rec", RECORD["settings"], ids=[r["name"] for r in RECORD["settings"]])
 def test_maskrl_equals_dreams_recorded_tokens(rec):
-    """Every row token for token equal to Dream's (on the machine kind the numbers were recorded on;
-    elsewhere float kernels may break a near tie differently, so three rows in four must agree)."""
+    """Every row token for token equal to Dream's, on the machine key the tokens were recorded on.
+
+    Elsewhere the test skips, saying so: float kernels that differ in the last bit reorder near-equal
+    confidences, so recorded tokens say nothing there. Measured on the recording machine with its
+    kernels forced to AVX2 (``ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2``): 104 of 124
+    rows equal the recorded tokens (the bf16 settings 0 of 4), while maskrl and Dream's code run side
+    by side under those kernels agree on 124 of 124. The side-by-side test below is the check that
+    holds on any machine.
+    """
+    if RECORD["machine"] != float_key():
+        pytest.skip(f"Dream's tokens were recorded on {RECORD['machine']}, this is {float_key()}; "
+                    "set MASKRL_DREAM_CODE to compare with Dream's code side by side")
     fields = {k: v for k, v in rec.items() if k in BENCH.Setting.__dataclass_fields__}
     s = BENCH.Setting(**fields)
     assert s.name == rec["name"]
@@ -58,10 +67,7 @@ def test_maskrl_equals_dreams_recorded_tokens(rec):
     ours = BENCH.maskrl_tokens(adapter, s, ids, RECORD["seed"])
     want = torch.tensor(rec["tokens"])
     equal = int((ours == want).all(-1).sum())
-    if RECORD["machine"] == _machine_key():
-        assert equal == len(want), f"{equal}/{len(want)} rows equal to Dream's tokens"
-    else:
-        assert 4 * equal >= 3 * len(want), f"{equal}/{len(want)} rows equal (recorded on {RECORD['machine']})"
+    assert equal == len(want), f"{equal}/{len(want)} rows equal to Dream's tokens"
 
 
 def test_maskrl_equals_dreams_code_when_present():
@@ -69,7 +75,7 @@ def test_maskrl_equals_dreams_code_when_present():
     where = os.environ.get("MASKRL_DREAM_CODE")
     if not where:
         pytest.skip("MASKRL_DREAM_CODE is not set: point it at Fast-dLLM's dream/model folder to compare with "
-                    "Dream's own code (the recorded tokens are checked above without it)")
+                    "Dream's own code (the recorded tokens are checked above on the machine key that recorded them)")
     try:
         code = BENCH.load_dream_code(Path(where))
     except BENCH.DreamCodeMissing as err:

@@ -3,8 +3,9 @@ matrix of sampler settings, and the weights and metrics after two RL steps of si
 equal the digests recorded before the split-by-seam refactor. The bit-exact tests elsewhere compare
 two code paths in one process; a change that moves both passes them, and fails here.
 
-Recorded per machine key (torch version, ATen CPU kernel set, threads): float kernels differ across
-CPUs, so on a key that was never recorded the test skips and says so. Re-record only for a change
+Recorded per machine key (torch version, ATen CPU kernel set, threads, processor: maskrl.machine):
+MKL's and oneDNN's kernels differ across processors even at one kernel set, so on a key that was
+never recorded the test skips and says so. Re-record only for a change
 that is meant to move values: ``python tests/golden/pin.py``.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Pinned outputs of the sampler and the trainer (the values, not a comparison of two code paths).
 
-``python tests/golden/pin.py`` records, for this machine's key (torch version, CPU kernel set,
-threads), the sha256 digests of every :class:`~maskrl.types.Rollout` field over a matrix of sampler
+``python tests/golden/pin.py`` records, for this machine's key (:func:`maskrl.machine.float_key`: torch
+version, CPU kernel set, threads and the processor), the sha256 digests of every :class:`~maskrl.types.Rollout` field over a matrix of sampler
 settings and of the weights and every metric after two RL steps of several recipes, into
 ``tests/golden/digests.json``. ``tests/test_golden.py`` recomputes them and compares; on a machine
 whose key was never recorded it skips with the reason (float kernels differ across CPUs, so the
@@ -19,14 +19,16 @@ from pathlib import Path
 
 import torch
 
+from maskrl.machine import float_key
+
 HERE = Path(__file__).resolve().parent
 DIGESTS = HERE / "digests.json"
 sys.path.insert(0, str(HERE.parent))
 
 
 def machine_key() -> str:
-    """``torch<version>-<ATen CPU capability>-threads<n>``: where a digest is valid."""
-    return f"torch{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-threads{torch.get_num_threads()}"
+    """Where a digest is valid: :func:`maskrl.machine.float_key` (torch, kernel set, threads, processor)."""
+    return float_key()
 
 
 def tensor_digest(t: torch.Tensor) -> str:
