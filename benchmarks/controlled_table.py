@@ -1089,10 +1089,15 @@ CLAIMS = [
 ]
 
 
-def claim_differences(claim: dict) -> dict | None:
+def claim_differences(claim: dict, need: int = len(CONFIRM_SEEDS)) -> dict | None:
     """The per-seed paired differences (solved rate) of ``claim`` from its first record file holding both
-    arms on shared seeds: ``{"d", "seeds", "split", "source"}``; ``split`` is ``confirmation`` (final models
-    scored once on it) or ``selection`` (the split the recipes were chosen on). None when no file has them."""
+    arms on shared seeds: ``{"d", "seeds", "split", "source", "pending"}``; ``split`` is ``confirmation``
+    (final models scored once on it) or ``selection`` (the split the recipes were chosen on). A confirmation
+    file is read only once it holds ``need`` paired seeds (the confirmation is complete): before that the
+    claim reads the next file and ``pending`` says how many confirmation seeds are recorded (``{"seeds",
+    "need", "source"}``, else None), so a half-run confirmation never stands in for the finished one.
+    None when no file has them."""
+    pending = None
     for path in claim["sources"]:
         if not path.is_file():
             continue
@@ -1113,10 +1118,14 @@ def claim_differences(claim: dict) -> dict | None:
             key = "confirmation" if confirm else "val"
             pairs = {s: (arm[s][key]["accuracy"], base[s][key]["accuracy"]) for s in arm
                      if s in base and key in arm[s] and key in base[s]}
+        rel = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+        if confirm and len(pairs) < need:
+            pending = pending or ({"seeds": len(pairs), "need": need, "source": str(rel)} if pairs else None)
+            continue
         if len(pairs) >= 2:
             seeds = sorted(pairs)
-            rel = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
-            return {"d": [pairs[s][0] - pairs[s][1] for s in seeds], "seeds": seeds, "split": split, "source": str(rel)}
+            return {"d": [pairs[s][0] - pairs[s][1] for s in seeds], "seeds": seeds, "split": split, "source": str(rel),
+                    "pending": pending}
     return None
 
 
@@ -1158,6 +1167,14 @@ def verdict_rows(claims: list[dict] = CLAIMS) -> list[dict]:
     for r in have:
         r["verdict"] = verdict(r["stat"], r["kind"], r["p_t_holm"], r["p_signflip_holm"])
     return rows
+
+
+def _where(r: dict) -> str:
+    """A verdict row's "split, seeds" cell: ``confirmation, 10``, or ``selection, 5`` with the confirmation
+    seeds recorded so far when that run is under way (``selection, 5; confirmation 2 of 10 recorded``)."""
+    d = r["diff"]
+    pend = d.get("pending")
+    return f"{d['split']}, {r['stat']['n']}" + (f"; confirmation {pend['seeds']} of {pend['need']} recorded" if pend else "")
 
 
 def _pts(x: float) -> str:
@@ -1212,7 +1229,7 @@ def verdict_markdown(rows: list[dict], census: dict, figure: str) -> str:
         st = r["stat"]
         lines.append(f"| {r['claim']} | {r['task']} | {r['paper']} | {_pts(st['mean'])} [{_pts(st['ci95'][0])}, "
                      f"{_pts(st['ci95'][1])}] ({st['positive']}+/{st['negative']}−) | {_p(r['p_t_holm'])} / "
-                     f"{_p(r['p_signflip_holm'])} | **{r['verdict']}** | {r['diff']['split']}, {st['n']} |")
+                     f"{_p(r['p_signflip_holm'])} | **{r['verdict']}** | {_where(r)} |")
     lines += ["", f"![Validation curves of the recipe that learns, seed mean with the seed range]({figure})", "",
               f"Records: {census['runs']} distinct runs, {census['with_provenance']} with a provenance block (SFT "
               f"weights' sha256, data file and sha256, splits, code commit, torch and CPU kernel set). "
@@ -1237,7 +1254,9 @@ def verdict_markdown(rows: list[dict], census: dict, figure: str) -> str:
             f"seeds above, {st['negative']} below; d_z {st['d_z']:.2f} [{st['d_z_ci95'][0]:.2f}, {st['d_z_ci95'][1]:.2f}]. "
             f"Paired t p {_p(st['p_t'])} (Holm {_p(r['p_t_holm'])}); sign-flip p {_p(st['p_signflip'])} (Holm "
             f"{_p(r['p_signflip_holm'])}; its floor at {st['n']} seeds is {floor:.4f}); Wilcoxon p {_p(st['p_wilcoxon'])}. "
-            f"**{r['verdict'].capitalize()}.**")
+            f"**{r['verdict'].capitalize()}.**" + (
+                f" Its confirmation is under way ({d['pending']['seeds']} of {d['pending']['need']} seeds in "
+                f"`{d['pending']['source']}`) and is read once complete." if d.get("pending") else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -1483,7 +1502,7 @@ def readme_markdown(rows: list[dict]) -> str:
     for key in README_ROWS:
         r, st = by[key], by[key]["stat"]
         ours = f"{_pts(st['mean'])} [{_pts(st['ci95'][0])}, {_pts(st['ci95'][1])}]".replace("-", "−") if st else "not run yet"
-        where = f"{r['diff']['split']}, {st['n']}" if st else "–"
+        where = _where(r) if st else "–"
         lines.append(f"| {r['claim']} | {r['task'].capitalize()} | {ours} | {r.get('verdict', '–')} | {where} |")
     credit = [r for r in rows if r["stat"] and r["base"] != "sft" and r["kind"] == "superior"]
     count = {v: [r for r in credit if r["verdict"] == v] for v in ("reproduced", "not reproduced", "undecided")}
@@ -1497,8 +1516,9 @@ def readme_markdown(rows: list[dict]) -> str:
             for r in conf) + "."
     pending = [r for r in rows if r["stat"] and r["diff"]["split"] == "selection"]
     if pending:
-        text += (f" {len(pending)} rows still read the selection split (their confirmation runs are not recorded "
-                 "yet), so their p-values are optimistic.")
+        part = sum(1 for r in pending if r["diff"].get("pending"))
+        text += (f" {len(pending)} rows still read the selection split (their confirmation runs are not complete"
+                 + (f"; {part} of them under way" if part else "") + "), so their p-values are optimistic.")
     return "\n".join(lines + ["", text]) + "\n"
 
 

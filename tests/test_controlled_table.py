@@ -517,14 +517,25 @@ def test_claim_differences_prefer_the_confirmation_file(tmp_path):
     claim = ct._claim("x", "p", "sudoku", "dispo@spg", "spg", [conf, sel])
     d = ct.claim_differences(claim)  # no confirmation file yet: the selection records
     assert d["split"] == "selection" and d["seeds"] == [0, 1, 2] and d["d"] == pytest.approx([0.05, 0.06, 0.07])
+    assert d["pending"] is None
     runs = {f"c{s}{c}": _rec("sudoku", c, s, 0.9, 0.3, a) for s in (10, 11, 12)
             for c, a in (("spg", 0.4), ("dispo@spg", 0.38))}
     runs["grid"] = _rec("sudoku", "dispo@spg", 13, 0.9, 0.3, 0.9) | {"grid_point": "lr=1"}  # never a headline row
     ct.save_results(conf, {"runs": runs, "sft_confirmation": {"sudoku": {"accuracy": 0.35}}})
+    # 3 of 10 confirmation seeds: the confirmation is under way, the claim still reads the selection records
     d = ct.claim_differences(claim)
+    assert d["split"] == "selection" and d["seeds"] == [0, 1, 2]
+    assert d["pending"] == {"seeds": 3, "need": 10, "source": str(conf)}
+    assert ct.claim_differences(ct._claim("x", "p", "sudoku", "dispo@spg", "spg", [conf])) is None
+    d = ct.claim_differences(claim, need=3)  # complete at 3 seeds: the confirmation file is read
     assert d["split"] == "confirmation" and d["seeds"] == [10, 11, 12] and d["d"] == pytest.approx([-0.02] * 3)
+    runs |= {f"c{s}{c}": _rec("sudoku", c, s, 0.9, 0.3, a) for s in range(13, 20)
+             for c, a in (("spg", 0.4), ("dispo@spg", 0.38))}
+    ct.save_results(conf, {"runs": runs, "sft_confirmation": {"sudoku": {"accuracy": 0.35}}})
+    d = ct.claim_differences(claim)  # all 10 default confirmation seeds
+    assert d["split"] == "confirmation" and d["seeds"] == list(range(10, 20)) and d["pending"] is None
     vs_sft = ct.claim_differences(ct._claim("x", "p", "sudoku", "spg", "sft", [conf]))
-    assert vs_sft["d"] == pytest.approx([0.05] * 3)  # 0.40 on the confirmation split against the SFT model's 0.35
+    assert vs_sft["d"] == pytest.approx([0.05] * 10)  # 0.40 on the confirmation split against the SFT model's 0.35
     assert ct.claim_differences(ct._claim("x", "p", "countdown", "spg", "sft", [conf, sel])) is None
 
 
@@ -597,6 +608,11 @@ def test_readme_markdown_by_hand():
     assert "Of the 1 credit-module comparisons with records, 1 reproduced, 0 not reproduced, 0 undecided." in md
     assert "claim dispo@spg (sudoku) +5.0 (10 of 10 seeds above; Holm p 0.001 paired t, 0.020 sign-flip; reproduced)" in md
     assert "Holm over 1 comparisons" in md and "selection split" not in md
+    rows[3].update(stat=stat | {"n": 5}, verdict="undecided", p_t_holm=0.2, p_signflip_holm=0.5,
+                   diff={"split": "selection", "pending": {"seeds": 2, "need": 10, "source": "c.json"}})
+    md = ct.readme_markdown(rows)  # a confirmation under way: the row says so and reads the selection records
+    assert "| claim dtca@rldf | Sudoku | +5.0 [+2.0, +8.0] | undecided | selection, 5; confirmation 2 of 10 recorded |" in md
+    assert "1 rows still read the selection split (their confirmation runs are not complete; 1 of them under way)" in md
     with pytest.raises(SystemExit, match="has no <!-- results:begin -->"):
         ct._replace_block("# no markers\n", ct.README_MARKS, md, "README.md")
 
