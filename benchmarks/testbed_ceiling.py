@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 from ablation_runs import ROOT, already_recorded, load_results, t_interval, update_results
-from controlled_table import BASES, GEN_KW, Setup
+from table_protocol import BASES, GEN_KW
+from table_runs import Setup
 from maskrl.pipeline import prompt_formatter
 from maskrl.sft import run_sft
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ablation_runs import ROOT, TaskSetup, load_results, save_results
-from controlled_table import BASES as RECIPES, GEN_KW
+from table_protocol import BASES as RECIPES, GEN_KW
 from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny
 from maskrl.pipeline import prompt_formatter

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from ablation_runs import ROOT, load_results, save_results
-from controlled_table import BASES, GEN_KW, Setup, cell_recipe
+from table_protocol import BASES, GEN_KW, cell_recipe
+from table_runs import Setup
 from maskrl.config import load_config
 from maskrl.evaluate import evaluate_examples
 from maskrl.pipeline import prompt_formatter

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import controlled_table as ct  # noqa: E402
+import table_protocol as tp  # noqa: E402
 import testbed_search as ts  # noqa: E402
 from maskrl.config import load_config  # noqa: E402
 
@@ -18,7 +18,7 @@ from maskrl.config import load_config  # noqa: E402
 @pytest.mark.parametrize("name", list(ts.PILOTS))
 def test_every_pilot_resolves_to_a_valid_recipe(name, tmp_path):
     task, overrides, *cell = ts.PILOTS[name]
-    recipe = ct.cell_recipe(ct.BASES[task], cell[0] if cell else "diffu_grpo_state", None, tmp_path)
+    recipe = tp.cell_recipe(tp.BASES[task], cell[0] if cell else "diffu_grpo_state", None, tmp_path)
     cfg = load_config([recipe], overrides)  # raises on an unknown field or a bad value
     assert cfg.train.steps > 0
 

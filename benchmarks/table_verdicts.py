@@ -1,0 +1,453 @@
+"""The headline page (``--verdicts``): for each headline claim the paired difference on the confirmation
+split (else the selection records, marked) with its exact t-interval, paired-t and sign-flip p-values
+Holm-corrected over the family, and a verdict; the tuning-grid and test-file tables, the commands that
+reproduce every record file, and the README's results block -- all generated from the committed records."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ablation_runs import ROOT, load_results
+from table_pages import headline_figure
+from table_protocol import (CELLS, CONFIRM_SEEDS, GRID_FAMILIES, OUT, R3, best_points, family_lrs, grid_path,
+                            grid_points, point_lr)
+
+
+#: the smallest gain worth the name (solved rate): a claim is *not reproduced* when the 95 % interval of the
+#: gain lies below it, and a "learns as well" claim is *reproduced* when the interval lies above its negative
+DELTA_MIN = 0.01
+ALPHA = 0.05
+
+
+def _claim(claim: str, paper: str, task: str, cell: str, base: str, sources: list[Path], kind: str = "superior") -> dict:
+    return {"claim": claim, "paper": paper, "task": task, "cell": cell, "base": base, "sources": sources, "kind": kind}
+
+
+#: the headline comparisons, one family for Holm's correction; ``base`` "sft" pairs each run with its own
+#: step 0; ``sources``: record files in order of preference (a confirmation file first, else the selection
+#: records). The papers' numbers are at LLaDA-8B-Instruct (SPEC §3-§4; Sudoku's are cell accuracy).
+CLAIMS = [
+    _claim("diffu-GRPO (state), the recipe that learns, improves its SFT model", "(the testbed: no paper claim)",
+           "sudoku", "diffu_grpo_state", "sft", [grid_path("confirm", "sudoku", "state"), R3]),
+    _claim("diffu-GRPO (state) improves its SFT model", "(the testbed: no paper claim)",
+           "countdown", "diffu_grpo_state", "sft", [grid_path("confirm", "countdown", "state"), R3]),
+    _claim("DiSPO improves diffu-GRPO", "Sudoku 14.1 → 31.4 (+17.3)", "sudoku", "dispo@diffu_grpo_state",
+           "diffu_grpo_state", [grid_path("confirm", "sudoku", "state"), R3]),
+    _claim("DiSPO improves diffu-GRPO", "Countdown 33.9 → 53.9 (+20.0)", "countdown", "dispo@diffu_grpo_state",
+           "diffu_grpo_state", [grid_path("confirm", "countdown", "state"), R3]),
+    _claim("DiSPO improves SPG", "improves (no number in SPEC §4)", "sudoku", "dispo@spg", "spg",
+           [grid_path("confirm", "sudoku", "spg"), R3]),
+    _claim("DiSPO's branch credit alone (no step-term KL, no prompt masking) improves SPG", "(control of the row above)",
+           "sudoku", "dispo-kl@spg", "spg", [grid_path("confirm", "sudoku", "spg")]),
+    _claim("DTCA improves RLDF", "MATH500 +3.6 / +2.0 / +1.4 at 128 / 256 / 512", "sudoku", "dtca@rldf", "rldf",
+           [grid_path("confirm", "sudoku", "rldf"), R3]),
+    _claim("DPS improves diffu-GRPO (state)", "improves (no number in SPEC §2.1)", "sudoku", "dps@diffu_grpo_state",
+           "diffu_grpo_state", [grid_path("confirm", "sudoku", "state"), R3]),
+    _claim("DPS improves diffu-GRPO (state)", "improves (no number in SPEC §2.1)", "countdown", "dps@diffu_grpo_state",
+           "diffu_grpo_state", [grid_path("confirm", "countdown", "state"), R3]),
+    _claim("SML improves wd1", "improves (no number in SPEC §2.2)", "sudoku", "sml@wd1", "wd1",
+           [grid_path("confirm", "sudoku", "wd1"), OUT]),
+    _claim("SML improves wd1", "improves (no number in SPEC §2.2)", "countdown", "sml@wd1", "wd1",
+           [grid_path("confirm", "countdown", "wd1"), OUT]),
+    _claim("DPS improves wd1", "improves (no number in SPEC §2.1)", "sudoku", "dps@wd1", "wd1",
+           [grid_path("confirm", "sudoku", "wd1"), OUT]),
+    _claim("SML improves diffu-GRPO (mean-field)", "improves (no number in SPEC §2.2)", "sudoku", "sml@diffu_grpo",
+           "diffu_grpo_mf", [grid_path("confirm", "sudoku", "mf"), OUT]),
+    _claim("RL on dual-KV-cached rollouts learns as on exact ones (4 blocks)", "(reported unstable at 8B)", "sudoku",
+           "diffu_grpo_state@4blocks+dual", "diffu_grpo_state@4blocks", [grid_path("confirm", "sudoku", "cache"), OUT],
+           kind="noninferior"),
+]
+
+
+def claim_differences(claim: dict, need: int = len(CONFIRM_SEEDS)) -> dict | None:
+    """The per-seed paired differences (solved rate) of ``claim`` from its first record file holding both
+    arms on shared seeds: ``{"d", "seeds", "split", "source", "pending"}``; ``split`` is ``confirmation``
+    (final models scored once on it) or ``selection`` (the split the recipes were chosen on). A confirmation
+    file is read only once it holds ``need`` paired seeds (the confirmation is complete): before that the
+    claim reads the next file and ``pending`` says how many confirmation seeds are recorded (``{"seeds",
+    "need", "source"}``, else None), so a half-run confirmation never stands in for the finished one.
+    None when no file has them."""
+    pending = None
+    for path in claim["sources"]:
+        if not path.is_file():
+            continue
+        data = load_results(path)
+        confirm = path.parent.name == "confirm"
+        split = "confirmation" if confirm else "selection"
+        rows: dict[str, dict[int, dict]] = {}
+        for r in data["runs"].values():
+            if r.get("task") == claim["task"] and "grid_point" not in r:
+                rows.setdefault(r["cell"], {})[r["seed"]] = r
+        arm = rows.get(claim["cell"], {})
+        if claim["base"] == "sft":
+            sft = (data.get("sft_confirmation") or {}).get(claim["task"], {}).get("accuracy") if confirm else None
+            pairs = {s: (r["confirmation"]["accuracy"], sft) if confirm else (r["val"]["accuracy"], r["val_curve"][0][1]["accuracy"])
+                     for s, r in arm.items() if not confirm or ("confirmation" in r and sft is not None)}
+        else:
+            base = rows.get(claim["base"], {})
+            key = "confirmation" if confirm else "val"
+            pairs = {s: (arm[s][key]["accuracy"], base[s][key]["accuracy"]) for s in arm
+                     if s in base and key in arm[s] and key in base[s]}
+        rel = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+        if confirm and len(pairs) < need:
+            pending = pending or ({"seeds": len(pairs), "need": need, "source": str(rel)} if pairs else None)
+            continue
+        if len(pairs) >= 2:
+            seeds = sorted(pairs)
+            return {"d": [pairs[s][0] - pairs[s][1] for s in seeds], "seeds": seeds, "split": split, "source": str(rel),
+                    "pending": pending}
+    return None
+
+
+def verdict(stat: dict, kind: str, p_t_holm: float, p_flip_holm: float) -> str:
+    """``reproduced`` / ``not reproduced`` / ``undecided`` of one comparison (the rule the page states).
+
+    ``superior``: reproduced when the mean gain is positive and both Holm-corrected p-values (paired t,
+    exact sign-flip) are below :data:`ALPHA`; not reproduced when the 95 % interval's upper end is below
+    :data:`DELTA_MIN`; else undecided. ``noninferior``: reproduced when the interval's lower end is above
+    −:data:`DELTA_MIN`; not reproduced when the mean is negative and both corrected p-values are below
+    :data:`ALPHA`; else undecided.
+    """
+    lo, hi = stat["ci95"]
+    significant = p_t_holm < ALPHA and p_flip_holm < ALPHA
+    if kind == "superior":
+        if stat["mean"] > 0 and significant:
+            return "reproduced"
+        return "not reproduced" if hi < DELTA_MIN else "undecided"
+    if lo > -DELTA_MIN:
+        return "reproduced"
+    return "not reproduced" if stat["mean"] < 0 and significant else "undecided"
+
+
+def verdict_rows(claims: list[dict] = CLAIMS) -> list[dict]:
+    """Every claim with its statistics (:func:`maskrl.stats.seed_comparison`), Holm-corrected p-values
+    over the family of claims that have records, and its verdict."""
+    from maskrl.stats import holm, seed_comparison
+
+    rows = []
+    for c in claims:
+        diff = claim_differences(c)
+        rows.append({**c, "sources": [str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in c["sources"]],
+                     "diff": diff,
+                     "stat": seed_comparison(diff["d"]) if diff else None})
+    have = [r for r in rows if r["stat"]]
+    for key in ("p_t", "p_signflip"):
+        for r, adj in zip(have, holm([r["stat"][key] for r in have])):
+            r[f"{key}_holm"] = adj
+    for r in have:
+        r["verdict"] = verdict(r["stat"], r["kind"], r["p_t_holm"], r["p_signflip_holm"])
+    return rows
+
+
+def _where(r: dict) -> str:
+    """A verdict row's "split, seeds" cell: ``confirmation, 10``, or ``selection, 5`` with the confirmation
+    seeds recorded so far when that run is under way (``selection, 5; confirmation 2 of 10 recorded``)."""
+    d = r["diff"]
+    pend = d.get("pending")
+    return f"{d['split']}, {r['stat']['n']}" + (f"; confirmation {pend['seeds']} of {pend['need']} recorded" if pend else "")
+
+
+def _pts(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def _p(x: float) -> str:
+    return "–" if x is None or math.isnan(x) else (f"{x:.3f}" if x >= 0.001 else f"{x:.1e}")
+
+
+def record_census(paths: list[Path]) -> dict:
+    """Over the record files ``paths``: distinct runs (a run copied into two files counts once), runs with a
+    provenance block, test-file reads, confirmation reads."""
+    seen, runs, superseded = set(), [], 0
+    for p in paths:
+        data = load_results(p) if p.is_file() else {"runs": {}}
+        superseded += len(data.get("superseded", []))
+        for r in list(data["runs"].values()) + data.get("superseded", []):  # superseded runs read splits too
+            ident = json.dumps([r.get(k) for k in ("task", "cell", "seed", "overrides", "grid_point", "rewards")])
+            if ident not in seen:  # a run copied into two files (the third-round base rows) counts once
+                seen.add(ident)
+                runs.append(r)
+    return {"runs": len(runs), "with_provenance": sum("provenance" in r for r in runs),
+            "backfilled": sum(bool(r.get("provenance", {}).get("backfilled")) for r in runs),
+            "sft_verified": sum(bool((r.get("provenance", {}).get("sft") or {}).get("sha256")) for r in runs),
+            "test_reads": sum(r.get("test_reads", 1 if "test" in r else 0) for r in runs),
+            "confirmation_reads": sum(r.get("confirmation_reads", 0) for r in runs), "superseded": superseded}
+
+
+def verdict_markdown(rows: list[dict], census: dict, figure: str) -> str:
+    """The headline block: the verdict table, the rule, the figure link and the generated readings."""
+    lines = ["## Verdicts", "",
+             "Generated by `python benchmarks/controlled_table.py --verdicts` from the committed records; do not edit "
+             "between the markers. Tiny model (4 layers, 128 wide), CPU, the recipe that learns (lr warm-up 10, no "
+             "prompt masking in the base likelihood, 8 prompts × 6, 65 steps) unless the source is the first table "
+             "(`results/controlled_table.json`: lr 1e-4, 16 prompts × 6, 30 steps). *Ours*: the paired (same seed) "
+             "difference in solved rate, points, mean and exact 95 % t-interval over seeds (seeds above / below "
+             "zero). *p*: two-sided paired t-test and exact sign-flip permutation test over seeds, each "
+             f"Holm-corrected over the {sum(1 for r in rows if r['stat'])} comparisons of the table. *Verdict*: "
+             f"**reproduced** when the gain is positive and both corrected p are below {ALPHA}; **not reproduced** "
+             f"when the interval lies below +{100 * DELTA_MIN:.0f} point; else **undecided** (the cache row: "
+             f"reproduced when the interval lies above −{100 * DELTA_MIN:.0f} point). The papers' numbers are "
+             "LLaDA-8B-Instruct's (Sudoku: cell accuracy), so only the direction is compared. *Split*: "
+             "`confirmation` = final models scored once on 500 fresh rows that no choice saw; `selection` = the "
+             "300 rows every recipe was chosen on, so its p-values are optimistic.", "",
+             "| claim | task | paper (LLaDA-8B) | ours: Δ solved, points | p (t / sign-flip), Holm | verdict | split, seeds |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if not r["stat"]:
+            lines.append(f"| {r['claim']} | {r['task']} | {r['paper']} | not run yet | – | – | – |")
+            continue
+        st = r["stat"]
+        lines.append(f"| {r['claim']} | {r['task']} | {r['paper']} | {_pts(st['mean'])} [{_pts(st['ci95'][0])}, "
+                     f"{_pts(st['ci95'][1])}] ({st['positive']}+/{st['negative']}−) | {_p(r['p_t_holm'])} / "
+                     f"{_p(r['p_signflip_holm'])} | **{r['verdict']}** | {_where(r)} |")
+    lines += ["", f"![Validation curves of the recipe that learns, seed mean with the seed range]({figure})", "",
+              f"Records: {census['runs']} distinct runs, {census['with_provenance']} with a provenance block (SFT "
+              f"weights' sha256, data file and sha256, splits, code commit, torch and CPU kernel set). "
+              f"{census.get('backfilled', 0)} of the blocks were filled in afterwards for runs made before records "
+              f"carried one (`--backfill-provenance`: torch version and code commit unknown, the commit that first "
+              f"recorded the run instead); {census.get('sft_verified', 0)} runs carry their SFT checkpoint's weights "
+              f"hash, checked for the older ones by re-scoring the retrained checkpoint's step 0 exactly. "
+              f"Test-file reads over all of them: **{census['test_reads']}**. "
+              f"Confirmation-split reads: {census['confirmation_reads']} (one per final run"
+              + (f"; {census['superseded']} of them by runs superseded when a grid grew" if census.get("superseded")
+                 else "") + ").", "",
+              "Readings (generated):", ""]
+    for r in rows:
+        if not r["stat"]:
+            lines.append(f"- {r['claim']} ({r['task']}): no records yet (`{r['sources'][0]}`).")
+            continue
+        st, d = r["stat"], r["diff"]
+        floor = 2 / 2 ** st["n"]
+        lines.append(
+            f"- {r['claim']} ({r['task']}, `{d['source']}`, {d['split']} split, seeds {d['seeds'][0]}–{d['seeds'][-1]}): "
+            f"{100 * st['mean']:+.2f} points [{100 * st['ci95'][0]:+.2f}, {100 * st['ci95'][1]:+.2f}], {st['positive']} of {st['n']} "
+            f"seeds above, {st['negative']} below; d_z {st['d_z']:.2f} [{st['d_z_ci95'][0]:.2f}, {st['d_z_ci95'][1]:.2f}]. "
+            f"Paired t p {_p(st['p_t'])} (Holm {_p(r['p_t_holm'])}); sign-flip p {_p(st['p_signflip'])} (Holm "
+            f"{_p(r['p_signflip_holm'])}; its floor at {st['n']} seeds is {floor:.4f}); Wilcoxon p {_p(st['p_wilcoxon'])}. "
+            f"**{r['verdict'].capitalize()}.**" + (
+                f" Its confirmation is under way ({d['pending']['seeds']} of {d['pending']['need']} seeds in "
+                f"`{d['pending']['source']}`) and is read once complete." if d.get("pending") else ""))
+    return "\n".join(lines) + "\n"
+
+
+def _wrap(words: list[str], width: int = 104) -> str:
+    """One shell command from ``words``, continued with `` \\`` past ``width`` characters."""
+    lines, cur = [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) > width:
+            lines.append(cur + " \\")
+            cur = "  " + w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    return "\n".join(lines + [cur])
+
+
+def grid_markdown(root: Path = OUT.parent) -> str:
+    """The tuning grids recorded under ``root/grid``: per task and family, each arm's seed-mean final
+    selection-split solved rate (%) and seeds at each grid point, and the point it would run at now
+    (:func:`best_points` over the seeds every point has; a point at the lowest or highest learning rate is
+    marked *grid edge*: the optimum may lie outside the grid), then each task's bases ranked by their best
+    point ('' when no grid is recorded)."""
+    parts, bases = [], {}
+    for path in sorted((root / "grid").glob("*.json")):
+        task, _, family = path.stem.partition("_")
+        if family not in GRID_FAMILIES:
+            continue
+        runs = load_results(path)["runs"]
+        lrs = family_lrs({"runs": runs}, task, family)
+        labels = [lab for lab, _ in grid_points(family, lrs)]
+        sft = sorted({round(100 * r["val_curve"][0][1]["accuracy"], 1) for r in runs.values()})
+        lines = [f"`{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}` ({task}, {family}): seed-mean final "
+                 f"solved rate on the selection split, % (seeds); the SFT model: {', '.join(map(str, sft))} %", "",
+                 "| arm | " + " | ".join(labels) + " | best so far |", "| --- " * (len(labels) + 2) + "|"]
+        for arm in GRID_FAMILIES[family]["arms"]:
+            cells, complete = [], {}
+            for lab in labels:
+                rs = [r for r in runs.values() if r["cell"] == arm and r.get("grid_point") == lab and r["task"] == task]
+                if rs:
+                    cells.append(f"{100 * sum(r['val']['accuracy'] for r in rs) / len(rs):.1f} ({len(rs)})")
+                    complete[lab] = {r["seed"] for r in rs}
+                else:
+                    cells.append("–")
+            shared = set.intersection(*complete.values()) if complete else set()
+            best = "–"
+            if shared:
+                b = best_points({"runs": runs}, task, family, sorted(shared), arms=[arm])[arm]
+                edge = ", *grid edge*" if point_lr(b["point"]) in (min(lrs), max(lrs)) else ""
+                best = f"{b['point']} ({100 * b['val_mean']:.1f}, seeds {','.join(map(str, b['seeds']))}{edge})"
+                if arm == GRID_FAMILIES[family]["arms"][0]:
+                    bases.setdefault(task, []).append((b["val_mean"], arm, b["point"], len(b["seeds"])))
+            lines.append(f"| {arm} | " + " | ".join(cells) + f" | {best} |")
+        parts.append("\n".join(lines) + "\n")
+    if not parts:
+        return ""
+    for task, ranked in bases.items():
+        parts.append(f"The {task} bases by their best grid point: " + ", ".join(
+            f"{arm} {100 * m:.1f} ({point}, {n} seeds)" for m, arm, point, n in sorted(ranked, reverse=True)) + ".\n")
+    return ("### Tuning grid (selection split)\n\nThe same learning-rate grid (and β where the base has one) for each "
+            "base and its credit arms, seeds 0 and 1, extended by one rate of the ladder 1e-5 … 1e-3 (`LR_LADDER`) "
+            "while an arm's best point lies at the grid's edge (*grid edge* below: an extension is pending, or "
+            "the rate is a ladder end); each arm then runs at its own best point on 10 fresh seeds "
+            "on the confirmation split (`--confirm`). The cached-rollout pair (`--confirm cache`) has no grid: both "
+            "of its samplers run at the state base's best point.\n\n" + "\n".join(parts))
+
+
+def test_markdown(root: Path = OUT.parent) -> str:
+    """The test-file reads recorded under ``root/test`` (``--test-final``): per task, family and arm, the
+    retrained seed's solved rate on the test file with its 95 % Wilson interval over the file's rows, its
+    confirmation score and whether that reproduces the confirmation record ('' when none is recorded)."""
+    from maskrl.stats import wilson_interval
+
+    lines = []
+    for path in sorted((root / "test").glob("*.json")):
+        task, _, family = path.stem.partition("_")
+        for key, r in sorted(load_results(path)["runs"].items()):
+            n = r["provenance"]["splits"]["test"]["size"]
+            lo, hi = wilson_interval(round(r["test"]["accuracy"] * n), n)
+            lines.append(f"| {task} | {family} | {r['cell']} | {r['seed']} | {100 * r['test']['accuracy']:.1f} "
+                         f"[{100 * lo:.1f}, {100 * hi:.1f}] ({n} rows) | {100 * r['confirmation']['accuracy']:.1f} | "
+                         f"{'yes' if r.get('reproduces_confirmation') else 'no'} |")
+    if not lines:
+        return ""
+    return ("### The test file (read once per headline cell)\n\nAfter every recipe was fixed, each arm's first "
+            "confirmation seed retrained at its selected point and scored once on the test file "
+            "(`--test-final`); the verdicts above do not read it.\n\n| task | family | arm | seed | test solved, % "
+            "[95 % Wilson] | confirmation solved, % | retrained model reproduces its confirmation record |\n"
+            "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n")
+
+
+def reproduce_commands() -> str:
+    """The commands that regenerate the page and resume every record file, read from the records
+    themselves (cells, seeds, ``--eval-every`` and ``--set`` overrides per task), as a shell block."""
+    import shlex
+
+    py = ["python", "benchmarks/controlled_table.py"]
+    out = ["# this block, the verdicts and the figure", "python benchmarks/controlled_table.py --verdicts",
+           "# the first table (each task resumes at the cadence its records were made with)",
+           "python benchmarks/controlled_table.py --tasks sudoku,countdown --seeds 0,1,2,3,4",
+           "python benchmarks/controlled_table.py --summary"]
+    if R3.is_file():
+        out.append("# the third-round table, one command per task")
+        runs = load_results(R3)["runs"].values()
+        for task in sorted({r["task"] for r in runs}, key=lambda t: (t != "sudoku", t)):
+            rs = [r for r in runs if r["task"] == task]
+            cells = sorted({r["cell"] for r in rs}, key=lambda c: list(CELLS).index(c) if c in CELLS else 99)
+            (every,) = {r["eval_every"] for r in rs}
+            (over,) = {tuple(r["overrides"]) for r in rs}
+            words = py + ["--tasks", task, "--cells", ",".join(cells), "--seeds", ",".join(map(str, sorted({r["seed"] for r in rs}))),
+                          "--eval-every", str(every), "--out", str(R3.relative_to(ROOT)), "--runs-dir", "runs/table_r3"]
+            for o in over:
+                words += ["--set", o]
+            out.append(_wrap(words))
+        out.append(f"python benchmarks/controlled_table.py --summary --out {R3.relative_to(ROOT)}")
+    out += ["# the tuning grid on the selection split, then each arm at its best point on the confirmation split",
+            "python benchmarks/controlled_table.py --tasks sudoku --grid spg --confirm spg",
+            "python benchmarks/controlled_table.py --tasks sudoku --grid state,rldf,wd1,mf --confirm state,rldf,wd1,mf",
+            "# the cached-rollout pair at the best point of the state base (no grid of its own)",
+            "python benchmarks/controlled_table.py --tasks sudoku --confirm cache",
+            "python benchmarks/controlled_table.py --tasks countdown --grid state,wd1 --confirm state,wd1",
+            "# the test file, once every recipe is fixed (one retrained model per arm)",
+            "python benchmarks/controlled_table.py --tasks sudoku --test-final state,rldf,wd1,mf,spg,cache",
+            "python benchmarks/controlled_table.py --tasks countdown --test-final state,wd1",
+            "# the testbed pilots, grouped by the seeds and cadence their records were made with"]
+    groups: dict[tuple, list[str]] = {}
+    for path in sorted((OUT.parent / "testbed_search").glob("*.json")):
+        rs = list(load_results(path)["runs"].values())
+        if rs:
+            every = {r["eval_every"] for r in rs}
+            key = (",".join(map(str, sorted(r["seed"] for r in rs))), every.pop() if len(every) == 1 else None)
+            groups.setdefault(key, []).append(path.stem)
+    for (seeds, every), names in groups.items():
+        if every is not None:
+            out.append(_wrap(["python", "benchmarks/testbed_search.py", "--run", ",".join(names), "--seeds", seeds,
+                              "--eval-every", str(every)]))
+    out.append("python benchmarks/testbed_search.py --summary")
+    assert all(shlex.split(c.replace("\\\n", " ")) for c in out)
+    return "```bash\n" + "\n".join(out) + "\n```\n"
+
+
+VERDICT_MARKS = ("<!-- verdicts:begin -->", "<!-- verdicts:end -->")
+README = ROOT / "README.md"
+README_MARKS = ("<!-- results:begin -->", "<!-- results:end -->")
+
+
+#: the verdict table's rows the README shows, as (task, cell): the testbed and one row per seed method
+README_ROWS = [("sudoku", "diffu_grpo_state"), ("sudoku", "dispo@diffu_grpo_state"), ("sudoku", "dispo@spg"),
+               ("sudoku", "dtca@rldf"), ("countdown", "dps@diffu_grpo_state"), ("sudoku", "sml@wd1")]
+
+
+def readme_markdown(rows: list[dict]) -> str:
+    """The README's results block: :data:`README_ROWS` of the verdict table (``rows`` from
+    :func:`verdict_rows`) and a generated count of the verdicts over every credit-module claim (the rows
+    whose base is not the SFT model, less the cached-rollout row), with the confirmation-split rows' numbers.
+
+    Raises:
+        KeyError: a :data:`README_ROWS` entry that names no claim.
+    """
+    by = {(r["task"], r["cell"]): r for r in rows}
+    lines = [f"Top rows of the verdict table in [docs/results.md](docs/results.md) (generated by `python "
+             f"benchmarks/controlled_table.py --verdicts`; tiny model, paired Δ solved rate in points, exact 95 % "
+             f"t-intervals, Holm over {sum(1 for r in rows if r['stat'])} comparisons):", "",
+             "| claim | task | ours | verdict | split, seeds |", "| --- | --- | --- | --- | --- |"]
+    for key in README_ROWS:
+        r, st = by[key], by[key]["stat"]
+        ours = f"{_pts(st['mean'])} [{_pts(st['ci95'][0])}, {_pts(st['ci95'][1])}]".replace("-", "−") if st else "not run yet"
+        where = _where(r) if st else "–"
+        lines.append(f"| {r['claim']} | {r['task'].capitalize()} | {ours} | {r.get('verdict', '–')} | {where} |")
+    credit = [r for r in rows if r["stat"] and r["base"] != "sft" and r["kind"] == "superior"]
+    count = {v: [r for r in credit if r["verdict"] == v] for v in ("reproduced", "not reproduced", "undecided")}
+    text = (f"Of the {len(credit)} credit-module comparisons with records, {len(count['reproduced'])} reproduced, "
+            f"{len(count['not reproduced'])} not reproduced, {len(count['undecided'])} undecided.")
+    conf = [r for r in credit if r["diff"]["split"] == "confirmation"]
+    if conf:
+        text += " On the confirmation split: " + "; ".join(
+            f"{r['claim']} ({r['task']}) {_pts(r['stat']['mean'])} ({r['stat']['positive']} of {r['stat']['n']} seeds "
+            f"above; Holm p {_p(r['p_t_holm'])} paired t, {_p(r['p_signflip_holm'])} sign-flip; {r['verdict']})"
+            for r in conf) + "."
+    pending = [r for r in rows if r["stat"] and r["diff"]["split"] == "selection"]
+    if pending:
+        part = sum(1 for r in pending if r["diff"].get("pending"))
+        text += (f" {len(pending)} rows still read the selection split (their confirmation runs are not complete"
+                 + (f"; {part} of them under way" if part else "") + "), so their p-values are optimistic.")
+    return "\n".join(lines + ["", text]) + "\n"
+
+
+def _replace_block(text: str, marks: tuple[str, str], block: str, where: str) -> str:
+    begin, end = marks
+    if begin not in text or end not in text:
+        raise SystemExit(f"error: {where} has no {begin} ... {end} block to regenerate")
+    return text[:text.index(begin)] + f"{begin}\n{block}{end}" + text[text.index(end) + len(end):]
+
+
+def write_verdicts(doc: Path, readme: Path | None = README) -> list[dict]:
+    """``--verdicts``: regenerate the verdict block at the top of ``doc`` and its figure
+    (``<doc stem>_headline.png``) from the committed records, and the results block of ``readme`` (None:
+    leave it); returns the rows.
+
+    Raises:
+        SystemExit: ``readme`` without its :data:`README_MARKS` block.
+    """
+    rows = verdict_rows()
+    figure = doc.with_name(f"{doc.stem}_headline.png")
+    headline_figure(figure)
+    paths = sorted({Path(p) for c in CLAIMS for p in c["sources"]} | {OUT, R3}
+                   | set((OUT.parent / "testbed_search").glob("*.json")) | set((OUT.parent / "grid").glob("*.json"))
+                   | set((OUT.parent / "test").glob("*.json")))
+    grid, test = grid_markdown(), test_markdown()
+    block = verdict_markdown(rows, record_census(paths), figure.name) + ("\n" + test if test else "") + (
+        "\n" + grid if grid else "") + (
+        "\n### Reproduce\n\nGenerated from the records (each command resumes: recorded runs are skipped, a run "
+        "recorded with other settings stops it). Runs are bit-reproducible on the same machine, software, thread "
+        "count and CPU kernel set.\n\n" + reproduce_commands())
+    begin, end = VERDICT_MARKS
+    text = doc.read_text() if doc.is_file() else "# Results\n"
+    if begin not in text:  # the block opens the page, under its title
+        head, _, rest = text.partition("\n")
+        text = f"{head}\n\n{begin}\n{end}\n{rest}"
+    doc.write_text(_replace_block(text, VERDICT_MARKS, block, str(doc)))
+    print(f"[table] wrote the verdicts of {doc} and {figure}", flush=True)
+    if readme is not None:
+        readme.write_text(_replace_block(readme.read_text(), README_MARKS, readme_markdown(rows), str(readme)))
+        print(f"[table] wrote the results block of {readme}", flush=True)
+    return rows
