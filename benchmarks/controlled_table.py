@@ -179,25 +179,99 @@ def planned_runs(args: argparse.Namespace) -> list[dict]:
     return plan
 
 
-def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]:
-    """``--grid`` and then ``--confirm``: for each task and family, every arm at every grid point on the
-    grid seeds (selection split), then each arm at its own best point (:func:`best_points`; a ``tuned_by``
-    family's arms at that arm's point) on the confirmation seeds, each scored once on the confirmation
-    split. Returns the record files written.
+def check_families(args: argparse.Namespace) -> None:
+    """Every family named by ``--grid`` / ``--confirm`` / ``--test-final`` is known, and none of ``--grid``
+    is a ``tuned_by`` family (checked before any data is built).
 
     Raises:
-        SystemExit: an unknown family or task, ``--grid`` of a ``tuned_by`` family, or a confirmation
-        whose grid has no complete point (each before any run of that family).
+        SystemExit: an unknown family (names the known ones), or ``--grid`` of a ``tuned_by`` family.
     """
-    written = []
-    lrs = [float(x) for x in args.grid_lrs.split(",") if x]
-    runs_dir = Path(args.runs_dir)
-    for family in [f for f in ",".join((args.grid, args.confirm, args.test_final)).split(",") if f]:  # before any data
+    for family in [f for f in ",".join((args.grid, args.confirm, args.test_final)).split(",") if f]:
         grid_points(family)  # an unknown family: SystemExit naming the known ones
         tuned_by = GRID_FAMILIES[family].get("tuned_by")
         if tuned_by and family in args.grid.split(","):
             raise SystemExit(f"error: --grid {family}: the family has no grid of its own; its arms run at the best "
                              f"point of {tuned_by[0]}'s {tuned_by[1]} (--grid {tuned_by[0]}, then --confirm {family})")
+
+
+def run_grid(setup: Setup, task: str, family: str, recipes: dict, common: list[str], every: int,
+             args: argparse.Namespace, gpath: Path, runs_dir: Path, lrs: list[float]) -> None:
+    """``--grid``: every arm of ``family`` at every grid point on the grid seeds (selection split, records in
+    ``gpath``), then one more rung of :data:`LR_LADDER` at a time while an arm's best point lies at the
+    grid's edge (:func:`edge_extension`; not with ``--no-extend``). An extension begun before is resumed."""
+    arms = GRID_FAMILIES[family]["arms"]
+    grid = family_lrs(load_results(gpath), task, family, lrs)  # with any extension begun before
+    while grid:
+        for seed in _ints(args.grid_seeds):
+            for label, over in grid_points(family, grid):
+                for arm in arms:
+                    run(setup, gpath, task, arm, recipes[arm], common + over, seed, every, False,
+                        runs_dir / "grid", point=label)
+        data = load_results(gpath)
+        done = family_lrs(data, task, family, lrs)
+        best = best_points(data, task, family, _ints(args.grid_seeds), done)
+        add = [] if args.no_extend else edge_extension(best, done)
+        if add:
+            at = ", ".join(f"{a} at {b['point']}" for a, b in best.items())
+            print(f"[table] {task}/{family}: a best point at the grid's edge ({at}); adding lr "
+                  f"{', '.join(f'{x:g}' for x in add)} (LR_LADDER)", flush=True)
+        grid = add
+
+
+def selected_points(task: str, family: str, args: argparse.Namespace, root: Path, lrs: list[float]) -> dict[str, dict]:
+    """Each arm's point for ``--confirm``: its own best grid point (:func:`best_points` over the grid with
+    its extensions), or for a ``tuned_by`` family the best point of that family's arm, for every arm.
+
+    Raises:
+        SystemExit: no grid file, or an arm with no complete grid point.
+    """
+    arms = GRID_FAMILIES[family]["arms"]
+    tuned_by = GRID_FAMILIES[family].get("tuned_by")
+    if tuned_by:
+        src, src_arm = tuned_by
+        src_data = load_results(grid_path("grid", task, src, root), must_exist=True)
+        chosen = best_points(src_data, task, src, _ints(args.grid_seeds),
+                             family_lrs(src_data, task, src, lrs), arms=[src_arm])[src_arm]
+        return {arm: {**chosen, "tuned_by": f"{src}/{src_arm}"} for arm in arms}
+    data = load_results(grid_path("grid", task, family, root), must_exist=True)
+    return best_points(data, task, family, _ints(args.grid_seeds), family_lrs(data, task, family, lrs))
+
+
+def run_confirm(setup: Setup, task: str, family: str, recipes: dict, common: list[str], every: int,
+                args: argparse.Namespace, root: Path, runs_dir: Path, lrs: list[float]) -> Path:
+    """``--confirm``: each arm at its selected point (:func:`selected_points`) on the confirmation seeds,
+    each final model scored once on the confirmation split, and the SFT model scored once; confirmation
+    runs recorded at a point no longer selected are handled by :func:`supersede_stale`. Returns the
+    record file (``results/confirm/<task>_<family>.json``)."""
+    arms = GRID_FAMILIES[family]["arms"]
+    best = selected_points(task, family, args, root, lrs)
+    cpath = grid_path("confirm", task, family, root)
+    supersede_stale(cpath, task, {arm: common + best[arm]["overrides"] for arm in arms},
+                    {arm: best[arm]["point"] for arm in arms}, args.supersede)
+    for seed in _ints(args.confirm_seeds):
+        for arm in arms:
+            run(setup, cpath, task, arm, recipes[arm], common + best[arm]["overrides"], seed, every, False,
+                runs_dir / "confirm", confirm=True)
+    if task not in load_results(cpath).get("sft_confirmation", {}):  # the SFT model, scored once
+        policy = setup.policy()
+        sft = setup.evaluate(policy, setup.cfg, setup.confirm)
+        update_results(cpath, lambda d: d.setdefault("sft_confirmation", {}).__setitem__(task, sft))
+    update_results(cpath, lambda d: d.__setitem__("selected", best))
+    return cpath
+
+
+def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]:
+    """``--grid``, then ``--confirm``, then ``--test-final``, for each task and family
+    (:func:`run_grid`, :func:`run_confirm`, :func:`test_final`). Returns the record files written.
+
+    Raises:
+        SystemExit: an unknown family or task, ``--grid`` of a ``tuned_by`` family, or a confirmation
+        whose grid has no complete point (each before any run of that family).
+    """
+    check_families(args)
+    written = []
+    lrs = [float(x) for x in args.grid_lrs.split(",") if x]
+    runs_dir = Path(args.runs_dir)
     for task in [t for t in args.tasks.split(",") if t]:
         if task not in GRID_RECIPE and not args.smoke:
             raise SystemExit(f"error: no grid recipe for task {task!r}; known: {', '.join(GRID_RECIPE)}")
@@ -216,52 +290,14 @@ def run_families(args: argparse.Namespace, bases: dict[str, Path]) -> list[Path]
                 arms = GRID_FAMILIES[family]["arms"]
                 table = pos_table_for(setup, task, arms, pos_dir, args.smoke, args.pos_samples)
                 recipes = {a: cell_recipe(bases[task], a, table, runs_dir / "recipes") for a in arms}
-                tuned_by = GRID_FAMILIES[family].get("tuned_by")
-                gpath = grid_path("grid", task, family, root)
                 if mode == "grid":
-                    grid = family_lrs(load_results(gpath), task, family, lrs)  # with any extension begun before
-                    while grid:
-                        for seed in _ints(args.grid_seeds):
-                            for label, over in grid_points(family, grid):
-                                for arm in arms:
-                                    run(setup, gpath, task, arm, recipes[arm], common + over, seed, every, False,
-                                        runs_dir / "grid", point=label)
-                        data = load_results(gpath)
-                        done = family_lrs(data, task, family, lrs)
-                        best = best_points(data, task, family, _ints(args.grid_seeds), done)
-                        add = [] if args.no_extend else edge_extension(best, done)
-                        if add:
-                            at = ", ".join(f"{a} at {b['point']}" for a, b in best.items())
-                            print(f"[table] {task}/{family}: a best point at the grid's edge ({at}); adding lr "
-                                  f"{', '.join(f'{x:g}' for x in add)} (LR_LADDER)", flush=True)
-                        grid = add
+                    gpath = grid_path("grid", task, family, root)
+                    run_grid(setup, task, family, recipes, common, every, args, gpath, runs_dir, lrs)
                     written.append(gpath)
-                    continue
-                if mode == "test":
-                    written.append(test_final(setup, task, family, arms, recipes, common, every, args, root, runs_dir))
-                    continue
-                if tuned_by:
-                    src, src_arm = tuned_by
-                    src_data = load_results(grid_path("grid", task, src, root), must_exist=True)
-                    chosen = best_points(src_data, task, src, _ints(args.grid_seeds),
-                                         family_lrs(src_data, task, src, lrs), arms=[src_arm])[src_arm]
-                    best = {arm: {**chosen, "tuned_by": f"{src}/{src_arm}"} for arm in arms}
+                elif mode == "confirm":
+                    written.append(run_confirm(setup, task, family, recipes, common, every, args, root, runs_dir, lrs))
                 else:
-                    data = load_results(gpath, must_exist=True)
-                    best = best_points(data, task, family, _ints(args.grid_seeds), family_lrs(data, task, family, lrs))
-                cpath = grid_path("confirm", task, family, root)
-                supersede_stale(cpath, task, {arm: common + best[arm]["overrides"] for arm in arms},
-                                {arm: best[arm]["point"] for arm in arms}, args.supersede)
-                for seed in _ints(args.confirm_seeds):
-                    for arm in arms:
-                        run(setup, cpath, task, arm, recipes[arm], common + best[arm]["overrides"], seed, every, False,
-                            runs_dir / "confirm", confirm=True)
-                if task not in load_results(cpath).get("sft_confirmation", {}):  # the SFT model, scored once
-                    policy = setup.policy()
-                    sft = setup.evaluate(policy, setup.cfg, setup.confirm)
-                    update_results(cpath, lambda d: d.setdefault("sft_confirmation", {}).__setitem__(task, sft))
-                update_results(cpath, lambda d: d.__setitem__("selected", best))
-                written.append(cpath)
+                    written.append(test_final(setup, task, family, arms, recipes, common, every, args, root, runs_dir))
     return written
 
 
