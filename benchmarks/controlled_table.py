@@ -33,7 +33,8 @@ Protocol
 - ``--verdicts`` regenerates the top of ``docs/results.md``: for each headline claim (:data:`CLAIMS`)
   the paired difference with its exact t-interval, the paired-t and exact sign-flip p-values
   Holm-corrected over the family, and a verdict (:func:`verdict`), from the confirmation records where
-  they exist, else the selection records (marked); the headline figure; generated readings.
+  they exist and are complete, else the selection records (marked); two figures (the verdicts as a
+  picture, the curves of the runs behind them); generated readings.
 - One JSON record per run, written as soon as it finishes (``--out``, default the committed
   ``results/controlled_table.json``): an interrupted table resumes, and the table can be finished
   over several sessions. ``--summary`` regenerates ``docs/results.md`` (markdown) and the curve
@@ -133,7 +134,7 @@ def parser() -> argparse.ArgumentParser:
                                                     f"{OUT_8B.relative_to(ROOT)}; with --grid / --confirm "
                                                     "results/{grid,confirm}/<task>_<family>.json)")
     ap.add_argument("--summary", action="store_true", help="only regenerate docs/results.md and the plot")
-    ap.add_argument("--verdicts", action="store_true", help="only regenerate the verdict table, the headline figure "
+    ap.add_argument("--verdicts", action="store_true", help="only regenerate the verdict table, its two figures "
                                                            "and the generated readings of docs/results.md")
     ap.add_argument("--backfill-provenance", action="store_true",
                     help="give the records made before provenance was written an explicit test_reads and a "

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from ablation_runs import ROOT, differences, format_differences, load_results, t_interval
-from table_protocol import CELLS, OUT, R3, curve_area
+from table_protocol import CELLS, GRID_FAMILIES, OUT, curve_area
 
 
 def mean_curve(rows: list[dict]) -> list[tuple[int, float]]:
@@ -186,9 +186,10 @@ def curve_panels(cells: list[str], cap: int) -> list[list[str]]:
     return panels
 
 
-def draw_panel(ax, task: str, cells: list[str], by: dict[str, list[dict]]) -> None:
-    """One panel: each cell's seed-mean selection-split solved rate (%) against the RL step, the seed range
-    shaded, the SFT model's level dotted, labelled axes, the legend under the panel (off the data)."""
+def draw_panel(ax, title: str, cells: list[str], by: dict[str, list[dict]]) -> None:
+    """One panel titled ``title``: each cell's seed-mean selection-split solved rate (%) against the RL step
+    (``by[cell]``: its runs), the seed range shaded, the SFT model's level dotted, labelled axes, the legend
+    under the panel (off the data)."""
     import matplotlib.pyplot as plt
 
     colours = plt.get_cmap("tab10").colors
@@ -202,43 +203,74 @@ def draw_panel(ax, task: str, cells: list[str], by: dict[str, list[dict]]) -> No
                         alpha=0.13, linewidth=0)
     sft = by[cells[0]][0]["val_curve"][0][1]["accuracy"]
     ax.axhline(100 * sft, color="grey", linestyle=":", linewidth=1.2, label=f"SFT model ({100 * sft:.1f} %)")
-    ax.set_title(f"{task}: {' / '.join(dict.fromkeys(root_base(c) for c in cells))}", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.set_xlabel("RL step")
     ax.set_ylabel("solved rate on the selection split (%)")
     ax.grid(alpha=0.25)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=1, fontsize=8, frameon=False)
 
 
-def curve_figure(data: dict, path: Path, title: str, cap: int, per_row: int = 4) -> None:
-    """Every (task, cell) of ``data`` in panels of at most ``cap`` (≤ 8) curves (:func:`curve_panels`,
-    :func:`draw_panel`), ``per_row`` panels a row, Sudoku first."""
+def panel_figure(panels: list[tuple[str, list[str], dict[str, list[dict]]]], path: Path, title: str,
+                 per_row: int = 4) -> bool:
+    """Draw ``panels`` (``(panel title, cells, {cell: runs})`` each, :func:`draw_panel`), ``per_row`` a row,
+    under ``title``, to ``path``; False (nothing written) when there are none."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by: dict[str, dict[str, list[dict]]] = {}
-    for r in data["runs"].values():
-        by.setdefault(r["task"], {}).setdefault(r["cell"], []).append(r)
-    panels = [(task, cells) for task in sorted(by, key=lambda t: (t != "sudoku", t))
-              for cells in curve_panels(list(by[task]), min(cap, 8))]
     if not panels:
-        return
+        return False
     ncol = min(per_row, len(panels))
     nrow = math.ceil(len(panels) / ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 5.4 * nrow), squeeze=False)
-    for k, (task, cells) in enumerate(panels):
-        draw_panel(axes[k // ncol][k % ncol], task, cells, by[task])
+    for k, (name, cells, by) in enumerate(panels):
+        draw_panel(axes[k // ncol][k % ncol], name, cells, by)
     for k in range(len(panels), nrow * ncol):
         axes[k // ncol][k % ncol].axis("off")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+    return True
 
 
-def headline_figure(path: Path, records: Path = R3, cap: int = 5) -> None:
-    """The page's figure: the curves of ``records`` (the recipe that learns), a base and its credit arms a
-    panel, at most ``cap`` curves each (:func:`curve_figure`)."""
-    curve_figure(load_results(records, must_exist=True), path,
-                 f"The recipe that learns ({records.name}): seed mean, band = range over seeds", cap)
+def curve_figure(data: dict, path: Path, title: str, cap: int, per_row: int = 4) -> None:
+    """Every (task, cell) of ``data`` in panels of at most ``cap`` (≤ 8) curves (:func:`curve_panels`:
+    a base with its credit arms), ``per_row`` panels a row, Sudoku first."""
+    by: dict[str, dict[str, list[dict]]] = {}
+    for r in data["runs"].values():
+        by.setdefault(r["task"], {}).setdefault(r["cell"], []).append(r)
+    panels = [(f"{task}: {' / '.join(dict.fromkeys(root_base(c) for c in cells))}", cells, by[task])
+              for task in sorted(by, key=lambda t: (t != "sudoku", t)) for cells in curve_panels(list(by[task]), min(cap, 8))]
+    panel_figure(panels, path, title, per_row)
+
+
+def headline_panels(root: Path = OUT.parent) -> list[tuple[str, list[str], dict[str, list[dict]]]]:
+    """The panels of :func:`headline_figure`: one per confirmation file (``root/confirm/<task>_<family>.json``;
+    Sudoku first, then the order of :data:`GRID_FAMILIES`), its family's arms that have runs, with those
+    runs: ``(title, arms, {arm: runs})``; a family has at most 3 arms, so a panel at most 3 curves."""
+    def order(p: Path) -> tuple:
+        task, _, family = p.stem.partition("_")
+        return task != "sudoku", task, list(GRID_FAMILIES).index(family) if family in GRID_FAMILIES else 99
+
+    panels = []
+    for cpath in sorted((root / "confirm").glob("*.json"), key=order):
+        task, _, family = cpath.stem.partition("_")
+        by: dict[str, list[dict]] = {}
+        for r in load_results(cpath)["runs"].values():
+            by.setdefault(r["cell"], []).append(r)
+        arms = [a for a in GRID_FAMILIES.get(family, {}).get("arms", sorted(by)) if a in by][:8]
+        if arms:
+            seeds = sorted({len(by[a]) for a in arms})
+            panels.append((f"{task}, {family} family ({'/'.join(map(str, seeds))} seeds)", arms, by))
+    return panels
+
+
+def headline_figure(path: Path, root: Path = OUT.parent, per_row: int = 4) -> bool:
+    """The headline page's figure: the runs behind the verdicts (:func:`headline_panels`), each arm at its
+    selected grid point, its seed-mean selection-split curve with the seed range. Returns False (no file
+    written) when no confirmation run is recorded."""
+    return panel_figure(headline_panels(root), path, "The runs behind the verdicts: each arm at its selected grid "
+                                                     "point (confirmation seeds); seed mean, band = range over seeds",
+                        per_row)

@@ -572,7 +572,38 @@ def test_headline_page_is_generated_from_the_records():
     table = [line for line in gen.splitlines() if line.startswith("| ")]
     assert len(table) == len(tv.CLAIMS) + 2 and all(line in block for line in table)
     assert text.index(tv.VERDICT_MARKS[0]) < 200  # the page opens with it
-    assert f"]({tp.DOC.stem}_headline.png)" in block and (tp.DOC.parent / f"{tp.DOC.stem}_headline.png").is_file()
+    for fig in ("headline", "verdicts"):  # the curves behind the verdicts, and the verdicts as a picture
+        assert f"]({tp.DOC.stem}_{fig}.png)" in block and (tp.DOC.parent / f"{tp.DOC.stem}_{fig}.png").is_file()
+
+
+def test_headline_panels_one_family_a_panel(tmp_path):
+    """One panel per confirmation file, Sudoku first and then GRID_FAMILIES' order, the family's arms in
+    its order (those with runs), the seed counts in the title; no confirmation file: no figure."""
+    assert tpg.headline_panels(tmp_path) == [] and not tpg.headline_figure(tmp_path / "h.png", tmp_path)
+    assert not (tmp_path / "h.png").exists()
+    curve = [[0, {"accuracy": 0.3}], [13, {"accuracy": 0.4}]]
+    for name, arms, seeds in (("countdown_state", ("diffu_grpo_state",), (10, 11)),
+                              ("sudoku_state", ("dps@diffu_grpo_state", "diffu_grpo_state"), (10, 11, 12)),
+                              ("sudoku_spg", ("dispo@spg", "spg"), (10,))):
+        ablation_runs.save_results(tp.grid_path("confirm", *name.split("_"), tmp_path),
+                                   {"runs": {f"{a}/{s}": {"task": name.split("_")[0], "cell": a, "seed": s,
+                                                          "val_curve": curve} for a in arms for s in seeds}})
+    panels = tpg.headline_panels(tmp_path)
+    assert [(t, arms) for t, arms, _ in panels] == [
+        ("sudoku, spg family (1 seeds)", ["spg", "dispo@spg"]),
+        ("sudoku, state family (3 seeds)", ["diffu_grpo_state", "dps@diffu_grpo_state"]),
+        ("countdown, state family (2 seeds)", ["diffu_grpo_state"])]
+    assert len(panels[1][2]["diffu_grpo_state"]) == 3
+    assert tpg.headline_figure(tmp_path / "h.png", tmp_path) and (tmp_path / "h.png").stat().st_size > 0
+
+
+def test_verdict_figure_draws_only_claims_with_records(tmp_path):
+    rows = [{"claim": "a", "task": "sudoku", "stat": None}]
+    assert not tv.verdict_figure(rows, tmp_path / "v.png") and not (tmp_path / "v.png").exists()
+    rows.append({"claim": "b", "task": "sudoku", "verdict": "undecided",
+                 "stat": {"mean": 0.01, "ci95": [-0.01, 0.03], "n": 3},
+                 "diff": {"d": [0.0, 0.01, 0.02], "split": "confirmation", "pending": None}})
+    assert tv.verdict_figure(rows, tmp_path / "v.png") and (tmp_path / "v.png").stat().st_size > 0
 
 
 def test_readme_results_block_is_generated_from_the_records():
