@@ -91,7 +91,9 @@ def claim_differences(claim: dict, need: int = len(CONFIRM_SEEDS)) -> dict | Non
                      if s in base and key in arm[s] and key in base[s]}
         rel = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
         if confirm and len(pairs) < need:
-            pending = pending or ({"seeds": len(pairs), "need": need, "source": str(rel)} if pairs else None)
+            # the SFT model's confirmation score is written when the confirmation ends: count the arm's runs
+            done = len(pairs) if claim["base"] != "sft" else sum("confirmation" in r for r in arm.values())
+            pending = pending or ({"seeds": done, "need": need, "source": str(rel)} if done else None)
             continue
         if len(pairs) >= 2:
             seeds = sorted(pairs)

@@ -538,6 +538,11 @@ def test_claim_differences_prefer_the_confirmation_file(tmp_path):
     ablation_runs.save_results(conf, {"runs": runs, "sft_confirmation": {"sudoku": {"accuracy": 0.35}}})
     d = tv.claim_differences(claim)  # all 10 default confirmation seeds
     assert d["split"] == "confirmation" and d["seeds"] == list(range(10, 20)) and d["pending"] is None
+    no_sft = tv._claim("x", "p", "sudoku", "spg", "sft", [conf, sel])
+    ablation_runs.save_results(conf, {"runs": runs})  # 10 seeds, the SFT model not scored yet (it is last)
+    d = tv.claim_differences(no_sft)
+    assert d["split"] == "selection" and d["pending"] == {"seeds": 10, "need": 10, "source": str(conf)}
+    ablation_runs.save_results(conf, {"runs": runs, "sft_confirmation": {"sudoku": {"accuracy": 0.35}}})
     vs_sft = tv.claim_differences(tv._claim("x", "p", "sudoku", "spg", "sft", [conf]))
     assert vs_sft["d"] == pytest.approx([0.05] * 10)  # 0.40 on the confirmation split against the SFT model's 0.35
     assert tv.claim_differences(tv._claim("x", "p", "countdown", "spg", "sft", [conf, sel])) is None
