@@ -566,6 +566,11 @@ def test_verdict_rows_correct_over_the_family(tmp_path):
     assert rows[1]["verdict"] == "undecided" and rows[2]["stat"] is None and "verdict" not in rows[2]
     text = tv.verdict_markdown(rows, {"runs": 10, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "f.png")
     assert "| a | sudoku | p | +5.8 [" in text and "| none | sudoku | p | not run yet |" in text and "(f.png)" in text
+    assert "confirmation" not in text.split("Readings")[1]  # nothing under way: no reading mentions it
+    rows[1]["diff"]["pending"] = {"seeds": 4, "need": 10, "source": "results/confirm/x.json"}
+    text = tv.verdict_markdown(rows, {"runs": 10, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "f.png")
+    assert "| **undecided** | selection, 5; confirmation 4 of 10 recorded |" in text
+    assert "Its confirmation is under way (4 of 10 seeds in `results/confirm/x.json`) and is read once complete." in text
 
 
 def test_headline_page_is_generated_from_the_records():
