@@ -422,8 +422,9 @@ README_MARKS = ("<!-- results:begin -->", "<!-- results:end -->")
 
 
 #: the verdict table's rows the README shows, as (task, cell): the testbed and one row per seed method
-README_ROWS = [("sudoku", "diffu_grpo_state"), ("sudoku", "dispo@diffu_grpo_state"), ("sudoku", "dispo@spg"),
-               ("sudoku", "dtca@rldf"), ("countdown", "dps@diffu_grpo_state"), ("sudoku", "sml@wd1")]
+README_ROWS = [("sudoku", "diffu_grpo_state"), ("countdown", "diffu_grpo_state"), ("sudoku", "dispo@diffu_grpo_state"),
+               ("sudoku", "dispo@spg"), ("sudoku", "dtca@rldf"), ("countdown", "dps@diffu_grpo_state"),
+               ("sudoku", "sml@wd1")]
 
 
 def readme_markdown(rows: list[dict]) -> str:

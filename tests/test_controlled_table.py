@@ -645,16 +645,17 @@ def test_readme_markdown_by_hand():
     stat = {"mean": 0.05, "ci95": (0.02, 0.08), "positive": 10, "negative": 0, "n": 10}
     rows = [{"task": t, "cell": c, "claim": f"claim {c}", "base": "sft" if c == "diffu_grpo_state" else "x",
              "kind": "superior", "stat": None} for t, c in tv.README_ROWS]
-    rows[2].update(stat=stat, verdict="reproduced", p_t_holm=0.001, p_signflip_holm=0.02,
-                   diff={"split": "confirmation"})
+    by = {(r["task"], r["cell"]): r for r in rows}
+    by["sudoku", "dispo@spg"].update(stat=stat, verdict="reproduced", p_t_holm=0.001, p_signflip_holm=0.02,
+                                     diff={"split": "confirmation"})
     md = tv.readme_markdown(rows)
     assert "| claim dispo@spg | Sudoku | +5.0 [+2.0, +8.0] | reproduced | confirmation, 10 |" in md
     assert "| claim dtca@rldf | Sudoku | not run yet | – | – |" in md
     assert "Of the 1 credit-module comparisons with records, 1 reproduced, 0 not reproduced, 0 undecided." in md
     assert "claim dispo@spg (sudoku) +5.0 (10 of 10 seeds above; Holm p 0.001 paired t, 0.020 sign-flip; reproduced)" in md
     assert "Holm over 1 comparisons" in md and "selection split" not in md
-    rows[3].update(stat=stat | {"n": 5}, verdict="undecided", p_t_holm=0.2, p_signflip_holm=0.5,
-                   diff={"split": "selection", "pending": {"seeds": 2, "need": 10, "source": "c.json"}})
+    by["sudoku", "dtca@rldf"].update(stat=stat | {"n": 5}, verdict="undecided", p_t_holm=0.2, p_signflip_holm=0.5,
+                                     diff={"split": "selection", "pending": {"seeds": 2, "need": 10, "source": "c.json"}})
     md = tv.readme_markdown(rows)  # a confirmation under way: the row says so and reads the selection records
     assert "| claim dtca@rldf | Sudoku | +5.0 [+2.0, +8.0] | undecided | selection, 5; confirmation 2 of 10 recorded |" in md
     assert "1 rows still read the selection split (their confirmation runs are not complete; 1 of them under way)" in md
