@@ -260,7 +260,7 @@ def headline_panels(root: Path = OUT.parent) -> list[tuple[str, list[str], dict[
         by: dict[str, list[dict]] = {}
         for r in load_results(cpath)["runs"].values():
             by.setdefault(r["cell"], []).append(r)
-        arms = [a for a in GRID_FAMILIES.get(family, {}).get("arms", sorted(by)) if a in by][:8]
+        arms = [a for a in GRID_FAMILIES.get(family, {}).get("arms", sorted(by)) if a in by]
         if arms:
             seeds = sorted({len(by[a]) for a in arms})
             panels.append((f"{task}, {family} family ({'/'.join(map(str, seeds))} seeds)", arms, by))
