@@ -27,6 +27,7 @@ from maskrl.evaluate import evaluate_examples
 from maskrl.models import load_tiny, save_model
 from maskrl.stats import t_interval as stats_t_interval
 from maskrl.pipeline import PROMPT_CARD, load_policy, prompt_formatter, save_prompt_card, sft_from_config, task_and_data
+from maskrl.rundir import folder_lock
 from maskrl.trainer import RLTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,25 +120,17 @@ def already_recorded(path: Path, key: str, settings: dict, tag: str) -> bool:
 
 def update_results(path: Path, change) -> dict:
     """Apply ``change(data)`` to the results file at ``path`` as it is on disk now, under an exclusive
-    lock on its folder (``fcntl.flock``; no lock file is left behind), and save it: several processes
-    may record runs into one file side by side without losing each other's records. Returns the
-    saved data.
+    lock on its folder (:func:`maskrl.rundir.folder_lock`), and save it: several processes may record
+    runs into one file side by side without losing each other's records. Returns the saved data.
 
     Raises:
         SystemExit: ``path`` holds something that is not a results file (:func:`load_results`).
     """
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with folder_lock(path.parent):
         data = load_results(path)
         change(data)
         save_results(path, data)
         return data
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def ablation_parser(doc: str, tasks: str, out_name: str, merge: bool = True) -> argparse.ArgumentParser:
@@ -311,16 +304,17 @@ class TaskSetup:
     def ensure_sft(self) -> Path:
         """Train the SFT checkpoint unless it is cached (only when a run or table needs it); its folder."""
         name, group, log = self.name, self.group, self.log
-        if not (self.sft_dir / "maskrl_sft.json").is_file():
-            log(f"[{group}] SFT {name} ({self.cfg.sft.steps} steps, minutes on CPU; --set sft.steps=N for a smoke "
-                f"run) -> {self.sft_dir}")
-            policy = load_policy(self.cfg)
-            hist = sft_from_config(self.cfg, policy, self.task, self.train, progress=False)
-            save_model(policy, self.sft_dir)
-            (self.sft_dir / "maskrl_sft.json").write_text(json.dumps({"steps": self.cfg.sft.steps,
-                                                                      "last": hist[-1] if hist else {}}))
-        if not (self.sft_dir / PROMPT_CARD).is_file():  # how the model was trained (maskrl eval, estimate-pos-weights)
-            save_prompt_card(self.sft_dir, self.task, self.cfg.model.chat_template, self.cfg.eval)
+        with folder_lock(self.sft_dir.parent):  # processes side by side: the first trains it, the others wait
+            if not (self.sft_dir / "maskrl_sft.json").is_file():
+                log(f"[{group}] SFT {name} ({self.cfg.sft.steps} steps, minutes on CPU; --set sft.steps=N for a "
+                    f"smoke run) -> {self.sft_dir}")
+                policy = load_policy(self.cfg)
+                hist = sft_from_config(self.cfg, policy, self.task, self.train, progress=False)
+                save_model(policy, self.sft_dir)
+                (self.sft_dir / "maskrl_sft.json").write_text(json.dumps({"steps": self.cfg.sft.steps,
+                                                                          "last": hist[-1] if hist else {}}))
+            if not (self.sft_dir / PROMPT_CARD).is_file():  # how it was trained (maskrl eval, estimate-pos-weights)
+                save_prompt_card(self.sft_dir, self.task, self.cfg.model.chat_template, self.cfg.eval)
         return self.sft_dir
 
     def evaluate(self, policy, cfg, rows) -> dict:

@@ -13,6 +13,7 @@ from ablation_runs import ROOT, TaskSetup, already_recorded, update_results
 from maskrl.config import to_dict
 from maskrl.models import load_tiny
 from maskrl.pipeline import load_policy, prompt_formatter
+from maskrl.rundir import folder_lock
 from maskrl.trainer import RLTrainer
 from table_protocol import CELLS, run_key
 
@@ -42,13 +43,15 @@ class Setup(TaskSetup):
 
 
 def pos_table(setup: Setup, task: str, out: Path, samples: int) -> Path:
-    """DTCA's offline POS table (SPEC §3.1) of the task's SFT checkpoint, written once to ``out``."""
-    if not out.is_file():
-        from maskrl.pos import run_estimate
+    """DTCA's offline POS table (SPEC §3.1) of the task's SFT checkpoint, written once to ``out`` (processes
+    side by side: the first estimates it, the others wait for it, :func:`maskrl.rundir.folder_lock`)."""
+    with folder_lock(out.parent):
+        if not out.is_file():
+            from maskrl.pos import run_estimate
 
-        model = setup.cfg.model.path or str(setup.ensure_sft())
-        print(f"[table] POS table of {model} ({samples} samples) -> {out}", flush=True)
-        run_estimate(model, setup.cfg.task.name, samples, str(out), progress=False)
+            model = setup.cfg.model.path or str(setup.ensure_sft())
+            print(f"[table] POS table of {model} ({samples} samples) -> {out}", flush=True)
+            run_estimate(model, setup.cfg.task.name, samples, str(out), progress=False)
     return out
 
 

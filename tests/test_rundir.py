@@ -226,6 +226,37 @@ def test_lock_stops_a_second_writer_and_replaces_a_stale_lock(tmp_path, caplog):
     assert path.exists()  # not ours: left alone
 
 
+_BUILD_ONCE = """
+import sys, time
+from pathlib import Path
+from maskrl.rundir import folder_lock
+cache = Path(sys.argv[1]) / "key"
+with folder_lock(cache.parent):
+    if not (cache / "done").is_file():
+        with open(Path(sys.argv[1]) / "builds.log", "a") as fh:
+            fh.write("built\\n")
+        time.sleep(0.5)  # a build long enough for the other process to look for the cache meanwhile
+        cache.mkdir()
+        (cache / "done").write_text("x")
+"""
+
+
+def test_folder_lock_lets_one_of_two_processes_build_a_cache_and_the_other_wait(tmp_path):
+    """Two processes that find no cache at once: one builds it, the other waits and reads it (without the
+    lock both build, writing one folder at the same time). A killed holder leaves no lock behind."""
+    procs = [subprocess.Popen([sys.executable, "-c", _BUILD_ONCE, str(tmp_path)]) for _ in range(2)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    assert (tmp_path / "builds.log").read_text() == "built\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom maskrl.rundir import folder_lock\n"
+                               "with folder_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)",
+                               str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    holder.kill()
+    holder.wait(timeout=10)
+    with rundir.folder_lock(tmp_path) as folder:  # released by the operating system: no wait, no stale file
+        assert folder == tmp_path and sorted(p.name for p in tmp_path.iterdir()) == ["builds.log", "key"]
+
+
 def test_train_into_a_folder_in_use_is_refused(tmp_path, capsys):
     run = tmp_path / "run"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -338,6 +338,37 @@ def run_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
                 path.unlink()
 
 
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike) -> Iterator[Path]:
+    """Hold an exclusive advisory lock on ``folder`` (created) for the ``with`` block, waiting while
+    another process holds it.
+
+    For what several processes may build or update at once: a cache (the benchmarks' SFT checkpoint
+    of a task) is built by the first process while the others wait and then read it; a results file
+    is re-read and saved by one process at a time. The lock is
+    ``fcntl.flock`` on the folder itself: no lock file is left behind, and the operating system
+    releases it when its process ends, so a killed process never leaves a stale lock. Unlike
+    :func:`run_lock` it waits instead of failing. On a system without ``fcntl`` (Windows) it does
+    not lock.
+
+    Yields:
+        ``folder`` as a :class:`~pathlib.Path`.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield folder
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield folder
+    finally:
+        os.close(fd)  # releases the lock
+
+
 # ------------------------------------------------------------------------------------ configs
 def flatten(cfg: dict, prefix: str = "") -> dict[str, Any]:
     """Dotted keys of a nested config dict (``{"train": {"lr": 1e-4}}`` -> ``{"train.lr": 1e-4}``);
