@@ -339,7 +339,8 @@ def test_final(setup: Setup, task: str, family: str, arms, recipes: dict, common
     confirmation runs are not kept) and its final model scored on the confirmation split and, once, on the
     test file (``results/test/<task>_<family>.json``); ``reproduces_confirmation`` says whether the
     retrained model's confirmation score equals the recorded one (it does on the same machine, software
-    and CPU kernel set). Returns the record file.
+    and CPU kernel set). A family whose base carries the claim over the SFT model (``sft_claim``) also
+    scores the SFT model once on the test file (``sft_test``). Returns the record file.
 
     Raises:
         SystemExit: no confirmation file, no selected point, or no recorded confirmation run of that seed.
@@ -361,6 +362,9 @@ def test_final(setup: Setup, task: str, family: str, arms, recipes: dict, common
         if not same:
             print(f"[table] {key}: the retrained model's confirmation score differs from {cpath}'s (another CPU "
                   "kernel set or software?)", flush=True)
+    if GRID_FAMILIES[family].get("sft_claim") and task not in load_results(tpath).get("sft_test", {}):
+        sft = {**setup.evaluate(setup.policy(), setup.cfg, setup.test), "rows": len(setup.test), "test_reads": 1}
+        update_results(tpath, lambda d: d.setdefault("sft_test", {}).__setitem__(task, sft))
     return tpath
 
 

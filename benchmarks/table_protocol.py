@@ -224,12 +224,15 @@ GRID_RECIPE = {task: [f"sft.steps={sft}", "train.warmup_steps=10", "likelihood.p
 #: each base with its credit arms; ``beta``: the grid of the objective's KL weight where the base has one
 #: (SPG and wd1 have none in their papers' recipes). The same grid for the base and each of its arms.
 #: ``tuned_by`` ``(family, arm)``: a family with no grid of its own whose arms all run at that arm's best
-#: point (the cached-rollout pair is one base with two samplers, not a base and a credit arm)
+#: point (the cached-rollout pair is one base with two samplers, not a base and a credit arm);
+#: ``sft_claim``: the family's base carries the headline claim over the SFT model, so ``--test-final``
+#: also reads the SFT model on the test file (once, beside the arms)
 GRID_FAMILIES: dict[str, dict] = {
     "spg": {"arms": ("spg", "dispo@spg", "dispo-kl@spg"), "beta": ()},
     "rldf": {"arms": ("rldf", "dtca@rldf"), "beta": (0.01, 0.04)},
     "wd1": {"arms": ("wd1", "sml@wd1", "dps@wd1"), "beta": ()},
-    "state": {"arms": ("diffu_grpo_state", "dispo@diffu_grpo_state", "dps@diffu_grpo_state"), "beta": (0.04, 0.1)},
+    "state": {"arms": ("diffu_grpo_state", "dispo@diffu_grpo_state", "dps@diffu_grpo_state"), "beta": (0.04, 0.1),
+              "sft_claim": True},
     "mf": {"arms": ("diffu_grpo_mf", "sml@diffu_grpo"), "beta": (0.04, 0.1)},
     "cache": {"arms": ("diffu_grpo_state@4blocks", "diffu_grpo_state@4blocks+dual"), "beta": (0.04, 0.1),
               "tuned_by": ("state", "diffu_grpo_state")},

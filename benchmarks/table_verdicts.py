@@ -159,22 +159,30 @@ def _p(x: float) -> str:
 
 
 def record_census(paths: list[Path]) -> dict:
-    """Over the record files ``paths``: distinct runs (a run copied into two files counts once), runs with a
-    provenance block, test-file reads, confirmation reads."""
-    seen, runs, superseded = set(), [], 0
+    """Over the record files ``paths``: distinct runs (a run copied into two files counts once, a run retrained
+    for the test file twice), runs with a
+    provenance block, test-file reads, confirmation reads (both counting the SFT model's, ``sft_reads``:
+    once per file that scores it)."""
+    seen, runs, superseded, sft_confirmation, sft_test = set(), [], 0, 0, 0
     for p in paths:
         data = load_results(p) if p.is_file() else {"runs": {}}
         superseded += len(data.get("superseded", []))
+        sft_confirmation += len(data.get("sft_confirmation", {}))  # the SFT model scored beside a family's runs
+        sft_test += sum(v.get("test_reads", 1) for v in data.get("sft_test", {}).values())
         for r in list(data["runs"].values()) + data.get("superseded", []):  # superseded runs read splits too
-            ident = json.dumps([r.get(k) for k in ("task", "cell", "seed", "overrides", "grid_point", "rewards")])
-            if ident not in seen:  # a run copied into two files (the third-round base rows) counts once
+            # a run copied into two files (the third-round base rows) counts once; a run retrained to read
+            # the test file (--test-final) has the same rewards as its confirmation twin but is another run
+            ident = json.dumps([r.get(k) for k in ("task", "cell", "seed", "overrides", "grid_point", "rewards",
+                                                   "scored_on")])
+            if ident not in seen:
                 seen.add(ident)
                 runs.append(r)
     return {"runs": len(runs), "with_provenance": sum("provenance" in r for r in runs),
             "backfilled": sum(bool(r.get("provenance", {}).get("backfilled")) for r in runs),
             "sft_verified": sum(bool((r.get("provenance", {}).get("sft") or {}).get("sha256")) for r in runs),
-            "test_reads": sum(r.get("test_reads", 1 if "test" in r else 0) for r in runs),
-            "confirmation_reads": sum(r.get("confirmation_reads", 0) for r in runs), "superseded": superseded}
+            "test_reads": sum(r.get("test_reads", 1 if "test" in r else 0) for r in runs) + sft_test,
+            "confirmation_reads": sum(r.get("confirmation_reads", 0) for r in runs) + sft_confirmation,
+            "sft_reads": sft_confirmation + sft_test, "superseded": superseded}
 
 
 VERDICT_COLOURS = {"reproduced": "tab:green", "not reproduced": "tab:red", "undecided": "tab:orange"}
@@ -260,7 +268,9 @@ def verdict_markdown(rows: list[dict], census: dict, figure: str, forest: str = 
               f"Test-file reads over all of them: **{census['test_reads']}**. "
               f"Confirmation-split reads: {census['confirmation_reads']} (one per final run"
               + (f"; {census['superseded']} of them by runs superseded when a grid grew" if census.get("superseded")
-                 else "") + ").", "",
+                 else "")
+              + (f"; both counts include the SFT model's {census['sft_reads']} reads, one per file that scores it"
+                 if census.get("sft_reads") else "") + ").", "",
               "Readings (generated):", ""]
     for r in rows:
         if not r["stat"]:
@@ -342,26 +352,40 @@ def grid_markdown(root: Path = OUT.parent) -> str:
             "of its samplers run at the state base's best point.\n\n" + "\n".join(parts))
 
 
+def _pct(metrics: dict | None) -> str:
+    """A record's solved rate in percent, one decimal; '–' when there is none."""
+    return "–" if not metrics else f"{100 * metrics['accuracy']:.1f}"
+
+
 def test_markdown(root: Path = OUT.parent) -> str:
     """The test-file reads recorded under ``root/test`` (``--test-final``): per task, family and arm, the
     retrained seed's solved rate on the test file with its 95 % Wilson interval over the file's rows, its
-    confirmation score and whether that reproduces the confirmation record ('' when none is recorded)."""
+    confirmation score and whether that reproduces the confirmation record; the SFT model's read (``sft_test``)
+    first, beside its confirmation score."""
     from maskrl.stats import wilson_interval
 
     lines = []
     for path in sorted((root / "test").glob("*.json")):
         task, _, family = path.stem.partition("_")
-        for key, r in sorted(load_results(path)["runs"].items()):
+        data = load_results(path)
+        for sft in data.get("sft_test", {}).values():  # the SFT model, read beside the family's arms
+            n = sft["rows"]
+            lo, hi = wilson_interval(round(sft["accuracy"] * n), n)
+            conf = (load_results(root / "confirm" / path.name).get("sft_confirmation") or {}).get(task)
+            lines.append(f"| {task} | {family} | SFT model | – | {100 * sft['accuracy']:.1f} [{100 * lo:.1f}, "
+                         f"{100 * hi:.1f}] ({n} rows) | {_pct(conf)} | – |")
+        for key, r in sorted(data["runs"].items()):
             n = r["provenance"]["splits"]["test"]["size"]
             lo, hi = wilson_interval(round(r["test"]["accuracy"] * n), n)
             lines.append(f"| {task} | {family} | {r['cell']} | {r['seed']} | {100 * r['test']['accuracy']:.1f} "
-                         f"[{100 * lo:.1f}, {100 * hi:.1f}] ({n} rows) | {100 * r['confirmation']['accuracy']:.1f} | "
+                         f"[{100 * lo:.1f}, {100 * hi:.1f}] ({n} rows) | {_pct(r['confirmation'])} | "
                          f"{'yes' if r.get('reproduces_confirmation') else 'no'} |")
     if not lines:
         return ""
     return ("### The test file (read once per headline cell)\n\nAfter every recipe was fixed, each arm's first "
             "confirmation seed retrained at its selected point and scored once on the test file "
-            "(`--test-final`); the verdicts above do not read it.\n\n| task | family | arm | seed | test solved, % "
+            "(`--test-final`), and the SFT model once beside the family whose base is claimed over it; the "
+            "verdicts above do not read it.\n\n| task | family | arm | seed | test solved, % "
             "[95 % Wilson] | confirmation solved, % | retrained model reproduces its confirmation record |\n"
             "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n")
 

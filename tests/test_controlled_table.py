@@ -228,7 +228,7 @@ def test_grid_points_and_best_point_rule():
         tp.best_points({"runs": runs}, "sudoku", "spg", [0, 1], lrs)
 
 
-def test_grid_and_confirm_modes_smoke(tmp_path):
+def test_grid_and_confirm_modes_smoke(tmp_path, monkeypatch):
     """--grid then --confirm at tiny shape: every arm at every point on the selection split, then each
     at its own best point on the confirmation split, scored once; records carry their provenance."""
     out = tmp_path / "t.json"
@@ -255,7 +255,9 @@ def test_grid_and_confirm_modes_smoke(tmp_path):
     for arm, sel in chosen.items():
         assert conf["runs"][tp.run_key("sudoku", arm, 3)]["overrides"][-len(sel["overrides"]):] == sel["overrides"]
     # the test file, once every recipe is fixed: one retrained model per arm (the first confirmation seed),
-    # which reproduces its recorded confirmation score bit for bit, scored once on the test file
+    # which reproduces its recorded confirmation score bit for bit, scored once on the test file; with the
+    # family's base claimed over the SFT model, the SFT model read once beside them
+    monkeypatch.setitem(tp.GRID_FAMILIES["spg"], "sft_claim", True)
     ct.main(["--smoke", "--test-final", "spg", "--confirm-seeds", "3,4", "--out", str(out), "--runs-dir",
              str(tmp_path / "runs")])
     test = json.loads(tp.grid_path("test", "sudoku", "spg", tmp_path).read_text())
@@ -264,8 +266,14 @@ def test_grid_and_confirm_modes_smoke(tmp_path):
         assert r["test_reads"] == 1 and r["scored_on"] == ["selection", "confirmation", "test"], key
         assert r["reproduces_confirmation"] is True and r["confirmation"] == conf["runs"][key]["confirmation"], key
         assert r["overrides"] == conf["runs"][key]["overrides"] and "accuracy" in r["test"], key
+    n_test = next(iter(test["runs"].values()))["provenance"]["splits"]["test"]["size"]
+    assert test["sft_test"]["sudoku"]["test_reads"] == 1 and test["sft_test"]["sudoku"]["rows"] == n_test
     md = tv.test_markdown(tmp_path)
-    assert md.startswith("### The test file") and md.count("\n| sudoku | spg | ") == 3 and "| yes |" in md
+    assert md.startswith("### The test file") and md.count("\n| sudoku | spg | ") == 4 and "| yes |" in md
+    sft_row = f"| sudoku | spg | SFT model | – | {100 * test['sft_test']['sudoku']['accuracy']:.1f} ["
+    assert sft_row in md and f"({n_test} rows) | {100 * conf['sft_confirmation']['sudoku']['accuracy']:.1f} | – |" in md
+    census = tv.record_census([tp.grid_path(k, "sudoku", "spg", tmp_path) for k in ("grid", "confirm", "test")])
+    assert (census["test_reads"], census["sft_reads"]) == (4, 2)  # 3 arms + the SFT model; its 2 split reads
     assert tv.test_markdown(tmp_path / "none") == ""
     with pytest.raises(SystemExit, match="has no confirmation run sudoku/spg/seed7"):
         ct.main(["--smoke", "--test-final", "spg", "--confirm-seeds", "7", "--out", str(out), "--runs-dir",
@@ -363,7 +371,7 @@ def test_tuned_by_family_confirms_at_the_source_arms_point(tmp_path):
         assert new["selected"][arm]["point"] == "lr=0.0001,beta=0.04"
         assert new["runs"][tp.run_key("sudoku", arm, 3)]["overrides"][-2:] == ["train.lr=0.0001", "objective.beta=0.04"]
     census = tv.record_census([tp.grid_path("confirm", "sudoku", "cache", tmp_path)])
-    assert census["confirmation_reads"] == 4 and census["superseded"] == 2
+    assert census["confirmation_reads"] == 5 and census["superseded"] == 2  # 4 runs and the SFT model
 
 
 @pytest.mark.parametrize("task", ["sudoku", "countdown"])
