@@ -52,6 +52,8 @@ CLAIMS = [
            [grid_path("confirm", "countdown", "wd1"), OUT]),
     _claim("DPS improves wd1", "improves (no number in SPEC §2.1)", "sudoku", "dps@wd1", "wd1",
            [grid_path("confirm", "sudoku", "wd1"), OUT]),
+    _claim("DPS improves wd1", "improves (no number in SPEC §2.1)", "countdown", "dps@wd1", "wd1",
+           [grid_path("confirm", "countdown", "wd1")]),
     _claim("SML improves diffu-GRPO (mean-field)", "improves (no number in SPEC §2.2)", "sudoku", "sml@diffu_grpo",
            "diffu_grpo_mf", [grid_path("confirm", "sudoku", "mf"), OUT]),
     _claim("RL on dual-KV-cached rollouts learns as on exact ones (4 blocks)", "(reported unstable at 8B)", "sudoku",
