@@ -211,9 +211,13 @@ def code_version() -> dict:
 
 
 def software() -> dict:
-    """The torch version, CPU kernel set (``torch.backends.cpu.get_cpu_capability()``) and thread count."""
+    """The torch version, CPU kernel set (``torch.backends.cpu.get_cpu_capability()``), thread count and
+    processor (:func:`maskrl.machine.cpu_identity`): the key under which a record's last bits hold
+    (:func:`maskrl.machine.float_key`; one kernel set on two processors can round differently)."""
+    from maskrl.machine import cpu_identity
+
     return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "processor": cpu_identity()}
 
 
 class TaskSetup:

@@ -262,7 +262,7 @@ def verdict_markdown(rows: list[dict], census: dict, figure: str, forest: str = 
         lines += [f"![The runs behind the verdicts: selection-split curves of each arm at its selected point, seed "
                   f"mean with the seed range]({figure})", ""]
     lines += [f"Records: {census['runs']} distinct runs, {census['with_provenance']} with a provenance block (SFT "
-              f"weights' sha256, data file and sha256, splits, code commit, torch and CPU kernel set). "
+              f"weights' sha256, data file and sha256, splits, code commit, torch, CPU kernel set and, in the newer ones, the processor). "
               f"{census.get('backfilled', 0)} of the blocks were filled in afterwards for runs made before records "
               f"carried one (`--backfill-provenance`: torch version and code commit unknown, the commit that first "
               f"recorded the run instead); {census.get('sft_verified', 0)} runs carry their SFT checkpoint's weights "
@@ -359,6 +359,15 @@ def _pct(metrics: dict | None) -> str:
     return "–" if not metrics else f"{100 * metrics['accuracy']:.1f}"
 
 
+def _machines(recorded: dict, retrained: dict) -> str:
+    """Why two runs of one recipe and seed may differ in their last bits: the processors their records name
+    (' on another processor', ' on the same processor'), or that the older record names none."""
+    was, now = (r.get("provenance", {}).get("processor") for r in (recorded, retrained))
+    if not was:
+        return " (its record names no processor)"
+    return " on another processor" if was != now else " on the same processor"
+
+
 def test_markdown(root: Path = OUT.parent) -> str:
     """The test-file reads recorded under ``root/test`` (``--test-final``): per task, family and arm, the
     retrained seed's solved rate on the test file with its 95 % Wilson interval over the file's rows, its
@@ -376,19 +385,22 @@ def test_markdown(root: Path = OUT.parent) -> str:
             conf = (load_results(root / "confirm" / path.name).get("sft_confirmation") or {}).get(task)
             lines.append(f"| {task} | {family} | SFT model | – | {100 * sft['accuracy']:.1f} [{100 * lo:.1f}, "
                          f"{100 * hi:.1f}] ({n} rows) | {_pct(conf)} | – |")
+        recorded = load_results(root / "confirm" / path.name)["runs"] if (root / "confirm" / path.name).is_file() else {}
         for key, r in sorted(data["runs"].items()):
             n = r["provenance"]["splits"]["test"]["size"]
             lo, hi = wilson_interval(round(r["test"]["accuracy"] * n), n)
+            same = "yes" if r.get("reproduces_confirmation") else "no" if key not in recorded else (
+                f"no: {_pct(recorded[key].get('confirmation'))} recorded{_machines(recorded[key], r)}")
             lines.append(f"| {task} | {family} | {r['cell']} | {r['seed']} | {100 * r['test']['accuracy']:.1f} "
-                         f"[{100 * lo:.1f}, {100 * hi:.1f}] ({n} rows) | {_pct(r['confirmation'])} | "
-                         f"{'yes' if r.get('reproduces_confirmation') else 'no'} |")
+                         f"[{100 * lo:.1f}, {100 * hi:.1f}] ({n} rows) | {_pct(r['confirmation'])} | {same} |")
     if not lines:
         return ""
     return ("### The test file (read once per headline cell)\n\nAfter every recipe was fixed, each arm's first "
             "confirmation seed retrained at its selected point and scored once on the test file "
             "(`--test-final`), and the SFT model once beside the family whose base is claimed over it; the "
             "verdicts above do not read it.\n\n| task | family | arm | seed | test solved, % "
-            "[95 % Wilson] | confirmation solved, % | retrained model reproduces its confirmation record |\n"
+            "[95 % Wilson] | confirmation solved, % | retrained model reproduces its confirmation record (bit for "
+            "bit only on the same processor, software and thread count) |\n"
             "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n")
 
 

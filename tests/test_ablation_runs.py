@@ -134,6 +134,7 @@ def test_provenance_hashes(tmp_path):
     import hashlib
 
     from ablation_runs import checkpoint_sha256, code_version, file_sha256, software
+    from maskrl.machine import cpu_identity, float_key
 
     f = tmp_path / "x.csv"
     f.write_bytes(b"a,b\n1,2\n" * 100_000)  # several read chunks
@@ -153,4 +154,6 @@ def test_provenance_hashes(tmp_path):
     assert checkpoint_sha256(ck) != first
     code = code_version()
     assert set(code) == {"commit", "dirty"} and (code["commit"] is None or len(code["commit"]) == 40)
-    assert set(software()) == {"torch", "cpu_capability", "threads"}
+    sw = software()
+    assert set(sw) == {"torch", "cpu_capability", "threads", "processor"}
+    assert sw["processor"] == cpu_identity() and float_key().endswith(sw["processor"])  # the bits' key, in parts

@@ -724,3 +724,24 @@ def test_grid_markdown_by_hand(tmp_path):
     row = next(line for line in tv.grid_markdown(tmp_path).splitlines() if line.startswith("| spg |"))
     assert row == "| spg | 42.0 (2) | 40.0 (1) | – | – | lr=2e-05 (50.0, seeds 0, *grid edge*) |"
     assert tv.grid_markdown(tmp_path / "none") == ""
+
+
+def test_test_table_says_when_a_retrained_run_differs_and_on_which_processor(tmp_path):
+    """A --test-final run whose confirmation score differs from its record: the row gives the recorded score and
+    whether the two records name the same processor (records made before the processor was recorded name none)."""
+    def rec(acc, processor=None):
+        pv = {"splits": {"test": {"size": 4}}, **({"processor": processor} if processor else {})}
+        return {"cell": "spg", "seed": 10, "confirmation": {"accuracy": acc}, "provenance": pv}
+
+    key = tp.run_key("sudoku", "spg", 10)
+    for kind in ("confirm", "test"):
+        tp.grid_path(kind, "sudoku", "spg", tmp_path).parent.mkdir(parents=True)
+    cases = [(rec(0.25), "no: 25.0 recorded (its record names no processor)"),
+             (rec(0.25, "AMD family 25"), "no: 25.0 recorded on another processor"),
+             (rec(0.25, "Intel family 6"), "no: 25.0 recorded on the same processor")]
+    for recorded, want in cases:
+        tp.grid_path("confirm", "sudoku", "spg", tmp_path).write_text(json.dumps({"runs": {key: recorded}}))
+        retrained = {**rec(0.5, "Intel family 6"), "test": {"accuracy": 0.75}, "reproduces_confirmation": False}
+        tp.grid_path("test", "sudoku", "spg", tmp_path).write_text(json.dumps({"runs": {key: retrained}}))
+        row = tv.test_markdown(tmp_path).splitlines()[-1]
+        assert row == f"| sudoku | spg | spg | 10 | 75.0 [30.1, 95.4] (4 rows) | 50.0 | {want} |"
