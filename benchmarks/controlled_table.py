@@ -360,8 +360,8 @@ def test_final(setup: Setup, task: str, family: str, arms, recipes: dict, common
         same = load_results(tpath)["runs"][key]["confirmation"] == conf["confirmation"]
         update_results(tpath, lambda d: d["runs"][key].__setitem__("reproduces_confirmation", same))
         if not same:
-            print(f"[table] {key}: the retrained model's confirmation score differs from {cpath}'s (another CPU "
-                  "kernel set or software?)", flush=True)
+            print(f"[table] {key}: the retrained model's confirmation score differs from {cpath}'s (another "
+                  "processor, CPU kernel set or software?)", flush=True)
     if GRID_FAMILIES[family].get("sft_claim") and task not in load_results(tpath).get("sft_test", {}):
         sft = {**setup.evaluate(setup.policy(), setup.cfg, setup.test), "rows": len(setup.test), "test_reads": 1}
         update_results(tpath, lambda d: d.setdefault("sft_test", {}).__setitem__(task, sft))

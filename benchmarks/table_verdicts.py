@@ -162,9 +162,8 @@ def _p(x: float) -> str:
 
 def record_census(paths: list[Path]) -> dict:
     """Over the record files ``paths``: distinct runs (a run copied into two files counts once, a run retrained
-    for the test file twice), runs with a
-    provenance block, test-file reads, confirmation reads (both counting the SFT model's, ``sft_reads``:
-    once per file that scores it)."""
+    for the test file twice), runs with a provenance block, test-file reads, confirmation reads (both
+    counting the SFT model's, ``sft_reads``: once per file that scores it)."""
     seen, runs, superseded, sft_confirmation, sft_test = set(), [], 0, 0, 0
     for p in paths:
         data = load_results(p) if p.is_file() else {"runs": {}}
@@ -262,7 +261,8 @@ def verdict_markdown(rows: list[dict], census: dict, figure: str, forest: str = 
         lines += [f"![The runs behind the verdicts: selection-split curves of each arm at its selected point, seed "
                   f"mean with the seed range]({figure})", ""]
     lines += [f"Records: {census['runs']} distinct runs, {census['with_provenance']} with a provenance block (SFT "
-              f"weights' sha256, data file and sha256, splits, code commit, torch, CPU kernel set and, in the newer ones, the processor). "
+              f"weights' sha256, data file and sha256, splits, code commit, torch, CPU kernel set and, in the newer "
+              f"ones, the processor). "
               f"{census.get('backfilled', 0)} of the blocks were filled in afterwards for runs made before records "
               f"carried one (`--backfill-provenance`: torch version and code commit unknown, the commit that first "
               f"recorded the run instead); {census.get('sft_verified', 0)} runs carry their SFT checkpoint's weights "
@@ -378,14 +378,15 @@ def test_markdown(root: Path = OUT.parent) -> str:
     lines = []
     for path in sorted((root / "test").glob("*.json")):
         task, _, family = path.stem.partition("_")
-        data = load_results(path)
+        data, cpath = load_results(path), root / "confirm" / path.name
+        cdata = load_results(cpath) if cpath.is_file() else {"runs": {}}
+        recorded = cdata["runs"]
         for sft in data.get("sft_test", {}).values():  # the SFT model, read beside the family's arms
             n = sft["rows"]
             lo, hi = wilson_interval(round(sft["accuracy"] * n), n)
-            conf = (load_results(root / "confirm" / path.name).get("sft_confirmation") or {}).get(task)
+            conf = (cdata.get("sft_confirmation") or {}).get(task)
             lines.append(f"| {task} | {family} | SFT model | – | {100 * sft['accuracy']:.1f} [{100 * lo:.1f}, "
                          f"{100 * hi:.1f}] ({n} rows) | {_pct(conf)} | – |")
-        recorded = load_results(root / "confirm" / path.name)["runs"] if (root / "confirm" / path.name).is_file() else {}
         for key, r in sorted(data["runs"].items()):
             n = r["provenance"]["splits"]["test"]["size"]
             lo, hi = wilson_interval(round(r["test"]["accuracy"] * n), n)

@@ -345,11 +345,10 @@ def folder_lock(folder: str | os.PathLike) -> Iterator[Path]:
 
     For what several processes may build or update at once: a cache (the benchmarks' SFT checkpoint
     of a task) is built by the first process while the others wait and then read it; a results file
-    is re-read and saved by one process at a time. The lock is
-    ``fcntl.flock`` on the folder itself: no lock file is left behind, and the operating system
-    releases it when its process ends, so a killed process never leaves a stale lock. Unlike
-    :func:`run_lock` it waits instead of failing. On a system without ``fcntl`` (Windows) it does
-    not lock.
+    is re-read and saved by one process at a time. The lock is ``fcntl.flock`` on the folder itself:
+    no lock file is left behind, and the operating system releases it when its process ends, so a
+    killed process never leaves a stale lock. Unlike :func:`run_lock` it waits instead of failing.
+    On a system without ``fcntl`` (Windows) it does not lock.
 
     Yields:
         ``folder`` as a :class:`~pathlib.Path`.
