@@ -375,6 +375,11 @@ def test_markdown(root: Path = OUT.parent) -> str:
     first, beside its confirmation score."""
     from maskrl.stats import wilson_interval
 
+    def row(task: str, family: str, arm: str, seed, test: dict, n: int, conf: dict | None, same: str) -> str:
+        lo, hi = wilson_interval(round(test["accuracy"] * n), n)
+        return (f"| {task} | {family} | {arm} | {seed} | {_pct(test)} [{100 * lo:.1f}, {100 * hi:.1f}] ({n} rows) | "
+                f"{_pct(conf)} | {same} |")
+
     lines = []
     for path in sorted((root / "test").glob("*.json")):
         task, _, family = path.stem.partition("_")
@@ -382,18 +387,13 @@ def test_markdown(root: Path = OUT.parent) -> str:
         cdata = load_results(cpath) if cpath.is_file() else {"runs": {}}
         recorded = cdata["runs"]
         for sft in data.get("sft_test", {}).values():  # the SFT model, read beside the family's arms
-            n = sft["rows"]
-            lo, hi = wilson_interval(round(sft["accuracy"] * n), n)
-            conf = (cdata.get("sft_confirmation") or {}).get(task)
-            lines.append(f"| {task} | {family} | SFT model | – | {100 * sft['accuracy']:.1f} [{100 * lo:.1f}, "
-                         f"{100 * hi:.1f}] ({n} rows) | {_pct(conf)} | – |")
+            lines.append(row(task, family, "SFT model", "–", sft, sft["rows"],
+                             (cdata.get("sft_confirmation") or {}).get(task), "–"))
         for key, r in sorted(data["runs"].items()):
-            n = r["provenance"]["splits"]["test"]["size"]
-            lo, hi = wilson_interval(round(r["test"]["accuracy"] * n), n)
             same = "yes" if r.get("reproduces_confirmation") else "no" if key not in recorded else (
                 f"no: {_pct(recorded[key].get('confirmation'))} recorded{_machines(recorded[key], r)}")
-            lines.append(f"| {task} | {family} | {r['cell']} | {r['seed']} | {100 * r['test']['accuracy']:.1f} "
-                         f"[{100 * lo:.1f}, {100 * hi:.1f}] ({n} rows) | {_pct(r['confirmation'])} | {same} |")
+            lines.append(row(task, family, r["cell"], r["seed"], r["test"], r["provenance"]["splits"]["test"]["size"],
+                             r["confirmation"], same))
     if not lines:
         return ""
     return ("### The test file (read once per headline cell)\n\nAfter every recipe was fixed, each arm's first "
