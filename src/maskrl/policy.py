@@ -53,7 +53,8 @@ def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
     else:
         t = mc.tiny
         adapter = build_tiny(hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
-                             intermediate_size=t.intermediate_size, seed=t.seed, tokenizer=tiny_tokenizer(t.tokenizer))
+                             intermediate_size=t.intermediate_size, seed=t.seed, tokenizer=tiny_tokenizer(t.tokenizer),
+                             block_size=t.block_size)
         from maskrl.models.loading import parse_dtype
 
         dtype = parse_dtype(mc.dtype)  # model.dtype applies to the built-in model too: to its parameters,

@@ -3,6 +3,7 @@ and components (objective, likelihood, credit entries) built from their registri
 from __future__ import annotations
 
 import dataclasses
+import typing
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -127,6 +128,10 @@ def _component(value: Any, kind: str, key: str, default: Any, default_name: str 
 
 
 def _coerce(value: Any, typ: Any, key: str, default: Any = None) -> Any:
+    args = typing.get_args(typ)
+    if len(args) == 2 and type(None) in args:  # ``X | None``: null, or a value of X
+        inner = args[0] if args[1] is type(None) else args[1]
+        return None if value is None else _coerce(value, inner, key, default)
     if dataclasses.is_dataclass(typ):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping of {sorted(field_types(typ))}, got {value!r}")

@@ -28,6 +28,9 @@ class TinyModelConfig:
             that :func:`maskrl.tasks.wordmath.build_wordmath_tokenizer` trains on generated word
             problems; natural-language text, issue 10) or a folder with tokenizer files
             (``tokenizer.json``; relative: see ``RunConfig``'s paths). It is saved beside the model, so a loaded checkpoint keeps it.
+        block_size: ``null`` (default): full bidirectional attention (LLaDA-style). A positive int: the
+            tiny block-diffusion model (SDAR-style: bidirectional inside blocks of this many tokens,
+            causal across blocks).
     """
 
     hidden_size: int = 128
@@ -36,6 +39,7 @@ class TinyModelConfig:
     intermediate_size: int = 384
     seed: int = 0
     tokenizer: str = field(default="char", metadata={"path": "tokenizer"})
+    block_size: int | None = None
 
 
 @dataclass

@@ -32,6 +32,41 @@ def bidirectional_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torc
     return out.masked_fill(~keep, torch.finfo(dtype).min)
 
 
+def block_index(position_ids: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[N, T]`` long block number of each position of a block-diffusion model (SDAR / TraDo, Fast-dLLM v2,
+    LLaDA2.x): ``position // block_size``, so the prompt is split into blocks from its first real token
+    (position 0) and a partial last prompt block is shared with the first generated tokens.
+
+    Args:
+        position_ids: ``[N, T]`` long RoPE positions (0 at each row's first real token, :meth:`ModelAdapter.position_ids`).
+        block_size: tokens per block (>= 1).
+    """
+    return torch.div(position_ids, block_size, rounding_mode="floor")
+
+
+def block_causal_mask(attention_mask: torch.Tensor, block_size: int, dtype: torch.dtype,
+                      position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Additive 4-D attention mask of a block-diffusion model: bidirectional inside a block, causal across
+    blocks (query ``i`` attends key ``j`` iff ``block(j) <= block(i)`` and ``j`` is a real token).
+
+    Args:
+        attention_mask: ``[N, T]`` bool/int, True (1) on real tokens (left padding allowed).
+        block_size: tokens per block.
+        dtype: float dtype of the model's activations.
+        position_ids: ``[N, T]`` long positions (default: 0 at each row's first real token).
+
+    Returns:
+        ``[N, 1, T, T]`` tensor of ``dtype``: 0 where attending is allowed, ``finfo.min`` elsewhere.
+    """
+    keep = attention_mask.bool()
+    if position_ids is None:
+        position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)
+    blocks = block_index(position_ids, block_size)  # [N, T]
+    allowed = (blocks[:, None, :] <= blocks[:, :, None]) & keep[:, None, :]  # [N, T(query), T(key)]
+    out = torch.zeros(allowed.shape, dtype=dtype, device=attention_mask.device)
+    return out.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+
+
 @functools.cache
 def _replacing_layer_class() -> type:
     """The cache layer class of :meth:`ModelAdapter.decoder_forward`'s ``replace`` (built on first use:
@@ -87,6 +122,9 @@ class ModelAdapter:
             :attr:`pad_id` as its pad token (``tokenizer.pad_token_id = pad_id``), so that prompt
             batches pad with the model's own pad id.
         stop_ids: extra ids that also end a completion (e.g. LLaDA's end-of-turn 126348).
+        block_size: tokens per block of a block-diffusion model (SDAR / TraDo, Fast-dLLM v2, LLaDA2.x):
+            attention is bidirectional inside a block and causal across blocks (:func:`block_causal_mask`);
+            ``None`` (default): full bidirectional attention (LLaDA, Dream).
         logits_width: output-layer width that code bounding the memory of chunked ``[.., V]`` logits
             assumes (:attr:`logits_vocab`); ``None`` (default): the model config's ``vocab_size``.
             ``maskrl plan``'s narrow stand-in sets the full model's, so that it splits its forwards as
@@ -107,8 +145,12 @@ class ModelAdapter:
     tokenizer: Any = None
     stop_ids: tuple[int, ...] = field(default_factory=tuple)
     logits_width: int | None = None
+    block_size: int | None = None
 
     def __post_init__(self) -> None:
+        if self.block_size is not None and (int(self.block_size) < 1 or self.attention != "4d"):
+            raise ValueError(f"block_size {self.block_size!r} needs a positive size and attention='4d' "
+                             f"(this adapter has attention={self.attention!r})")
         self.check_special_ids()
         tok = self.tokenizer
         if tok is not None and getattr(tok, "pad_token_id", 0) is None:  # a tokenizer without a pad token
@@ -178,14 +220,16 @@ class ModelAdapter:
         return next(self.model.parameters()).dtype
 
     def _raw_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """The model's own output (``.logits``) of a full-attention forward, before any re-alignment."""
+        """The model's own output (``.logits``) of a full forward (all-attend, or block-causal when
+        :attr:`block_size` is set), before any re-alignment."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
         attention_mask = attention_mask.bool()
         if self.attention == "4d":
-            mask = bidirectional_mask(attention_mask, self.dtype)
-            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=self.position_ids(attention_mask),
-                             use_cache=False)
+            positions = self.position_ids(attention_mask)
+            mask = (bidirectional_mask(attention_mask, self.dtype) if self.block_size is None
+                    else block_causal_mask(attention_mask, self.block_size, self.dtype, positions))
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False)
         else:
             out = self.model(input_ids=input_ids, attention_mask=attention_mask.long())
         return out.logits if hasattr(out, "logits") else out[0]

@@ -317,7 +317,8 @@ def _facts(adapter: ModelAdapter) -> dict:
     return {"mask_token_id": int(adapter.mask_id), "maskrl_eos_id": int(adapter.eos_id),
             "maskrl_pad_id": int(adapter.pad_id), "maskrl_stop_ids": [int(s) for s in adapter.stop_ids],
             "maskrl_shift": bool(adapter.shift), "maskrl_attention": adapter.attention,
-            "maskrl_loader": "maskrl.models.load"}
+            "maskrl_loader": "maskrl.models.load"} | (
+        {} if adapter.block_size is None else {"maskrl_block_size": int(adapter.block_size)})
 
 
 def _check(cond: bool, family: str, what: str) -> None:

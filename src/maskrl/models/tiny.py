@@ -17,7 +17,8 @@ from maskrl.models.tokenizer import build_char_tokenizer
 
 
 def build_tiny(hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, intermediate_size: int = 384,
-               max_positions: int = 512, seed: int = 0, tokenizer: PreTrainedTokenizerFast | None = None) -> ModelAdapter:
+               max_positions: int = 512, seed: int = 0, tokenizer: PreTrainedTokenizerFast | None = None,
+               block_size: int | None = None) -> ModelAdapter:
     """A randomly initialised tiny bidirectional Llama with the character tokenizer.
 
     Args:
@@ -26,6 +27,9 @@ def build_tiny(hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, 
         seed: initialisation seed (applied through ``torch.random.fork_rng`` so the global RNG
             state is left untouched).
         tokenizer: defaults to :func:`build_char_tokenizer`.
+        block_size: ``None`` (default): full bidirectional attention (LLaDA-style). An int: the tiny
+            block-diffusion model (SDAR-style: bidirectional inside blocks of this many tokens, causal
+            across blocks, no logit shift), :attr:`ModelAdapter.block_size`.
     """
     tok = tokenizer or build_char_tokenizer()
     config = LlamaConfig(
@@ -34,12 +38,13 @@ def build_tiny(hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, 
         max_position_embeddings=max_positions, rms_norm_eps=1e-5, tie_word_embeddings=False,
         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         mask_token_id=tok.mask_token_id, maskrl_family="tiny",
+        **({} if block_size is None else {"maskrl_block_size": int(block_size)}),
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return ModelAdapter(model=model, mask_id=tok.mask_token_id, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                        shift=False, family="tiny", tokenizer=tok)
+                        shift=False, family="tiny", tokenizer=tok, block_size=block_size)
 
 
 def load_tiny(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> ModelAdapter:
@@ -73,4 +78,5 @@ def load_tiny(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> Mo
                         eos_id=eos if eos is not None else cfg.eos_token_id,
                         pad_id=pad if pad is not None else cfg.pad_token_id,
                         shift=bool(getattr(cfg, "maskrl_shift", False)), family=getattr(cfg, "maskrl_family", "tiny"),
-                        attention=attention, tokenizer=tok, stop_ids=tuple(getattr(cfg, "maskrl_stop_ids", ()) or ()))
+                        attention=attention, tokenizer=tok, stop_ids=tuple(getattr(cfg, "maskrl_stop_ids", ()) or ()),
+                        block_size=getattr(cfg, "maskrl_block_size", None))
