@@ -60,3 +60,18 @@ def test_demo_on_the_test_file_has_no_note(tmp_path, capsys):
     s = run_demo(_demo_cfg(tmp_path, str(data)))
     assert s["eval_source"] == f"file:{data}" and s["eval_note"] is None
     assert "NOTE:" not in capsys.readouterr().out
+
+
+def test_missing_data_error_says_what_to_put_where(monkeypatch):
+    """A task that cannot generate its rows stops naming its file and the page that says where to get it."""
+    import maskrl.data
+    import maskrl.tasks.base
+    from maskrl.config import load_config
+
+    monkeypatch.setattr(maskrl.tasks.base, "default_data_dir", lambda: None)
+    with pytest.raises(FileNotFoundError, match=r"put gsm8k/test\.jsonl in a data folder and set \$MASKRL_DATA_DIR"
+                                                r".*docs/data\.md"):
+        get_task("gsm8k").resolve_path()
+    monkeypatch.setattr(maskrl.data, "default_data_dir", lambda: None)
+    with pytest.raises(FileNotFoundError, match=r"no data for task 'gsm8k'.*docs/data\.md"):
+        maskrl.data.eval_examples(load_config([], ["task.name=gsm8k"]), get_task("gsm8k"))
