@@ -24,7 +24,7 @@ def test_note_only_for_generated_rows():
     cd = eval_source_note(countdown, "generated:seed=7", 3)
     assert cd.startswith("evaluated on 3 generated problems, not d1's test file (countdown/countdown_cd3_test.jsonl")
     other = eval_source_note(gsm8k, "generated:seed=7", 2)
-    assert other.startswith("evaluated on 2 generated rows, not the task's test file (gsm8k/test.jsonl")
+    assert other == "evaluated on 2 generated rows, not the task's test file (gsm8k/test.jsonl); get the file: see docs/data.md"
     assert (ROOT / "docs" / "data.md").is_file()  # the page the sentence sends the user to
 
 

@@ -86,8 +86,8 @@ def eval_source_note(task: Task, source: str, n: int) -> str | None:
     if not source.startswith("generated:"):
         return None
     rows, test_file = _TEST_FILE_WORDS.get(task.name, ("rows", "the task's test file"))
-    return (f"evaluated on {n} generated {rows}, not {test_file} ({task.data_file} in the data folder); "
-            "get the file: see docs/data.md")
+    where = f"{task.data_file} in the data folder" if task.name in _TEST_FILE_WORDS else task.data_file
+    return f"evaluated on {n} generated {rows}, not {test_file} ({where}); get the file: see docs/data.md"
 
 
 # ----------------------------------------------------------------------------------------------
