@@ -30,7 +30,8 @@ def eval_examples(cfg: RunConfig, task: Task) -> tuple[list[Example], str]:
         n = limit or 500
         log.warning("no local data for %s; evaluating on %d generated held-out rows", task.name, n)
         return task.generate(n, seed=cfg.task.train_seed + 99991), f"generated:seed={cfg.task.train_seed + 99991}"
-    raise FileNotFoundError(f"no data for task {task.name!r}: set task.data_path or $MASKRL_DATA_DIR")
+    raise FileNotFoundError(f"no data for task {task.name!r}: set task.data_path or $MASKRL_DATA_DIR "
+                            "(where to get the data: docs/data.md)")
 
 
 def train_examples(cfg: RunConfig, task: Task, held_out: list[Example]) -> list[Example]:

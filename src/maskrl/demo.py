@@ -2,7 +2,8 @@
 
 Writes ``<output_dir>/summary.json`` (base and final metrics with 95 % intervals, a paired comparison of
 the two on the same rows -- exact McNemar p-value and paired bootstrap 95 % interval of the accuracy
-gain --, steps, wall time, where the evaluation rows came from), the per-row results of both
+gain --, steps, wall time, where the evaluation rows came from and, when they are generated rather than
+the task's test file, ``eval_note``, also the last printed line), the per-row results of both
 evaluations (``eval_base.jsonl``, ``eval_final.jsonl``) and ``<output_dir>/curves.png`` (rollout reward and evaluation
 accuracy against RL steps), and prints a small table. The SFT model is cached under
 ``<output_dir>/sft-cache/<hash of the settings it depends on>`` and reused by later runs.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from maskrl.config import RunConfig, to_dict
 from maskrl.credit import CREDITS
-from maskrl.evaluate import EvalResult, evaluate_examples
+from maskrl.evaluate import EvalResult, eval_source_note, evaluate_examples
 from maskrl.likelihood import LIKELIHOODS
 from maskrl.objectives import OBJECTIVES
 from maskrl.models import load_tiny, save_model
@@ -161,6 +162,7 @@ def _run_demo(cfg: RunConfig, force_sft: bool) -> dict:
 
     base_res = evaluate(policy)
     base = base_res.metrics
+    note = eval_source_note(task, source, len(test))
     print(f"[demo] base accuracy {base['accuracy']:.3f} on {len(test)} rows ({source})")
 
     # 3. RL
@@ -177,7 +179,7 @@ def _run_demo(cfg: RunConfig, force_sft: bool) -> dict:
     # the family's layout + prompt card (maskrl eval / generate read it) + model card with the test table
     export_model(out / "model", trainer.policy_eval, cfg, task, steps=f"SFT {cfg.sft.steps} steps, then RL "
                  f"{trainer.step_count} steps", data=f"{len(train)} generated training rows; evaluation {source} "
-                 f"({len(test)} rows)", evaluation=[("SFT base", _pick(base)), ("after RL", _pick(final))])
+                 f"({len(test)} rows)" + (f"; {note}" if note else ""), evaluation=[("SFT base", _pick(base)), ("after RL", _pick(final))])
     write_per_item(out / "eval_base.jsonl", task, test, base_res)
     write_per_item(out / "eval_final.jsonl", task, test, final_res)
     paired = paired_comparison([task.is_correct(r) for r in base_res.rewards],
@@ -190,6 +192,7 @@ def _run_demo(cfg: RunConfig, force_sft: bool) -> dict:
         "credit": [CREDITS.name_of(c) for c in cfg.credit],
         "n_eval": len(test),
         "eval_source": source,
+        "eval_note": note,
         "base": _pick(base),
         "final": _pick(final),
         "improvement": {"accuracy": final["accuracy"] - base["accuracy"]},
@@ -235,3 +238,5 @@ def _print_table(s: dict) -> None:
               f"{p['mcnemar_p']:.3g} (solved only by base {p['first_only']}, only by final {p['second_only']})")
     print(f"RL steps {s['train_steps']}, wall time {s['wall_seconds']:.0f} s "
           f"(SFT {s['sft_seconds']:.0f} s{' cached' if s['sft_cached'] else ''}, RL {s['rl_seconds']:.0f} s)")
+    if s.get("eval_note"):
+        print(f"NOTE: {s['eval_note']}")

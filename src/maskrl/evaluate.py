@@ -64,6 +64,32 @@ def evaluate_examples(adapter: ModelAdapter, task: Task, examples: Sequence[Exam
     return EvalResult(completions, rewards, task.metrics(examples, completions, rewards))
 
 
+#: how a result names a task's generated rows and its real test file (others: "rows", the data file)
+_TEST_FILE_WORDS = {"sudoku4x4": ("puzzles", "d1's test file"), "countdown": ("problems", "d1's test file")}
+
+
+def eval_source_note(task: Task, source: str, n: int) -> str | None:
+    """The sentence a result must carry when its evaluation rows are not the task's test file.
+
+    Without a data folder, :func:`maskrl.data.eval_examples` evaluates a generating task on generated
+    rows (``source`` ``"generated:..."``); numbers on them are not comparable to those on the test
+    file (the README's and docs/demo.md's tables). Printed where the result is read (the demo's final
+    table, ``summary.json``'s ``eval_note``, the model card).
+
+    Args:
+        task: the evaluated task; source: the ``eval_source`` string; n: the number of rows evaluated.
+
+    Returns:
+        ``"evaluated on N generated <rows>, not <the test file> (<path in the data folder>); get the
+        file: see docs/data.md"``, or ``None`` when ``source`` is a file.
+    """
+    if not source.startswith("generated:"):
+        return None
+    rows, test_file = _TEST_FILE_WORDS.get(task.name, ("rows", "the task's test file"))
+    where = f"{task.data_file} in the data folder" if task.name in _TEST_FILE_WORDS else task.data_file
+    return f"evaluated on {n} generated {rows}, not {test_file} ({where}); get the file: see docs/data.md"
+
+
 # ----------------------------------------------------------------------------------------------
 # the benchmark harness: ``maskrl eval`` (SPEC §5)
 # ----------------------------------------------------------------------------------------------

@@ -172,7 +172,8 @@ class Task:
             if root is None:
                 raise FileNotFoundError(
                     f"task {self.name!r}: no data path given, $MASKRL_DATA_DIR unset and no ../shared/data "
-                    f"found; pass a path or download {self.hub_id!r}"
+                    f"found; put {self.data_file} in a data folder and set $MASKRL_DATA_DIR to it, or pass the "
+                    f"file (where to get it: docs/data.md; {self.hub_id!r})"
                 )
             p = root / self.data_file
         if not p.is_file():
