@@ -17,6 +17,8 @@ import math
 import os
 import time
 from pathlib import Path
+
+from maskrl.records import portable
 from typing import Callable
 
 import torch
@@ -95,9 +97,10 @@ def require_runs(data: dict, out: Path) -> None:
 
 
 def save_results(path: Path, data: dict) -> None:
+    """Write a results file with machine-independent paths (:func:`maskrl.records.portable`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.write_text(json.dumps(portable(data), indent=1) + "\n")
     os.replace(tmp, path)  # an interrupted write never leaves half a file
 
 
@@ -111,6 +114,7 @@ def already_recorded(path: Path, key: str, settings: dict, tag: str) -> bool:
     old = load_results(path)["runs"].get(key)
     if old is None:
         return False
+    settings = portable(settings)  # as the record names them
     if any(old.get(k) != v for k, v in settings.items()):
         raise SystemExit(f"error: run {key} is already in {path} with other settings "
                          f"({ {k: old.get(k) for k in settings} }; now {settings}): use another --out or remove it")

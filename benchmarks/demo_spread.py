@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from maskrl import records
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "results" / "demo_spread"
 RUNS = ROOT / "runs" / "demo_spread"
@@ -122,7 +124,7 @@ def record_from_run(name: str, run: Path) -> dict:
 def write_record(rec: dict) -> Path:
     RECORDS.mkdir(parents=True, exist_ok=True)
     path = RECORDS / f"{rec['name']}.json"
-    path.write_text(json.dumps(rec, indent=1) + "\n")
+    records.write_record(path, rec, indent=1)  # machine-independent paths
     return path
 
 

@@ -73,6 +73,8 @@ import threading
 import time
 from pathlib import Path
 
+from maskrl.records import expand, write_record
+
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "benchmarks" / "rehearse_plugin.py"
 DEFAULT_OUT = ROOT / "results" / "rehearse_8b"
@@ -674,7 +676,7 @@ def rehearse(recipe: str, layers: int, args) -> dict:
     def save():
         out = Path(args.out_dir) / f"{recipe}_L{layers}{'' if args.width_divisor == 1 else f'_w{args.width_divisor}'}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(rec, indent=2, default=str) + "\n")
+        write_record(out, rec, work=args.work)  # maskrl.records: paths under --work named <work>
         rec["record"] = str(out)
 
     # ---- the shipped recipe's own data
@@ -884,7 +886,7 @@ def rescore(folder: Path) -> list[Path]:
             new["rescored"] = {"by": _code_commit(), "why": "plan_vs_measured recomputed from the record's phases: "
                                "the 15 % check on the 2-process peak is on the largest rank (the plan is each "
                                "process's peak at the longest prompt); each rank is checked not to exceed it"}
-            f.write_text(json.dumps(new, indent=2, default=str) + "\n")
+            write_record(f, new)
             done.append(f)
     return done
 
@@ -897,7 +899,7 @@ def recount(record: Path, args, why: str) -> dict:
     rec = json.loads(record.read_text())
     family, layers = rec["family"], rec["layers"]
     standin = ensure_standin(Path(args.work), family, layers, rec.get("width_divisor", 1))
-    ov = [f"model.path={standin}" if o.startswith("model.path=") else o for o in rec["overrides"]]
+    ov = [f"model.path={standin}" if o.startswith("model.path=") else o for o in expand(rec["overrides"], args.work)]
     work = Path(args.work) / f"{rec['recipe']}_L{layers}_recount"
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"

@@ -61,6 +61,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rehearse_8b import (DEFAULT_OUT, GIB, ROOT, _env, _free_port, ensure_standin, load_recipe,  # noqa: E402
                          proc_status, rehearsal_overrides, reset_peak)
+from maskrl.records import write_record  # noqa: E402
 
 GROUP = 2            # rollouts per prompt; one prompt per process
 WORLD = 2
@@ -517,7 +518,7 @@ def rehearse(recipe: str, args) -> dict:
     def save():
         rec["faults"] = faults_of(rec)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(rec, indent=2, default=str) + "\n")
+        write_record(path, rec, work=args.work)
 
     for kind, world in (("single", 1), ("fsdp", WORLD), ("reference", 1)):
         print(f"  {kind} ({world} process{'es' if world > 1 else ''})", flush=True)
