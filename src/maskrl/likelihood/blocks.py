@@ -145,7 +145,7 @@ def score_rows(adapter: ModelAdapter, prompt: torch.Tensor, prompt_mask: torch.T
     (:func:`~maskrl.likelihood.base.score_positions`) for a full-attention model, or for a block model
     whose rows all have ``context == noisy`` (the doubled forward would equal it); else
     :func:`score_blocks`. Same arguments and result as :func:`score_blocks`; always one forward."""
-    if adapter.block_size is None or torch.equal(noisy, context):
+    if getattr(adapter, "block_size", None) is None or torch.equal(noisy, context):
         return score_positions(adapter, prompt, prompt_mask, noisy, rows, cols, targets)
     return score_blocks(adapter, prompt, prompt_mask, noisy, context, rows, cols, targets)
 
@@ -186,3 +186,12 @@ def block_rounds(commit_step: torch.Tensor, prompt_mask: torch.Tensor,
         0, slot.reshape(-1), dense.reshape(-1), "amin")
     rank = dense - first_id[slot]
     return ordered, rank
+
+
+def block_model_refusal(likelihood: object) -> str | None:
+    """Why ``likelihood`` cannot score a block-diffusion model, or ``None`` when it can (every built-in
+    estimator can, except the ELBO's ``masking: spg_public``: :data:`maskrl.likelihood.elbo.SPG_PUBLIC_BLOCKS`).
+    Read at config time (``model.tiny.block_size``) and by the trainer (a loaded block model)."""
+    from maskrl.likelihood.elbo import SPG_PUBLIC_BLOCKS
+
+    return SPG_PUBLIC_BLOCKS if getattr(likelihood, "masking", None) == "spg_public" else None

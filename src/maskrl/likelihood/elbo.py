@@ -299,7 +299,7 @@ def bounds(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator |
             draws than blocks, or (with ``eubo_beta``) NaN log-probabilities from the model.
     """
     need = needed(rollout, need)
-    if masking == "spg_public" and adapter.block_size is not None:
+    if masking == "spg_public" and getattr(adapter, "block_size", None) is not None:
         raise ValueError(SPG_PUBLIC_BLOCKS)
     n, L = rollout.completion_ids.shape
     zeros = torch.zeros((n, L), dtype=torch.float32, device=rollout.completion_ids.device)

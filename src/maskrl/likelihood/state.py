@@ -124,7 +124,8 @@ def state(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | 
             its shape differs from ``completion_ids``'.
     """
     cs = rollout.commit_step
-    rows, steps, state_of, n_idx, i_idx, key, ordered = _needed_states(rollout, need, adapter.block_size)
+    block_size = getattr(adapter, "block_size", None)
+    rows, steps, state_of, n_idx, i_idx, key, ordered = _needed_states(rollout, need, block_size)
     prompt = mask_prompt(rollout.prompt_ids, rollout.prompt_mask, adapter.mask_id, p_mask_prompt, generator)
     if rows.numel() == 0:  # no sequences or no positions
         return torch.zeros(cs.shape, dtype=torch.float32, device=cs.device)

@@ -300,6 +300,13 @@ class ModelAdapter:
                              f"{tuple(targets.shape)} must be equal [M] shapes")
         return token_log_probs(self._outputs_at(input_ids, attention_mask, rows, cols, layout), targets)
 
+    def _logits_of(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                   layout: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """:meth:`_raw_logits`, with ``layout`` passed only when given (the two-argument call otherwise)."""
+        if layout is None:
+            return self._raw_logits(input_ids, attention_mask)
+        return self._raw_logits(input_ids, attention_mask, layout=layout)
+
     def _outputs_at(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, rows: torch.Tensor,
                     cols: torch.Tensor, layout: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``[M, V]`` position-aligned logits at ``(rows[m], cols[m])`` of a full forward, with the
@@ -307,7 +314,7 @@ class ModelAdapter:
         src = (cols - 1).clamp(min=0) if self.shift else cols  # Dream: the row left of i predicts i
         layer = self.output_layer()
         if layer is None:  # no separable output layer: full logits, then pick (correct, not lean)
-            return self._raw_logits(input_ids, attention_mask, layout)[rows, src]  # [M, V]
+            return self._logits_of(input_ids, attention_mask, layout)[rows, src]  # [M, V]
         flat = rows * input_ids.shape[1] + src  # [M] index into the [R*T] hidden states
 
         def select(_module, args):
@@ -316,7 +323,7 @@ class ModelAdapter:
 
         handle = layer.register_forward_pre_hook(select)
         try:
-            return self._raw_logits(input_ids, attention_mask, layout)  # [M, V]
+            return self._logits_of(input_ids, attention_mask, layout)  # [M, V]
         finally:
             handle.remove()
 
