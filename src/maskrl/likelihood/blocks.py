@@ -175,15 +175,16 @@ def block_rounds(commit_step: torch.Tensor, prompt_mask: torch.Tensor,
     nb = int(blk.max()) + 1 if cs.numel() else 1
     slot = torch.arange(n, device=device)[:, None] * nb + blk  # [N, L] (row, block)
     big = int(cs.max()) + 1 if cs.numel() else 1
-    lo = torch.full((n * nb,), big, dtype=torch.long, device=device).scatter_reduce(0, slot.reshape(-1), cs.reshape(-1), "amin")
-    hi = torch.full((n * nb,), -1, dtype=torch.long, device=device).scatter_reduce(0, slot.reshape(-1), cs.reshape(-1), "amax")
+    flat_slot, flat_cs = slot.reshape(-1), cs.reshape(-1)
+    lo = torch.full((n * nb,), big, dtype=torch.long, device=device).scatter_reduce(0, flat_slot, flat_cs, "amin")
+    hi = torch.full((n * nb,), -1, dtype=torch.long, device=device).scatter_reduce(0, flat_slot, flat_cs, "amax")
     lo, hi = lo.view(n, nb), hi.view(n, nb)
     present = hi >= 0
     ordered = ((hi[:, :-1] < lo[:, 1:]) | ~present[:, 1:]).all(-1)
     key = slot * big + cs  # unique per (row, block, step)
     uniq, dense = torch.unique(key, return_inverse=True)  # dense ids sorted by (row, block, step)
     first_id = torch.full((n * nb,), uniq.numel(), dtype=torch.long, device=device).scatter_reduce(
-        0, slot.reshape(-1), dense.reshape(-1), "amin")
+        0, flat_slot, dense.reshape(-1), "amin")
     rank = dense - first_id[slot]
     return ordered, rank
 
