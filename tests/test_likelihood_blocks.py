@@ -113,7 +113,6 @@ def test_doubled_mask_refuses_mismatched_shapes():
 @pytest.mark.numerics
 @pytest.mark.parametrize("bs", [1, 4, 5])
 def test_one_doubled_forward_equals_one_forward_per_block(bs):
-    torch.set_num_threads(1)
     a = tiny_block(bs)
     prompt, mask, clean = batch()
     g = torch.Generator().manual_seed(7)

@@ -24,6 +24,11 @@ full blocks are not copied: they are never scored and no noisy token of another 
 With ``context == noisy`` the doubled forward equals the plain block-causal forward of the noisy row,
 which :func:`score_rows` then runs instead.
 
+Cost: a doubled row holds ``P + L`` context columns and ``L`` plus at most ``block_size − 1`` noisy ones,
+about 2× the FLOPs of a plain row (dense attention over ``T2²``), in place of one forward per block
+(``benchmarks/block_elbo.py``). ``train.max_forward_rows`` and the estimators' ``rows()`` count a doubled
+row as one row.
+
 Sources: SDAR (JetAstra/SDAR, training), dLLM-RL ``train/rl_trado.py`` (``make_basic_block_attention``;
 its prompt blocks are counted back from the completion's start, ours from position 0 as in SDAR's
 ``generate.py`` and :func:`maskrl.models.adapter.block_causal_mask`).
@@ -189,10 +194,14 @@ def block_rounds(commit_step: torch.Tensor, prompt_mask: torch.Tensor,
     return ordered, rank
 
 
+#: why ``masking: spg_public`` (:mod:`maskrl.likelihood.elbo`) is refused on a block-diffusion model
+SPG_PUBLIC_BLOCKS = ("masking: spg_public hides clean context tokens left of the drawn block and scores every later "
+                     "block; a block-diffusion model's ELBO conditions each block on the clean earlier blocks: use "
+                     "masking: block or random")
+
+
 def block_model_refusal(likelihood: object) -> str | None:
     """Why ``likelihood`` cannot score a block-diffusion model, or ``None`` when it can (every built-in
-    estimator can, except the ELBO's ``masking: spg_public``: :data:`maskrl.likelihood.elbo.SPG_PUBLIC_BLOCKS`).
-    Read at config time (``model.tiny.block_size``) and by the trainer (a loaded block model)."""
-    from maskrl.likelihood.elbo import SPG_PUBLIC_BLOCKS
-
+    estimator can, except the ELBO's ``masking: spg_public``: :data:`SPG_PUBLIC_BLOCKS`). Read at config
+    time (``model.tiny.block_size``) and by the trainer (a loaded block model)."""
     return SPG_PUBLIC_BLOCKS if getattr(likelihood, "masking", None) == "spg_public" else None

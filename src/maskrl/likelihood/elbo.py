@@ -76,16 +76,12 @@ import numpy as np
 import torch
 
 from maskrl.likelihood.base import LIKELIHOODS, PerToken, needed
-from maskrl.likelihood.blocks import score_rows
+from maskrl.likelihood.blocks import SPG_PUBLIC_BLOCKS, score_rows
 from maskrl.likelihood.mean_field import mask_prompt
 from maskrl.models.adapter import ModelAdapter
 from maskrl.types import Rollout
 
 MASKINGS = ("random", "block", "spg_public")
-#: why ``masking: spg_public`` is refused on a block-diffusion model
-SPG_PUBLIC_BLOCKS = ("masking: spg_public hides clean context tokens left of the drawn block and scores every later "
-                     "block; a block-diffusion model's ELBO conditions each block on the clean earlier blocks: use "
-                     "masking: block or random")
 
 
 @lru_cache(maxsize=None)
