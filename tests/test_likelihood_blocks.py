@@ -233,17 +233,18 @@ def state_reference(a, prompt, mask, clean, cs):
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("ordered", [True, False])
+@pytest.mark.parametrize("ordered", [True, False, "mixed"])
 def test_block_state_scores_each_token_where_the_model_saw_it(ordered):
     a = tiny_block()
     prompt, mask, clean = batch()
     L = clean.shape[1]
-    if ordered:
-        cs = block_ordered_steps(mask, L, BS)
-    else:  # a full-attention sampler's order (right to left): earlier blocks still masked at a step
-        cs = torch.arange(L - 1, -1, -1).expand(clean.shape[0], L).clone()
+    reverse = torch.arange(L - 1, -1, -1).expand(clean.shape[0], L).clone()  # earlier blocks still masked
+    cs = block_ordered_steps(mask, L, BS) if ordered else reverse
+    if ordered == "mixed":  # one forward holds rounds of ordered rows and states of the other
+        cs[1] = reverse[1]
     ro = rollout(prompt, mask, clean, cs)
-    assert bool(block_rounds(cs, mask, BS)[0].all()) == ordered
+    expect = [True, False, True] if ordered == "mixed" else [bool(ordered)] * 3
+    assert block_rounds(cs, mask, BS)[0].tolist() == expect
     seen = []
     hook = a.model.register_forward_pre_hook(lambda _m, args, kw: seen.append(kw["input_ids"].shape), with_kwargs=True)
     with torch.no_grad():
@@ -253,12 +254,32 @@ def test_block_state_scores_each_token_where_the_model_saw_it(ordered):
         ref = state_reference(a, prompt, mask, clean, cs)
     close(got, ref, 256.0)
     rows = seen[0][0]
-    if ordered:  # TraceRL's rounds: one row per within-block step, every block at once
+    if ordered is True:  # TraceRL's rounds: one row per within-block step, every block at once
         _, rank = block_rounds(cs, mask, BS)
         assert rows == int((rank.max(-1).values + 1).sum())
         assert rows < int(State().rows(ro).sum())
+    elif ordered == "mixed":
+        _, rank = block_rounds(cs, mask, BS)
+        assert rows == int(rank[0].max() + rank[2].max() + 2) + int(cs[1].unique().numel())
     else:
         assert rows == int(State().rows(ro).sum()) and seen[0][1] == prompt.shape[1] + L  # plain forward
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("name", ["mean_field", "elbo", "stratified", "state"])
+def test_a_subset_of_positions_changes_nothing_on_a_block_model(name):
+    from maskrl.likelihood import LIKELIHOODS
+
+    a = tiny_block()
+    prompt, mask, clean = batch()
+    ro = rollout(prompt, mask, clean, block_ordered_steps(mask, clean.shape[1], BS))
+    est = LIKELIHOODS.get(name)()
+    need = torch.rand(clean.shape, generator=torch.Generator().manual_seed(2)) < 0.4
+    with torch.no_grad():
+        full = est(a, ro, torch.Generator().manual_seed(9))
+        part = est(a, ro, torch.Generator().manual_seed(9), need)
+    assert bool((part[~need] == 0).all())
+    close(part[need], full[need])
 
 
 def test_block_rounds_by_hand():
