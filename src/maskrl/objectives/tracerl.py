@@ -27,7 +27,10 @@ Differences and what is left (docs/credit_methods.md, "TraceRL"):
 - **shrink**: dLLM-RL can merge s consecutive steps of a block into one state (``collapse_k_unique``,
   s = 1 in the TraDo recipe); not built (s = 1).
 - **batching**: dLLM-RL averages over its (sequence, round) rows per optimizer step, a constant factor
-  per batch of about the rounds per sequence; ``aggregation: length`` averages over sequences.
+  per batch of about the rounds per sequence; ``aggregation: length`` averages over sequences. It takes
+  several optimizer steps per rollout batch (gradient accumulation over 32 rows of a 64 × 16 batch), so
+  θ leaves θ_old within the batch; here that is ``train.inner_iterations`` (μ): at μ = 1 ρ ≡ 1 and the
+  θ_old-KL is 0 with zero gradient (the loss is REINFORCE on the trace states).
 """
 from __future__ import annotations
 
