@@ -77,6 +77,12 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if t.hidden_size % t.num_heads:
         raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
                           f"model.tiny.num_heads ({t.num_heads})")
+    if not cfg.model.path and t.block_size is not None:
+        from maskrl.likelihood.blocks import block_model_refusal
+
+        why = block_model_refusal(cfg.likelihood)
+        if why:
+            raise ConfigError(f"likelihood (with model.tiny.block_size {t.block_size}): {why}")
 
 
 #: ``train.report_to`` names (accelerate's ``LoggerType`` values)

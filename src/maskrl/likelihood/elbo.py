@@ -56,6 +56,13 @@ biases below the bound). ``masking: random`` keeps the D draws of a token inside
   ``EUBO_i = (|o|/|U|) (1/β) log Σ_d (|o|/(D S_d)) 1[i scored in d] p^β`` for i in U, the tokens
   scored in some draw (SPG averages that log over U and multiplies by |o|).
 
+On a block-diffusion model (``adapter.block_size`` set) every row is scored through the doubled
+x_t ⊕ x_0 forward (:mod:`maskrl.likelihood.blocks`): a masked token of block b sees the clean earlier
+blocks and its own block as the row's mask leaves it, so ``Σ_i ℓ_i`` estimates ``Σ_b ELBO_b``, the
+bound of ``log p(o) = Σ_b log p(o_b | o_{<b})`` that SDAR trains (one t per node shared by the blocks of
+a row: unbiased, as each block's term is). ``masking: block`` already leaves the earlier blocks clean;
+``spg_public`` is refused (its perturbed context is not a block model's state).
+
 SPG's loss then weights sequences by their length (``Σ_n −A_n·bound_n / Σ_n |o_n|``): the ``spg``
 objective's ``aggregation: token_mean``.
 """
@@ -68,7 +75,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from maskrl.likelihood.base import LIKELIHOODS, PerToken, needed, score_positions
+from maskrl.likelihood.base import LIKELIHOODS, PerToken, needed
+from maskrl.likelihood.blocks import SPG_PUBLIC_BLOCKS, score_rows
 from maskrl.likelihood.mean_field import mask_prompt
 from maskrl.models.adapter import ModelAdapter
 from maskrl.types import Rollout
@@ -287,6 +295,8 @@ def bounds(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator |
             draws than blocks, or (with ``eubo_beta``) NaN log-probabilities from the model.
     """
     need = needed(rollout, need)
+    if masking == "spg_public" and getattr(adapter, "block_size", None) is not None:
+        raise ValueError(SPG_PUBLIC_BLOCKS)
     n, L = rollout.completion_ids.shape
     zeros = torch.zeros((n, L), dtype=torch.float32, device=rollout.completion_ids.device)
     rows = _layout(adapter, rollout, generator, nodes, draws, p_mask_prompt, coupled, masking, block_length)
@@ -302,8 +312,8 @@ def bounds(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator |
     run, row_of = torch.unique(r_idx, return_inverse=True)
     x_comp = torch.where(rows.hide[run], adapter.mask_id, rollout.completion_ids[rows.seq[run]])
     s = rows.seq[r_idx]
-    lp = score_positions(adapter, rows.prompt[run], rollout.prompt_mask[rows.seq[run]], x_comp, row_of, i_idx,
-                         rollout.completion_ids[s, i_idx])  # [M]
+    lp = score_rows(adapter, rows.prompt[run], rollout.prompt_mask[rows.seq[run]], x_comp,
+                    rollout.completion_ids[rows.seq[run]], row_of, i_idx, rollout.completion_ids[s, i_idx])  # [M]
     if dummy:  # keeps the graph (every parameter gets a zero gradient), changes no value
         zero = lp.clamp(min=LOGP_FLOOR).sum() * 0.0
         return zeros + zero, (zeros + zero if eubo_beta is not None else None)

@@ -4,6 +4,12 @@ The prompt is masked i.i.d. with probability ``p_mask_prompt`` and the whole com
 one forward gives ``ℓ_i = log p_θ(o_i | q^m, [M]^L)`` for every completion position. The prompt
 mask is drawn from the caller's ``torch.Generator``: θ, θ_old and θ_ref called with generators in
 the same state see the same mask.
+
+A block-diffusion model (``adapter.block_size`` set) never sees a fully masked completion: when it
+denoises block b the earlier blocks are clean. Its mean-field score is therefore taken from the first
+state of each block, ``ℓ_i = log p_θ(o_i | q^m, o_{<b(i)}, [M] in block b(i))``: the completion is masked
+in the noisy copy of one doubled x_t ⊕ x_0 forward whose context copy is the clean completion
+(:mod:`maskrl.likelihood.blocks`).
 """
 from __future__ import annotations
 
@@ -11,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.likelihood.base import LIKELIHOODS, needed, scatter_scores, score_positions
+from maskrl.likelihood.base import LIKELIHOODS, needed, scatter_scores
+from maskrl.likelihood.blocks import score_rows
 from maskrl.models.adapter import ModelAdapter, token_log_probs
 from maskrl.types import Rollout
 
@@ -53,7 +60,8 @@ def mean_field(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generat
 
     Returns:
         ``[N, L]`` float32 log-probabilities, 0 where ``need`` is False (padding positions are
-        scored when needed; mask them downstream).
+        scored when needed; mask them downstream). For a block model each token is scored with its
+        own block masked and the earlier blocks clean (module docstring).
     """
     need = needed(rollout, need)
     n, L = rollout.completion_ids.shape
@@ -63,8 +71,8 @@ def mean_field(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generat
         return torch.zeros((n, L), dtype=torch.float32, device=prompt.device)
     run, row_of = torch.unique(n_idx, return_inverse=True)  # [R] rows that have a needed position
     completion = torch.full((run.numel(), L), adapter.mask_id, dtype=torch.long, device=prompt.device)
-    lp = score_positions(adapter, prompt[run], rollout.prompt_mask[run], completion, row_of, i_idx,
-                         rollout.completion_ids[n_idx, i_idx])  # [M]
+    lp = score_rows(adapter, prompt[run], rollout.prompt_mask[run], completion, rollout.completion_ids[run], row_of,
+                    i_idx, rollout.completion_ids[n_idx, i_idx])  # [M]
     return scatter_scores(lp, n_idx, i_idx, (n, L))
 
 

@@ -12,6 +12,19 @@ Cost: one forward row per distinct (sequence, commit step) pair among the positi
 i.e. ``N·T`` rows for the fixed schedule (T denoising steps) instead of ``N`` for ``mean_field``;
 ``train.max_forward_rows`` bounds the rows of one forward. The output layer runs only on the tokens
 committed at each state (about ``L/T`` per row), so the scores cost as much memory as mean-field's.
+
+**Block-diffusion models** (``adapter.block_size`` set; SDAR / TraDo). The forward is block-causal, so
+a token of block b sees blocks <= b of x_t only. In a rollout that decoded its blocks in order (every
+commit step of a block below every step of the next, :func:`maskrl.likelihood.blocks.block_rounds`),
+the earlier blocks are clean at every step of block b, and x_t as the model saw it is "clean blocks
+< b, block b with its positions committed at steps >= t masked". Such a row is scored as TraceRL does
+(dLLM-RL ``train/rl_trado.py``): round r of the doubled x_t ⊕ x_0 forward masks, in every block at
+once, the positions of the block's r-th and later distinct commit steps and scores those of its r-th,
+with the clean completion as context (:mod:`maskrl.likelihood.blocks`) -- the same conditionals in
+``max_b (steps of block b)`` rows instead of ``Σ_b``. A row that did not decode block by block (a
+full-attention sampler's order, or a credit module's rewritten ``commit_step`` such as ``rldf_steps``'
+``min(commit_step, s)``) is scored at its recorded states x_t through the plain block-causal forward,
+which is also exactly what the model saw there. Either way each token is scored at its own state.
 """
 from __future__ import annotations
 
@@ -19,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.likelihood.base import LIKELIHOODS, needed, scatter_scores, score_positions
+from maskrl.likelihood.base import LIKELIHOODS, needed, scatter_scores
+from maskrl.likelihood.blocks import block_rounds, score_rows
 from maskrl.likelihood.mean_field import mask_prompt
 from maskrl.models.adapter import ModelAdapter
 from maskrl.types import Rollout
@@ -56,11 +70,14 @@ def commit_states(commit_step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return uniq // n_steps, uniq % n_steps, index
 
 
-def _needed_states(rollout: Rollout, need: torch.Tensor | None):
+def _needed_states(rollout: Rollout, need: torch.Tensor | None, block_size: int | None = None):
     """Validated commit states restricted to the needed positions.
 
-    Returns ``(rows [R], steps [R], state_of [M], n_idx [M], i_idx [M])``: the R states that hold at
-    least one needed position, and for each needed position (n_idx, i_idx) its state (0..R-1).
+    Returns ``(rows [R], steps [R], state_of [M], n_idx [M], i_idx [M], key [N, L], ordered [N])``: the R
+    states that hold at least one needed position, and for each needed position (n_idx, i_idx) its state
+    (0..R-1); state (rows[r], steps[r]) hides the positions with ``key >= steps[r]``. ``key`` is
+    ``commit_step``, except (``block_size`` given) in the rows decoded block by block (``ordered``),
+    where it is the within-block round (:func:`maskrl.likelihood.blocks.block_rounds`).
     """
     cs = rollout.commit_step
     if cs.shape != rollout.completion_ids.shape:
@@ -70,10 +87,15 @@ def _needed_states(rollout: Rollout, need: torch.Tensor | None):
         rows, steps, index = commit_states(cs)  # all states
     except ValueError as e:
         raise ValueError(f"rollout.{e}") from None
+    key, ordered = cs.long(), torch.zeros(cs.shape[0], dtype=torch.bool, device=cs.device)
+    if block_size is not None and cs.numel():
+        ordered, rank = block_rounds(cs, rollout.prompt_mask, block_size)
+        key = torch.where(ordered[:, None], rank, key)
+        rows, steps, index = commit_states(key)
     need = needed(rollout, need)
     n_idx, i_idx = need.nonzero(as_tuple=True)  # [M]
     used, state_of = torch.unique(index[n_idx, i_idx], return_inverse=True)  # [R'] states actually needed
-    return rows[used], steps[used], state_of, n_idx, i_idx
+    return rows[used], steps[used], state_of, n_idx, i_idx, key, ordered
 
 
 def state(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | None,
@@ -102,15 +124,17 @@ def state(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | 
             its shape differs from ``completion_ids``'.
     """
     cs = rollout.commit_step
-    rows, steps, state_of, n_idx, i_idx = _needed_states(rollout, need)
+    block_size = getattr(adapter, "block_size", None)
+    rows, steps, state_of, n_idx, i_idx, key, ordered = _needed_states(rollout, need, block_size)
     prompt = mask_prompt(rollout.prompt_ids, rollout.prompt_mask, adapter.mask_id, p_mask_prompt, generator)
     if rows.numel() == 0:  # no sequences or no positions
         return torch.zeros(cs.shape, dtype=torch.float32, device=cs.device)
     completion = rollout.completion_ids[rows]  # [R, L]
-    hidden = cs[rows].long() >= steps[:, None]  # [R, L]: still masked in state x_t
+    hidden = key[rows] >= steps[:, None]  # [R, L]: still masked in state x_t (a block rollout: in round r)
     x_comp = torch.where(hidden, adapter.mask_id, completion)
-    lp = score_positions(adapter, prompt[rows], rollout.prompt_mask[rows], x_comp, state_of, i_idx,
-                         rollout.completion_ids[n_idx, i_idx])  # [M]
+    context = torch.where(ordered[rows][:, None], completion, x_comp)  # block rollouts: clean earlier blocks
+    lp = score_rows(adapter, prompt[rows], rollout.prompt_mask[rows], x_comp, context, state_of, i_idx,
+                    rollout.completion_ids[n_idx, i_idx])  # [M]
     return scatter_scores(lp, n_idx, i_idx, cs.shape)
 
 
@@ -131,7 +155,7 @@ class State:
 
     def rows(self, rollout: Rollout, need: torch.Tensor | None = None) -> torch.Tensor:
         """``[N]`` long: distinct commit steps among each sequence's needed positions."""
-        rows = _needed_states(rollout, need)[0]
+        rows = _needed_states(rollout, need)[0]  # an upper bound for a block model (rounds <= states)
         return torch.bincount(rows, minlength=rollout.batch_size)
 
     def __call__(self, adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | None,

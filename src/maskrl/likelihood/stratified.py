@@ -23,6 +23,11 @@ all-hidden row, same prompt mask), computed in the same batched forward as one m
 - ``full = 0, sml = 1`` is pure SML (K = 1: mean-field, when the completion has no tail after its
   stop token; K = L: the leave-one-out pseudo-likelihood).
 
+On a block-diffusion model (``adapter.block_size`` set) a token of block b is scored as the model
+denoises b: the earlier blocks clean, its own block with the stratum (or, in the mean-field row,
+everything) hidden -- ``ℓ^SML_i = log p_θ(o_i | q^m, o_{<b}, o_{b ∖ Π_s})`` -- through the doubled x_t ⊕ x_0
+forward (:mod:`maskrl.likelihood.blocks`; later blocks are never seen).
+
 All K (+1) rows of all sequences go through one forward (the trainer's ``max_forward_rows`` splits
 sequences, never a sequence's rows); the output layer runs only at each row's scored positions.
 """
@@ -32,7 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.likelihood.base import LIKELIHOODS, needed, score_positions
+from maskrl.likelihood.base import LIKELIHOODS, needed
+from maskrl.likelihood.blocks import score_rows
 from maskrl.likelihood.mean_field import mask_prompt
 from maskrl.models.adapter import ModelAdapter
 from maskrl.types import Rollout
@@ -113,8 +119,8 @@ def stratified(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generat
     run, row_of = torch.unique(r_idx, return_inverse=True)  # rows with something to score
     x_comp = torch.where(hide[run], adapter.mask_id, rollout.completion_ids[seq_of[run]])
     s = seq_of[r_idx]
-    lp = score_positions(adapter, prompt[seq_of[run]], rollout.prompt_mask[seq_of[run]], x_comp, row_of, i_idx,
-                         rollout.completion_ids[s, i_idx])  # [M]
+    lp = score_rows(adapter, prompt[seq_of[run]], rollout.prompt_mask[seq_of[run]], x_comp,
+                    rollout.completion_ids[seq_of[run]], row_of, i_idx, rollout.completion_ids[s, i_idx])  # [M]
     out = torch.zeros((n, L), dtype=torch.float32, device=device)
     return out.index_put((s, i_idx), lp * weight[r_idx], accumulate=True)
 

@@ -219,9 +219,15 @@ class ModelAdapter:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def _raw_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _raw_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                    layout: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The model's own output (``.logits``) of a full forward (all-attend, or block-causal when
-        :attr:`block_size` is set), before any re-alignment."""
+        :attr:`block_size` is set), before any re-alignment; ``layout = (mask [N, 1, T, T], position_ids
+        [N, T])`` replaces both (``attention_mask`` is then not read)."""
+        if layout is not None:
+            out = self.model(input_ids=input_ids, attention_mask=layout[0].to(self.dtype), position_ids=layout[1],
+                             use_cache=False)
+            return out.logits if hasattr(out, "logits") else out[0]
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
         attention_mask = attention_mask.bool()
@@ -258,7 +264,8 @@ class ModelAdapter:
         return get() if callable(get) else None
 
     def log_probs_at(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, rows: torch.Tensor,
-                     cols: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+                     cols: torch.Tensor, targets: torch.Tensor,
+                     layout: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``log p_θ(targets[m] | input_ids[rows[m]], position cols[m])`` for M chosen positions only.
 
         The transformer runs on the whole ``[R, T]`` input, but the output layer is applied only to
@@ -273,26 +280,41 @@ class ModelAdapter:
             rows: ``[M]`` long, row of each scored position.
             cols: ``[M]`` long, position (0..T-1, in the full sequence) of each scored token.
             targets: ``[M]`` long, the token ids to score.
+            layout: ``(mask, position_ids)``: an additive 4-D attention mask ``[R, 1, T, T]`` and ``[R, T]``
+                long RoPE positions used instead of the adapter's own (the doubled x_t ⊕ x_0 forward of a
+                block-diffusion model, :mod:`maskrl.likelihood.blocks`); needs ``attention == "4d"`` and
+                no logit shift.
 
         Returns:
             ``[M]`` float32 log-probabilities (the logit shift of the family is applied).
 
         Raises:
-            ValueError: if ``rows``, ``cols`` and ``targets`` are not equal 1-D shapes.
+            ValueError: if ``rows``, ``cols`` and ``targets`` are not equal 1-D shapes, or a ``layout`` is
+                given to a shifted or 2-D-attention model.
         """
+        if layout is not None and (self.shift or self.attention != "4d"):
+            raise ValueError(f"log_probs_at: a custom layout needs attention='4d' and no logit shift "
+                             f"(this adapter: attention={self.attention!r}, shift={self.shift})")
         if not (rows.dim() == 1 and rows.shape == cols.shape == targets.shape):
             raise ValueError(f"rows {tuple(rows.shape)}, cols {tuple(cols.shape)} and targets "
                              f"{tuple(targets.shape)} must be equal [M] shapes")
-        return token_log_probs(self._outputs_at(input_ids, attention_mask, rows, cols), targets)
+        return token_log_probs(self._outputs_at(input_ids, attention_mask, rows, cols, layout), targets)
+
+    def _logits_of(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                   layout: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """:meth:`_raw_logits`, with ``layout`` passed only when given (the two-argument call otherwise)."""
+        if layout is None:
+            return self._raw_logits(input_ids, attention_mask)
+        return self._raw_logits(input_ids, attention_mask, layout=layout)
 
     def _outputs_at(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, rows: torch.Tensor,
-                    cols: torch.Tensor) -> torch.Tensor:
+                    cols: torch.Tensor, layout: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """``[M, V]`` position-aligned logits at ``(rows[m], cols[m])`` of a full forward, with the
         output layer applied to those M hidden states only (see :meth:`log_probs_at`)."""
         src = (cols - 1).clamp(min=0) if self.shift else cols  # Dream: the row left of i predicts i
         layer = self.output_layer()
         if layer is None:  # no separable output layer: full logits, then pick (correct, not lean)
-            return self._raw_logits(input_ids, attention_mask)[rows, src]  # [M, V]
+            return self._logits_of(input_ids, attention_mask, layout)[rows, src]  # [M, V]
         flat = rows * input_ids.shape[1] + src  # [M] index into the [R*T] hidden states
 
         def select(_module, args):
@@ -301,7 +323,7 @@ class ModelAdapter:
 
         handle = layer.register_forward_pre_hook(select)
         try:
-            return self._raw_logits(input_ids, attention_mask)  # [M, V]
+            return self._logits_of(input_ids, attention_mask, layout)  # [M, V]
         finally:
             handle.remove()
 

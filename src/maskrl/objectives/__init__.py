@@ -7,7 +7,8 @@ from maskrl.objectives.diffu_grpo import DiffuGRPO
 from maskrl.objectives.gdpo import GDPO
 from maskrl.objectives.rldf import RLDF
 from maskrl.objectives.spg import SPG
+from maskrl.objectives.tracerl import TraceRL
 from maskrl.objectives.wd1 import WD1
 
-__all__ = ["OBJECTIVES", "DiffuGRPO", "GDPO", "RLDF", "SPG", "WD1", "Objective", "aggregate", "kl3", "kl3_clamped",
+__all__ = ["OBJECTIVES", "DiffuGRPO", "GDPO", "RLDF", "SPG", "TraceRL", "WD1", "Objective", "aggregate", "kl3", "kl3_clamped",
            "clip_binds", "KL_LOG_RATIO_BOUND", "RATIO_LOG_BOUND", "importance_ratio", "ratio_clamped"]

@@ -38,6 +38,16 @@ class DiffuGRPO(Objective):
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation {self.aggregation!r} is not one of {AGGREGATIONS}")
 
+    def reduce(self, per_token: torch.Tensor, mask: torch.Tensor, normalizer: float | None) -> torch.Tensor:
+        """The loss's token reduction (:func:`~maskrl.objectives.base.aggregate` with :attr:`aggregation`)."""
+        return aggregate(per_token, mask, self.aggregation, normalizer)
+
+    def kl_target(self, logp_old: torch.Tensor, logp_ref: torch.Tensor | None) -> torch.Tensor:
+        """The log-probs the k3 KL term compares θ with: the reference's (``ValueError`` when ``None``)."""
+        if logp_ref is None:
+            raise ValueError("beta > 0 needs logp_ref")
+        return logp_ref
+
     def __call__(self, logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None,
                  advantages: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> LossOutput:
         """Loss of one (micro-)batch.
@@ -63,16 +73,15 @@ class DiffuGRPO(Objective):
         unclipped = ratio * advantages
         clipped = ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps) * advantages
         policy = -torch.minimum(unclipped, clipped)  # [N, L]
-        policy_loss = aggregate(policy, mask, self.aggregation, normalizer)
+        policy_loss = self.reduce(policy, mask, normalizer)
         loss = policy_loss
         metrics = {"policy_loss": policy_loss.item()}
         if self.beta > 0:
-            if logp_ref is None:
-                raise ValueError("beta > 0 needs logp_ref")
-            kl = aggregate(kl3(logp, logp_ref), mask, self.aggregation, normalizer)
+            target = self.kl_target(logp_old, logp_ref)
+            kl = self.reduce(kl3(logp, target), mask, normalizer)
             loss = loss + self.beta * kl
             metrics["kl"] = kl.item()
-            metrics["kl_clamp_frac"] = self.share(kl3_clamped(logp, logp_ref).float(), mask, normalizer)
+            metrics["kl_clamp_frac"] = self.share(kl3_clamped(logp, target).float(), mask, normalizer)
         metrics["clip_frac"] = self.share(clip_binds(ratio, advantages, self.clip_eps).float(), mask, normalizer)
         metrics["ratio_mean"] = self.share(ratio, mask, normalizer)
         metrics["ratio_clamp_frac"] = self.share(ratio_clamped(log_ratio).float(), mask, normalizer)
