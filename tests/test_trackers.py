@@ -113,3 +113,16 @@ def test_tracker_resume_kwargs_fresh_resumed_and_unrecorded(tmp_path, caplog):
     assert json.loads((older / TRACKER_RUNS).read_text()) == {"wandb": {"id": new["id"]}}
     assert "records no W&B run id" in caplog.text and "W&B starts a new run" in caplog.text
     assert "train.report_to: mlflow starts a new run on this resume at step 4" in caplog.text
+
+
+def test_an_unreadable_tracker_record_is_said_and_replaced(tmp_path, caplog):
+    import logging
+
+    from maskrl.training.metrics_log import TRACKER_RUNS, tracker_resume_kwargs
+
+    (tmp_path / TRACKER_RUNS).write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="maskrl.trainer"):
+        got = tracker_resume_kwargs(["wandb"], tmp_path, 3)["wandb"]
+    assert f"{tmp_path / TRACKER_RUNS} is not a JSON object of tracker runs" in caplog.text
+    assert "records no W&B run id" in caplog.text
+    assert json.loads((tmp_path / TRACKER_RUNS).read_text()) == {"wandb": {"id": got["id"]}}

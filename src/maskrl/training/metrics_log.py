@@ -55,6 +55,20 @@ CONTINUED_TRACKERS = ("tensorboard", "wandb")
 log = logging.getLogger("maskrl.trainer")  # the trainer's messages, under the trainer's logger name
 
 
+def _read_runs(path: Path) -> dict:
+    """:data:`TRACKER_RUNS` as a dict (``{}`` when missing; unreadable: ``{}`` and a warning naming it)."""
+    if not path.is_file():
+        return {}
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        runs = e
+    if not isinstance(runs, dict) or not isinstance(runs.get("wandb", {}), dict):
+        log.warning("%s is not a JSON object of tracker runs (%s): it is rewritten", path, runs)
+        return {}
+    return runs
+
+
 def tracker_resume_kwargs(report_to: list[str], out_dir: Path, resumed_step: int | None,
                           dropped_steps: int = 0) -> dict:
     """accelerate ``init_trackers`` ``init_kwargs`` that make W&B log to this run folder's W&B run.
@@ -85,7 +99,7 @@ def tracker_resume_kwargs(report_to: list[str], out_dir: Path, resumed_step: int
     if "wandb" not in report_to:
         return {}
     path = out_dir / TRACKER_RUNS
-    runs = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    runs = _read_runs(path)
     run_id = runs.get("wandb", {}).get("id") if resumed else None
     if resumed and run_id is None:
         log.warning("resuming %s at step %d: the folder records no W&B run id (%s; a run started before maskrl "
