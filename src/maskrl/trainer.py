@@ -41,7 +41,8 @@ from maskrl.sampling import generate
 from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
 from maskrl.training import checkpoint as _ckpt
-from maskrl.training.batch_metrics import batch_counts, batch_metrics, sum_over_processes
+from maskrl.training.batch_metrics import batch_counts, batch_metrics, credit_metrics_over_processes, \
+    sum_over_processes
 from maskrl.training.checkpoint import (TRAINER_STATE, ProcessCountError, TrainingInterrupted, latest_checkpoint,
                                         read_checkpoint_state)
 from maskrl.training.lockstep import (all_ranks_done, any_process, mean_over_processes, pad_counts, padding_row,
@@ -447,8 +448,8 @@ class RLTrainer:
         if self._any_rank(self._skip_reason is not None):
             self.nonfinite_skips += 1
             log.warning("step skipped (train.on_nonfinite: skip): %s", self._skip_reason or "on another process")
-        # credit modules report per-process values: averaged over processes like the loss metrics
-        metrics.update(self._mean_over_processes({f"credit/{k}": v for k, v in batch.metrics.items()}))
+        # credit modules report this process's values: combined into the whole batch's (maskrl.credit.base)
+        metrics.update(credit_metrics_over_processes(self.acc, {f"credit/{k}": v for k, v in batch.metrics.items()}))
         metrics.update(mismatch)
         return self._finish_step(batch, metrics, lr, t0, t1)
 

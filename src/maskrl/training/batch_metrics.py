@@ -15,6 +15,7 @@ import torch
 from accelerate import Accelerator
 
 from maskrl.advantages import informative_group_counts
+from maskrl.credit.base import Share, combine
 from maskrl.health import DIAGNOSTIC_COUNTS, diagnostic_counts, diagnostics_from_counts
 from maskrl.types import Rollout
 
@@ -66,3 +67,30 @@ def batch_metrics(counts: dict[str, float]) -> tuple[dict[str, float], dict[str,
         "informative_groups": _float32(counts["informative"] / max(counts["groups"], 1)),
         "completion_tokens": _float32(counts["tokens"] / max(counts["sequences"], 1)),
     }
+
+
+def credit_metrics_over_processes(acc: Accelerator, metrics: dict[str, float]) -> dict[str, float]:
+    """The credit modules' metrics of the whole batch: every process's values gathered (one object
+    all-gather, a collective) and combined per key (:func:`maskrl.credit.base.combine`: a
+    :class:`~maskrl.credit.base.Share` by its own rule, over the processes that report it; a plain
+    float by its mean over processes, a process without it counting 0, keys then in sorted order);
+    on one process the values themselves, as plain floats.
+
+    Raises:
+        ValueError: one key reported as different kinds of share on different processes.
+    """
+    if acc.num_processes == 1:
+        return {k: float(v) for k, v in metrics.items()}
+    from accelerate.utils import gather_object
+
+    everyone = gather_object([dict(metrics)])  # [P] by rank, on every process
+    out = {}
+    for key in sorted(set().union(*everyone)):
+        values = [m[key] for m in everyone if key in m]
+        if not any(isinstance(v, Share) for v in values):
+            values = [m.get(key, 0.0) for m in everyone]
+        try:
+            out[key] = combine(values)
+        except ValueError as e:
+            raise ValueError(f"metric {key}: {e}") from None
+    return out
