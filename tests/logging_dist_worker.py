@@ -45,10 +45,11 @@ class RankRewards(Task):
         return [0.0 if rank == 0 else float(i % 2) for i in range(len(completions))]
 
 
-def trainer(out_dir: Path, task: Task, **train) -> RLTrainer:
-    """The tiny model on a small run (L 8 in blocks of 4, 2 prompts × 2 per process)."""
+def trainer(out_dir: Path, task: Task, rollout: dict | None = None, **train) -> RLTrainer:
+    """The tiny model on a small run (L 8 in blocks of 4, 2 prompts × 2 per process); ``rollout``:
+    more sampler settings."""
     cfg = RunConfig(output_dir=str(out_dir), model=dataclasses.replace(RunConfig().model, tiny=SHAPE),
-                    rollout=SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0),
+                    rollout=SamplerConfig(gen_length=8, block_length=4, steps=4, temperature=1.0, **(rollout or {})),
                     train=TrainConfig(**{"prompts_per_step": 2, "group_size": 2, "lr": 1e-4, "seed": 7, "steps": STEPS,
                                          "save_every": 0, "report_to": [], **train}))
     policy = build_tiny(hidden_size=SHAPE.hidden_size, num_layers=SHAPE.num_layers, num_heads=SHAPE.num_heads,
@@ -72,8 +73,14 @@ def run_lr(out: Path) -> None:
 
 
 def run_batch(out: Path) -> None:
+    import maskrl.sampling
+
     rank = start()
-    tr = trainer(out / f"batch_rank{rank}", RankRewards(), steps=1, inner_iterations=1)
+    # the prefix cache makes rollout/mismatch non-zero; record this rank's own value and token count
+    tr = trainer(out / f"batch_rank{rank}", RankRewards(), {"cache": "prefix", "mismatch_every": 1}, steps=1,
+                 inner_iterations=1)
+    own, real = [], maskrl.sampling.rollout_mismatch
+    maskrl.sampling.rollout_mismatch = lambda adapter, rollout: own.append(real(adapter, rollout)) or own[-1]
     batches = []
     collect = tr.collect
     tr.collect = lambda examples=None: batches.append(collect(examples)) or batches[-1]
@@ -82,7 +89,8 @@ def run_batch(out: Path) -> None:
     b = batches[0]
     ro = b.rollout
     result = {"rewards": b.rewards, "group_ids": ro.group_ids, "completion_ids": ro.completion_ids,
-              "completion_mask": ro.completion_mask, "commit_prob": ro.commit_prob, "metrics": history[0]}
+              "completion_mask": ro.completion_mask, "commit_prob": ro.commit_prob, "metrics": history[0],
+              "mismatch": own}
     if tr.acc.is_main_process:
         result["jsonl"] = [json.loads(x) for x in (tr.out_dir / "metrics.jsonl").read_text().splitlines()]
     torch.save(result, out / f"batch{rank}.pt")

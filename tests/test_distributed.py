@@ -454,8 +454,8 @@ def batch_run(tmp_path_factory) -> Path:
 def test_batch_metrics_describe_the_global_batch(batch_run):
     """Issue 50 §1: rewards all 0 on rank 0 and alternating on rank 1: ``informative_groups`` is the
     global 0.5 (rank 0 alone: 0.0), and every metric of the batch (``completion_tokens``, the rollout
-    diagnostics) equals the single-process function on the two ranks' rows together; every logged
-    number but the wall-clock ones is the same on both ranks."""
+    diagnostics, ``rollout/mismatch``) equals the single-process function on the two ranks' rows
+    together; every logged number but the wall-clock ones is the same on both ranks."""
     from maskrl.advantages import informative_groups
     from maskrl.health import rollout_diagnostics
 
@@ -472,6 +472,11 @@ def test_batch_metrics_describe_the_global_batch(batch_run):
     eps = torch.finfo(torch.float32).eps
     for k, v in want.items():  # float32 commit_prob logs summed per rank vs over all rows: rounding only
         assert logged[k] == pytest.approx(v, rel=16 * eps, abs=16 * eps), k
+    # rollout/mismatch: the mean over both ranks' committed tokens
+    (m0,), (m1,) = (r["mismatch"] for r in ranks)
+    assert m0["tokens"] > 0 and m1["tokens"] > 0 and m0["mismatch"] != m1["mismatch"]
+    want_mismatch = (m0["mismatch"] * m0["tokens"] + m1["mismatch"] * m1["tokens"]) / (m0["tokens"] + m1["tokens"])
+    assert logged["rollout/mismatch"] == pytest.approx(want_mismatch, rel=1e-12)
     stable = [{k: v for k, v in r["metrics"].items() if "seconds" not in k} for r in ranks]
     assert stable[0] == stable[1]
     assert stable[0] == {k: v for k, v in logged.items() if "seconds" not in k}

@@ -33,6 +33,7 @@ from transformers import get_scheduler
 
 from maskrl.config import RunConfig
 from maskrl.credit import CREDITS, CreditBatch, CreditContext, apply_credit
+from maskrl.credit.base import ShareMean
 from maskrl.health import NonFiniteError, NonFiniteLogits, check_rewards, collapse_message, nonfinite_rows
 from maskrl.likelihood.base import PerToken, per_token_output, tensors_of
 from maskrl.models.adapter import ModelAdapter
@@ -147,6 +148,7 @@ class RLTrainer:
         self.nonfinite_skips = 0  # steps skipped under train.on_nonfinite: skip (maskrl.health)
         self._skip_reason: str | None = None
         self._collapse_warned = False
+        self._mismatch_warned = False
         self._stop_signal: int | None = None  # SIGINT / SIGTERM received during train()
 
     # ------------------------------------------------------------------ stages
@@ -437,9 +439,8 @@ class RLTrainer:
         batch = self.collect()
         t1 = time.time()
         mismatch = {}
-        if self.sampler.mismatch_every and self.step_count % self.sampler.mismatch_every == 0 and self.all_done is None:
-            from maskrl.sampling import rollout_mismatch  # before the update, against the sampling θ
-            mismatch["rollout/mismatch"] = rollout_mismatch(self.policy_eval, batch.rollout)["mismatch"]
+        if self.sampler.mismatch_every and self.step_count % self.sampler.mismatch_every == 0:
+            mismatch = self._rollout_mismatch(batch)  # before the update, against the sampling θ
         if self._any_rank(self._skip_reason is not None):  # train.on_nonfinite: skip, at the rollout
             self._skip_update(0, self.tc.inner_iterations)
             metrics = {}
@@ -452,6 +453,23 @@ class RLTrainer:
         metrics.update(credit_metrics_over_processes(self.acc, {f"credit/{k}": v for k, v in batch.metrics.items()}))
         metrics.update(mismatch)
         return self._finish_step(batch, metrics, lr, t0, t1)
+
+    def _rollout_mismatch(self, batch: Batch) -> dict[str, float]:
+        """``{"rollout/mismatch": ...}`` of the whole batch (:func:`maskrl.sampling.rollout_mismatch`: the
+        mean over every process's committed tokens). Under FSDP / DeepSpeed, whose forwards are
+        collectives while each process runs one per distinct commit step of its rows, it is not
+        computed (``{}``), with a warning the first time."""
+        if self.acc.num_processes > 1 and _ckpt.whole_checkpoints(self.acc):
+            if not self._mismatch_warned and self.acc.is_main_process:
+                log.warning("rollout.mismatch_every: rollout/mismatch is not computed under %s (its forwards "
+                            "would differ between processes); it is logged on one process or under DDP",
+                            self.acc.distributed_type)
+            self._mismatch_warned = True
+            return {}
+        from maskrl.sampling import rollout_mismatch
+
+        m = rollout_mismatch(self.policy_eval, batch.rollout)
+        return credit_metrics_over_processes(self.acc, {"rollout/mismatch": ShareMean(m["mismatch"], m["tokens"])})
 
     def _finish_step(self, batch: Batch, metrics: dict, lr: float, t0: float, t1: float) -> dict:
         """Count the step and add its reward, health and timing metrics to ``metrics`` (in this order),
