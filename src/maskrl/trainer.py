@@ -482,7 +482,7 @@ class RLTrainer:
         metrics.update(diag)
         metrics["nonfinite_skips"] = self.nonfinite_skips
         warning = collapse_message(diag, self.step_count)
-        if warning and not self._collapse_warned:
+        if warning and not self._collapse_warned and self.acc.is_main_process:  # the whole batch's: said once
             log.warning(warning)
         self._collapse_warned = warning is not None
         metrics.update({
