@@ -430,7 +430,9 @@ def test_a_requests_score_depends_on_the_request_alone(bpe_models):
 
     folder = bpe_models[False, False]
     lm = MaskrlLM(pretrained=str(folder), elbo_nodes=2, elbo_draws=2, batch_size=2)
-    A, B, C = ("Q: 1+1=\nA:", " 2"), ("The capital of France is", " Paris"), ("Is it Paris? It is", " Paris.")
+    # B's continuation has several tokens: its masks vary with the seed (index-seeded, B scored
+    # -19.39 at index 1 and -24.12 at index 0 on this model)
+    A, B, C = ("Q: 1+1=\nA:", " 2"), ("The capital of", " France is Paris."), ("Is it Paris? It is", " Paris.")
 
     def run(model, *reqs):
         return model.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(reqs)])
