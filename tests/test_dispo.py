@@ -409,12 +409,20 @@ def test_two_processes_with_unequal_kept_states(tmp_path):
     assert not all(torch.equal(p, q) for p, q in
                    zip(r0["pad"]["weights"], build_tiny(hidden_size=32, num_layers=2, num_heads=2,
                                                         intermediate_size=64, seed=0).model.parameters()))
-    # credit metrics are averaged over the ranks as well (rank 1 kept no state, rank 0 some)
+    # credit metrics are the whole batch's (issue 50 §1; rank 1 kept no state, rank 0 some): counts
+    # add up, kept_frac is all kept states over all branched states, not the mean of the ranks' fractions
+    from maskrl.credit.base import combine
+
     l0, l1 = r0["pad"]["credit_local"], r1["pad"]["credit_local"]
     assert l0["dispo/kept_frac"] > 0 == l1["dispo/kept_frac"]
+    got = r0["pad"]["metrics"]
     for k in l0:
-        assert r0["pad"]["metrics"][f"credit/{k}"] == r1["pad"]["metrics"][f"credit/{k}"] == \
-            pytest.approx((l0[k] + l1[k]) / 2), k
+        assert got[f"credit/{k}"] == r1["pad"]["metrics"][f"credit/{k}"] == combine([l0[k], l1[k]]), k
+    states = l0["dispo/states"] + l1["dispo/states"]
+    assert got["credit/dispo/states"] == states
+    kept = sum(r["dispo/kept_frac"] * r["dispo/states"] for r in (l0, l1))
+    assert got["credit/dispo/kept_frac"] == pytest.approx(kept / states, rel=1e-12)
+    # (unequal state counts, where the ranks' mean differs: tests/test_credit_shares.py)
     loss_keys = [k for k in r0["pad"]["metrics"] if k.split("/")[0] in ("base", "step") or k == "grad_norm"]
     assert "step/policy_loss" in loss_keys and "base/kl" in loss_keys
     for k in loss_keys:

@@ -6,7 +6,8 @@ keep ranks' forwards in step (the KV-cached sampler also on the FSDP2-sharded mo
 The processes are plain subprocesses with the ``torch.distributed`` environment variables set (what
 ``accelerate launch`` / ``torchrun`` set); the trainer's own ``Accelerator(cpu=True)`` starts the gloo
 group. Worker code: ``tests/dist_worker.py``. Three 2-process launches serve every test of this file:
-DDP (``multi``), FSDP2 (``fsdp``) and train / checkpoint / resume (``resume``).
+DDP (``multi``), FSDP2 (``fsdp``) and train / checkpoint / resume (``resume``). What N processes log
+equals what one logs (the learning-rate schedule, the global batch's metrics): ``tests/logging_dist_worker.py``.
 """
 from __future__ import annotations
 
@@ -73,11 +74,12 @@ WORKER = str(HERE / "dist_worker.py")
 _KW = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _launch(mode: str, out: Path) -> None:
-    """``dist_worker.py MODE OUT`` on :data:`WORLD` gloo processes (one retry on a rendezvous failure)."""
+def _launch(mode: str, out: Path, worker: str = WORKER) -> None:
+    """``worker MODE OUT`` (default ``dist_worker.py``) on :data:`WORLD` gloo processes (one retry on a
+    rendezvous failure)."""
     for attempt in range(2):
         port = str(_free_port())
-        failed = _run([subprocess.Popen([sys.executable, WORKER, mode, str(out)],
+        failed = _run([subprocess.Popen([sys.executable, worker, mode, str(out)],
                                         env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(WORLD),
                                                  LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
                                                  MASTER_PORT=port), **_KW)
@@ -404,3 +406,77 @@ def test_ranks_max_hook_single_process(cache):
     iters = len(own_sent) - 1 + 4
     assert len(sent) == iters + 1  # the last call finds no rank busy
     assert len(calls) == 4 * iters and len(heads) == 2 * iters  # every iteration: 3 + 1 decoders, 2 heads
+
+
+# ------------------------------------------------------------------ N processes log what one process logs
+LOG_WORKER = str(HERE / "logging_dist_worker.py")
+
+
+@pytest.fixture(scope="module")
+def lr_runs(tmp_path_factory) -> Path:
+    """Every schedule's short run on one process (``lr_single.pt``) and on 2 gloo processes (``lr{r}.pt``)."""
+    out = tmp_path_factory.mktemp("lr")
+    failed = _run([subprocess.Popen([sys.executable, LOG_WORKER, "lr", str(out)], env=_env(), **_KW)])
+    assert failed is None, failed
+    _launch("lr", out, LOG_WORKER)
+    return out
+
+
+def test_two_processes_follow_the_one_process_learning_rate_schedule(lr_runs):
+    """Issue 50 §1: the schedule counts optimizer steps, which the processes take together; under 2
+    processes accelerate's scheduler wrapper stepped it twice per step (linear: [1e-4, 5e-5, 0, 0]).
+    Every schedule, with and without warmup, logs the 1-process rates on every rank, and ends on the
+    same rate."""
+    from logging_dist_worker import SCHEDULES
+
+    single = _load(lr_runs / "lr_single.pt")
+    assert set(single) == set(SCHEDULES)
+    for r in range(WORLD):
+        got = _load(lr_runs / f"lr{r}.pt")
+        for key in SCHEDULES:
+            assert got[key] == single[key], (r, key, got[key], single[key])
+    # the issue's cases by hand: linear over 4 steps of lr 1e-4 (warmup 0, μ 1: 4 optimizer steps;
+    # warmup 1 step, μ 2: rate s/2 for optimizer step s < 2, then (8 - s)/6, logged at s = 0, 2, 4, 6)
+    assert single[("linear", 0, 1)]["logged"] == pytest.approx([1e-4, 7.5e-5, 5e-5, 2.5e-5], rel=1e-12)
+    assert single[("linear", 1, 2)]["logged"] == pytest.approx([0.0, 1e-4, 1e-4 * 4 / 6, 1e-4 * 2 / 6], rel=1e-12)
+    assert single[("linear", 1, 2)]["after"] == pytest.approx(0.0, abs=1e-20)
+    assert single[("constant_with_warmup", 1, 2)]["logged"] == pytest.approx([0.0, 1e-4, 1e-4, 1e-4], rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def batch_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("batch")
+    _launch("batch", out, LOG_WORKER)
+    return out
+
+
+@pytest.mark.numerics
+def test_batch_metrics_describe_the_global_batch(batch_run):
+    """Issue 50 §1: rewards all 0 on rank 0 and alternating on rank 1: ``informative_groups`` is the
+    global 0.5 (rank 0 alone: 0.0), and every metric of the batch (``completion_tokens``, the rollout
+    diagnostics, ``rollout/mismatch``) equals the single-process function on the two ranks' rows
+    together; every logged number but the wall-clock ones is the same on both ranks."""
+    from maskrl.advantages import informative_groups
+    from maskrl.health import rollout_diagnostics
+
+    ranks = [_load(batch_run / f"batch{r}.pt") for r in range(WORLD)]
+    assert informative_groups(ranks[0]["rewards"], ranks[0]["group_ids"]) == 0.0
+    assert informative_groups(ranks[1]["rewards"], ranks[1]["group_ids"]) == 1.0
+    cat = {k: torch.cat([r[k] for r in ranks]) for k in ("completion_ids", "completion_mask", "commit_prob", "rewards")}
+    groups = torch.cat([r["group_ids"] + 100 * i for i, r in enumerate(ranks)])  # each rank's groups are its own
+    want = rollout_diagnostics(cat["completion_ids"], cat["completion_mask"], cat["commit_prob"])
+    want["informative_groups"] = informative_groups(cat["rewards"], groups)
+    want["completion_tokens"] = cat["completion_mask"].sum(-1).float().mean().item()
+    assert want["informative_groups"] == 0.5
+    logged = ranks[0]["jsonl"][0]
+    eps = torch.finfo(torch.float32).eps
+    for k, v in want.items():  # float32 commit_prob logs summed per rank vs over all rows: rounding only
+        assert logged[k] == pytest.approx(v, rel=16 * eps, abs=16 * eps), k
+    # rollout/mismatch: the mean over both ranks' committed tokens
+    (m0,), (m1,) = (r["mismatch"] for r in ranks)
+    assert m0["tokens"] > 0 and m1["tokens"] > 0 and m0["mismatch"] != m1["mismatch"]
+    want_mismatch = (m0["mismatch"] * m0["tokens"] + m1["mismatch"] * m1["tokens"]) / (m0["tokens"] + m1["tokens"])
+    assert logged["rollout/mismatch"] == pytest.approx(want_mismatch, rel=1e-12)
+    stable = [{k: v for k, v in r["metrics"].items() if "seconds" not in k} for r in ranks]
+    assert stable[0] == stable[1]
+    assert stable[0] == {k: v for k, v in logged.items() if "seconds" not in k}

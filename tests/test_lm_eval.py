@@ -122,7 +122,7 @@ def test_loglikelihood_is_the_elbo_and_rolling_is_a_clear_error(setup):
     from lm_eval.api.instance import Instance
 
     from maskrl.likelihood.elbo import elbo
-    from maskrl.lm_eval_model import MaskrlLM
+    from maskrl.lm_eval_model import MaskrlLM, request_seed
     from maskrl.models import load
     from maskrl.text import encode_prompts
     from maskrl.types import Rollout
@@ -140,7 +140,8 @@ def test_loglikelihood_is_the_elbo_and_rolling_is_a_clear_error(setup):
     ro = Rollout(ids, mask, comp, torch.ones_like(comp, dtype=torch.bool), torch.zeros_like(comp),
                  torch.ones(comp.shape), torch.ones(1, dtype=torch.long), torch.zeros(1, dtype=torch.long))
     with torch.no_grad():
-        ref = elbo(a, ro, torch.Generator().manual_seed(1 * 1_000_003 + 1), nodes=2, draws=3).sum().item()
+        seed = request_seed(1, ids[0].tolist(), comp[0].tolist())
+        ref = elbo(a, ro, torch.Generator().manual_seed(seed), nodes=2, draws=3).sum().item()
     assert out[1][0] == pytest.approx(ref, rel=1e-5)
     assert out[1][0] < 0 and out == lm.loglikelihood(reqs)  # a log-probability bound; reproducible
     with pytest.raises(NotImplementedError, match="loglikelihood_rolling"):
@@ -221,10 +222,11 @@ def _tokens(lm, ids):
     return lm.adapter.tokenizer.convert_ids_to_tokens(ids)
 
 
-def _elbo_ref(folder, ctx_ids, cont_ids, seed, index, nodes, draws):
+def _elbo_ref(folder, ctx_ids, cont_ids, seed, nodes, draws):
     """The library's ELBO estimator on one (context ids, continuation ids) row, with the generator
-    MaskrlLM seeds for request ``index``."""
+    MaskrlLM seeds for that request (:func:`~maskrl.lm_eval_model.request_seed`)."""
     from maskrl.likelihood.elbo import elbo
+    from maskrl.lm_eval_model import request_seed
     from maskrl.models import load
     from maskrl.types import Rollout
 
@@ -234,7 +236,8 @@ def _elbo_ref(folder, ctx_ids, cont_ids, seed, index, nodes, draws):
                  torch.zeros_like(comp), torch.ones(comp.shape), torch.ones(1, dtype=torch.long),
                  torch.zeros(1, dtype=torch.long))
     with torch.no_grad():
-        return elbo(a, ro, torch.Generator().manual_seed(seed * 1_000_003 + index), nodes=nodes, draws=draws).sum().item()
+        gen = torch.Generator().manual_seed(request_seed(seed, ctx_ids, cont_ids))
+        return elbo(a, ro, gen, nodes=nodes, draws=draws).sum().item()
 
 
 @pytest.mark.parametrize("context, continuation", [("The capital of France is ", "Paris"),
@@ -262,7 +265,7 @@ def test_loglikelihood_moves_trailing_whitespace_into_the_continuation(bpe_model
     (a,), (b,) = (lm.loglikelihood([Instance("loglikelihood", {}, req, 0)]) for req in
                   [(context, continuation), (stripped, moved)])
     assert a == b
-    assert a[0] == pytest.approx(_elbo_ref(folder, ctx, cont, 0, 0, 2, 2), rel=1e-5, abs=1e-5)
+    assert a[0] == pytest.approx(_elbo_ref(folder, ctx, cont, 0, 2, 2), rel=1e-5, abs=1e-5)
 
 
 @pytest.mark.parametrize("bos", [False, True])
@@ -285,7 +288,7 @@ def test_empty_context_is_scored_after_the_prefix_token(bpe_models, bos):
     reqs = [Instance("loglikelihood", {}, ("", "Paris"), 0), Instance("loglikelihood", {}, ("The capital of", " France"), 1)]
     (ll, greedy), _ = lm.loglikelihood(reqs)
     assert ll < 0 and isinstance(greedy, bool)
-    assert ll == pytest.approx(_elbo_ref(folder, [prefix], paris, 0, 0, 2, 2), rel=1e-5, abs=1e-5)
+    assert ll == pytest.approx(_elbo_ref(folder, [prefix], paris, 0, 2, 2), rel=1e-5, abs=1e-5)
     other = MaskrlLM(pretrained=str(folder), prefix_token_id=tok.pad_token_id)
     assert other.encode_pair("", "Paris") == ([tok.pad_token_id], paris)
 
@@ -415,3 +418,67 @@ def test_a_lora_export_is_evaluated_as_base_plus_adapter(tmp_path):
         assert torch.equal(lm.adapter.logits(ids), want)
         with lora.reference() as base:
             assert not torch.equal(base.logits(ids), want)  # the adapter changes this policy
+
+
+def test_a_requests_score_depends_on_the_request_alone(bpe_models):
+    """Issue 50 §4: B's ``(ELBO, is_greedy)`` is the same in ``[A, B]``, ``[C, B]``, ``[B]`` and ``[B, A]``, and
+    under another ``batch_size`` (the masks were seeded from the request's index in the list); A and C
+    score differently from B (the comparison can fail); another ``seed`` draws other masks."""
+    from lm_eval.api.instance import Instance
+
+    from maskrl.lm_eval_model import MaskrlLM, request_seed
+
+    folder = bpe_models[False, False]
+    lm = MaskrlLM(pretrained=str(folder), elbo_nodes=2, elbo_draws=2, batch_size=2)
+    # B's continuation has several tokens: its masks vary with the seed (index-seeded, B scored
+    # -19.39 at index 1 and -24.12 at index 0 on this model)
+    A, B, C = ("Q: 1+1=\nA:", " 2"), ("The capital of", " France is Paris."), ("Is it Paris? It is", " Paris.")
+
+    def run(model, *reqs):
+        return model.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(reqs)])
+
+    b = run(lm, B)[0]
+    assert run(lm, A, B)[1] == run(lm, C, B)[1] == run(lm, B, A)[0] == b
+    assert run(MaskrlLM(pretrained=str(folder), elbo_nodes=2, elbo_draws=2, batch_size=1), A, C, B)[2] == b
+    assert len({run(lm, A)[0][0], run(lm, C)[0][0], b[0]}) == 3
+    ctx, cont = lm.encode_pair(*B)
+    assert b[0] == pytest.approx(_elbo_ref(folder, ctx, cont, 0, 2, 2), rel=1e-5, abs=1e-5)
+    assert run(MaskrlLM(pretrained=str(folder), elbo_nodes=2, elbo_draws=2, seed=1), B)[0][0] != b[0]
+    # the seed is a function of the seed and the tokens only (SHA-256: no per-process hash salt)
+    assert request_seed(0, ctx, cont) == request_seed(0, list(ctx), list(cont)) != request_seed(1, ctx, cont)
+    assert request_seed(0, [1, 2], [3]) != request_seed(0, [1], [2, 3])
+
+
+def test_batch_size_in_model_args_and_from_lm_eval(bpe_models, tmp_path):
+    """Issue 50 §6: lm-eval passes ``batch_size`` (its ``--batch_size``, default 1), ``max_batch_size`` and
+    ``device`` to every model; given in ``model_args`` too, the constructor got it twice. ``model_args``
+    wins, with a warning naming both values when they differ; through ``simple_evaluate`` as lm-eval's
+    command line calls it (``batch_size=1`` beside ``model_args``'s)."""
+    import warnings
+
+    from lm_eval.tasks import TaskManager
+
+    from maskrl.lm_eval_model import MaskrlLM, merge_model_args
+
+    folder = bpe_models[False, False]
+    lm_eval_passes = {"batch_size": 1, "max_batch_size": None, "device": "cpu"}
+    with pytest.warns(UserWarning, match=r"batch_size is both in model_args \(3\) and given to lm-eval \(1"):
+        lm = MaskrlLM.create_from_arg_string(f"pretrained={folder},batch_size=3,gen_length=8,block_length=8",
+                                             lm_eval_passes)
+    assert lm.batch_size == 3 and lm.sampler.gen_length == 8 and str(lm.device) == "cpu"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lm = MaskrlLM.create_from_arg_obj({"pretrained": str(folder), "device": "cpu", "batch_size": 1}, lm_eval_passes)
+        assert lm.batch_size == 1
+        assert MaskrlLM.create_from_arg_string(f"pretrained={folder}", lm_eval_passes).batch_size == 1
+    assert merge_model_args({"a": 1}, None) == {"a": 1}
+    assert merge_model_args({"device": "cpu"}, {"device": None, "max_batch_size": 4}) == {"device": "cpu",
+                                                                                          "max_batch_size": 4}
+    import maskrl.lm_eval_model  # noqa: F401  (registers "maskrl")
+
+    with pytest.warns(UserWarning, match="batch_size is both in model_args"):
+        out = lm_eval.simple_evaluate(model="maskrl", batch_size=1, device="cpu",
+                                      model_args=f"pretrained={folder},batch_size=2,gen_length=8,block_length=8,steps=4",
+                                      tasks=["maskrl_chat_once"], task_manager=TaskManager(
+                                          include_path=str(_chat_task(tmp_path)), include_defaults=False))
+    assert "maskrl_chat_once" in out["results"]

@@ -1,6 +1,7 @@
 """Issue 12 item 4: the trainer logs the rollout/theta mismatch every k steps, before the update."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import maskrl.sampling as sampling
@@ -38,3 +39,23 @@ def test_mismatch_logged_every_k_steps_against_the_sampling_weights(tmp_path, mo
     assert ["rollout/mismatch" in h for h in hist] == [True, False, True]
     assert len(calls) == 2 and all(same for same, _ in calls)  # computed before the update
     assert hist[0]["rollout/mismatch"] == calls[0][1]["mismatch"] > 0
+
+
+def test_mismatch_under_sharded_training_is_skipped_and_said_once(tmp_path, monkeypatch, caplog):
+    """Under FSDP / DeepSpeed the mismatch forwards (one per distinct commit step of each process's rows)
+    would be unequal collectives: not computed, and the run says so once (issue 50 §1: not silently)."""
+    import logging
+    from types import SimpleNamespace
+
+    import maskrl.trainer
+
+    cfg = load_config([], [f"output_dir={tmp_path}", "rollout.gen_length=8", "rollout.block_length=4",
+                           "rollout.steps=4", "rollout.mismatch_every=1"])
+    tr = RLTrainer(cfg, build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, seed=0),
+                   OddChars(), [Example(id=0, prompt="say 0")])
+    tr.acc = SimpleNamespace(num_processes=2, distributed_type="FSDP", is_main_process=True)
+    monkeypatch.setattr(maskrl.trainer._ckpt, "whole_checkpoints", lambda acc: True)
+    monkeypatch.setattr(sampling, "rollout_mismatch", lambda *a: pytest.fail("computed under FSDP"))
+    with caplog.at_level(logging.WARNING, logger="maskrl.trainer"):
+        assert tr._rollout_mismatch(None) == {} and tr._rollout_mismatch(None) == {}
+    assert caplog.text.count("rollout/mismatch is not computed under FSDP") == 1

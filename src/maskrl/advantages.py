@@ -45,6 +45,28 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize: 
     return (r - mean) / std.clamp(min=std_floor)
 
 
+def informative_group_counts(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[int, int]:
+    """``(informative, groups)``: how many groups have rewards that are not all equal, and how many
+    groups there are (sums over processes give the whole batch's, :func:`informative_groups` is their
+    ratio).
+
+    Args:
+        rewards: ``[N]`` float rewards.
+        group_ids: ``[N]`` long group of each completion.
+
+    Returns:
+        Two ints, ``0 <= informative <= groups``; ``(0, 0)`` for an empty batch.
+    """
+    if group_ids.numel() == 0:
+        return 0, 0
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inv.max()) + 1
+    r = rewards.float()
+    lo = torch.full((n_groups,), float("inf"), device=r.device).scatter_reduce(0, inv, r, "amin")
+    hi = torch.full((n_groups,), float("-inf"), device=r.device).scatter_reduce(0, inv, r, "amax")
+    return int((hi > lo).sum()), n_groups
+
+
 def informative_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
     """Fraction of groups whose rewards are not all equal -- the groups that carry a learning signal
     (a group of equal rewards gets advantage 0 under every ``normalize``).
@@ -54,11 +76,7 @@ def informative_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
         group_ids: ``[N]`` long group of each completion.
 
     Returns:
-        A float in ``[0, 1]``.
+        A float in ``[0, 1]`` (0.0 for an empty batch).
     """
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(inv.max()) + 1
-    r = rewards.float()
-    lo = torch.full((n_groups,), float("inf"), device=r.device).scatter_reduce(0, inv, r, "amin")
-    hi = torch.full((n_groups,), float("-inf"), device=r.device).scatter_reduce(0, inv, r, "amax")
-    return (hi > lo).float().mean().item()
+    informative, groups = informative_group_counts(rewards, group_ids)
+    return informative / max(groups, 1)

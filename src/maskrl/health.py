@@ -166,9 +166,63 @@ def _longest_run(tokens: list[int]) -> int:
     return best
 
 
+#: the per-batch sums behind :func:`rollout_diagnostics` (:func:`diagnostic_counts`): they add over
+#: processes, the diagnostics of the whole batch are then :func:`diagnostics_from_counts` of the sums
+DIAGNOSTIC_COUNTS = ("nll_sum", "tokens", "distinct_sum", "run_sum", "empty", "degenerate", "rows")
+
+
+def diagnostic_counts(completion_ids: torch.Tensor, completion_mask: torch.Tensor, commit_prob: torch.Tensor,
+                      min_tokens: int = 4, run_frac: float = 0.5) -> dict[str, float]:
+    """The sums :func:`rollout_diagnostics` divides, for one batch (or one process's share of it).
+
+    Args: as :func:`rollout_diagnostics`.
+
+    Returns:
+        :data:`DIAGNOSTIC_COUNTS` as floats: ``nll_sum`` (Σ over valid tokens of ``−log commit_prob``),
+        ``tokens`` (valid tokens), ``distinct_sum`` (Σ over rows of distinct / valid tokens),
+        ``run_sum`` (Σ over rows of the longest run), ``empty``, ``degenerate`` (row counts) and
+        ``rows`` (rows with at least one valid token). Sums of two batches' counts are the counts of
+        the two together.
+
+    Raises:
+        ValueError: the three tensors are not all ``[N, L]``.
+    """
+    if completion_ids.shape != completion_mask.shape or completion_ids.shape != commit_prob.shape:
+        raise ValueError(f"completion_ids {tuple(completion_ids.shape)}, completion_mask {tuple(completion_mask.shape)} "
+                         f"and commit_prob {tuple(commit_prob.shape)} must all be [N, L]")
+    m = completion_mask.bool()
+    nll_sum = (-(commit_prob.float().clamp(min=1e-12).log()) * m).sum().item()
+    length = completion_ids.shape[1] if completion_ids.dim() == 2 else 0
+    distinct, runs, degenerate, empty, rows = 0.0, 0.0, 0, 0, 0
+    for row, keep in zip(completion_ids.tolist(), m.tolist()):
+        toks = [t for t, k in zip(row, keep) if k]
+        if not toks:
+            continue
+        rows += 1
+        run, n_distinct = _longest_run(toks), len(set(toks))
+        distinct += n_distinct / len(toks)
+        runs += run
+        is_empty = len(toks) == 1 and length > 1  # the first token is already the stop token
+        empty += int(is_empty)
+        degenerate += int(is_empty or (len(toks) >= min_tokens and run >= run_frac * len(toks))
+                          or (len(toks) >= 2 * min_tokens and n_distinct <= 2))
+    return {"nll_sum": nll_sum, "tokens": float(m.sum()), "distinct_sum": distinct, "run_sum": runs,
+            "empty": float(empty), "degenerate": float(degenerate), "rows": float(rows)}
+
+
+def diagnostics_from_counts(counts: dict[str, float]) -> dict[str, float]:
+    """The diagnostics of :func:`rollout_diagnostics` from :func:`diagnostic_counts` (of one batch, or
+    summed over the processes' shares: then those of the whole batch)."""
+    rows = max(counts["rows"], 1)
+    return {"commit_nll": counts["nll_sum"] / max(counts["tokens"], 1), "distinct_frac": counts["distinct_sum"] / rows,
+            "longest_run": counts["run_sum"] / rows, "empty_frac": counts["empty"] / rows,
+            "degenerate_frac": counts["degenerate"] / rows}
+
+
 def rollout_diagnostics(completion_ids: torch.Tensor, completion_mask: torch.Tensor,
                         commit_prob: torch.Tensor, min_tokens: int = 4, run_frac: float = 0.5) -> dict[str, float]:
-    """Per-step collapse diagnostics of a batch of completions.
+    """Per-step collapse diagnostics of a batch of completions
+    (:func:`diagnostics_from_counts` of :func:`diagnostic_counts`).
 
     Args:
         completion_ids: ``[N, L]`` long.
@@ -189,32 +243,12 @@ def rollout_diagnostics(completion_ids: torch.Tensor, completion_mask: torch.Ten
         ``empty_frac``: fraction of rows that are only a stop token;
         ``degenerate_frac``: fraction of degenerate rows (see ``min_tokens``; empty rows included).
         Rows without valid tokens are left out of the row means; an empty batch gives zeros.
+
+    Raises:
+        ValueError: the three tensors are not all ``[N, L]``.
     """
-    if completion_ids.shape != completion_mask.shape or completion_ids.shape != commit_prob.shape:
-        raise ValueError(f"completion_ids {tuple(completion_ids.shape)}, completion_mask {tuple(completion_mask.shape)} "
-                         f"and commit_prob {tuple(commit_prob.shape)} must all be [N, L]")
-    m = completion_mask.bool()
-    n_tok = int(m.sum())
-    nll = (-(commit_prob.float().clamp(min=1e-12).log()) * m).sum().item() / max(n_tok, 1)
-    ids = completion_ids.tolist()
-    valid = m.tolist()
-    length = completion_ids.shape[1] if completion_ids.dim() == 2 else 0
-    distinct, runs, degenerate, empty, rows = 0.0, 0.0, 0, 0, 0
-    for row, keep in zip(ids, valid):
-        toks = [t for t, k in zip(row, keep) if k]
-        if not toks:
-            continue
-        rows += 1
-        run, n_distinct = _longest_run(toks), len(set(toks))
-        distinct += n_distinct / len(toks)
-        runs += run
-        is_empty = len(toks) == 1 and length > 1  # the first token is already the stop token
-        empty += int(is_empty)
-        degenerate += int(is_empty or (len(toks) >= min_tokens and run >= run_frac * len(toks))
-                          or (len(toks) >= 2 * min_tokens and n_distinct <= 2))
-    rows_ = max(rows, 1)
-    return {"commit_nll": nll, "distinct_frac": distinct / rows_, "longest_run": runs / rows_,
-            "empty_frac": empty / rows_, "degenerate_frac": degenerate / rows_}
+    return diagnostics_from_counts(diagnostic_counts(completion_ids, completion_mask, commit_prob, min_tokens,
+                                                     run_frac))
 
 
 def collapse_message(diag: dict[str, float], step: int, threshold: float = 0.5) -> str | None:

@@ -36,7 +36,9 @@ or from the shell ``python -m maskrl.lm_eval_model run --model maskrl --model_ar
     ``log p(continuation | context)`` as a Monte Carlo ELBO (SPEC §1.4 ``elbo``; the convention of
     LLaDA's own lm-eval adapter) through :func:`maskrl.likelihood.elbo.elbo`: ``elbo_nodes``
     Gauss-Legendre nodes × ``elbo_draws`` masks per node (model args; defaults 4 × 8), masks drawn
-    from a generator seeded with ``seed`` and the request's index, so a rerun gives the same number.
+    from a generator seeded with ``seed`` and the request's own tokens (:func:`request_seed`), each
+    request scored on its own: a request's number depends on the request, the model and the model
+    args alone, not on the other requests, their order, ``--limit``, the batch or the process.
     ``is_greedy``: every continuation token is the argmax at its position when the whole
     continuation is masked (one forward). Tokens are split as lm-eval's own models split them
     (:meth:`~MaskrlLM.encode_pair`): the context's trailing whitespace moves into the continuation
@@ -54,6 +56,8 @@ Multi-process
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import warnings
 from typing import Any
 
@@ -81,24 +85,36 @@ def _bool(name: str, value: Any) -> bool:
     raise ValueError(f"model_args {name}={value!r}: expected true or false")
 
 
-def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-id lists as a left-padded batch: ``(ids [N, P] long, mask [N, P] bool)``, ``P`` the longest.
+def merge_model_args(model_args: dict[str, Any], additional_config: dict[str, Any] | None) -> dict[str, Any]:
+    """The constructor's keyword arguments from the user's ``model_args`` and the values lm-eval passes
+    every model itself (``additional_config``: its ``--batch_size`` -- default 1 --, ``--max_batch_size``,
+    ``--device``; ``None`` values are not passed, as lm-eval's own rule). A key in both is taken from
+    ``model_args`` (what the user wrote for this model), with a warning naming both values when they
+    differ; lm-eval's ``LM.create_from_arg_string`` passed both and the constructor failed with
+    "got multiple values for keyword argument".
 
-    Raises:
-        ValueError: an empty list, or an empty sequence (its index named).
+    Returns:
+        A new dict: ``model_args`` plus the keys of ``additional_config`` it lacks.
     """
-    if not seqs:
-        raise ValueError("left_pad: no sequences")
-    for i, s in enumerate(seqs):
-        if not s:
-            raise ValueError(f"left_pad: sequence {i} has no tokens")
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), int(pad_id), dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s):] = True
-    return ids, mask
+    merged = dict(model_args)
+    for key, value in (additional_config or {}).items():
+        if value is None:
+            continue
+        if key not in merged:
+            merged[key] = value
+        elif str(merged[key]) != str(value):
+            warnings.warn(f"maskrl lm-eval model: {key} is both in model_args ({merged[key]!r}) and given to lm-eval "
+                          f"({value!r}, e.g. --{key}; lm-eval's --batch_size defaults to 1): using model_args' "
+                          f"{merged[key]!r}")
+    return merged
+
+
+def request_seed(seed: int, context_ids: list[int], continuation_ids: list[int]) -> int:
+    """The ELBO masks' seed of one ``loglikelihood`` request: the first 63 bits of the SHA-256 of
+    ``[seed, context ids, continuation ids]`` (as JSON). It depends on the request's tokens and the
+    ``seed`` model arg only, the same in every process, session and Python (no ``hash()``)."""
+    text = json.dumps([int(seed), [int(t) for t in context_ids], [int(t) for t in continuation_ids]])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") & (2 ** 63 - 1)
 
 
 def cut_at_stops(text: str, stops: list[str]) -> str:
@@ -125,9 +141,8 @@ class MaskrlLM(LM):
             sampler. ``steps`` 0 or absent without a card: ``gen_length // 2``.
         chat_template: apply the tokenizer's chat template to each context (default: prompt card,
             else whether the tokenizer has one).
-        batch_size: requests per sampler / likelihood batch (``"auto"`` is taken as 16). On lm-eval's
-            command line give it as ``--batch_size N`` (lm-eval passes that to every model; also
-            in ``model_args`` it would be given twice).
+        batch_size: requests per sampler batch (``"auto"`` is taken as 16); lm-eval's ``--batch_size N``
+            or a ``model_args`` key (which wins when both are given, :func:`merge_model_args`).
         max_batch_size: passed by lm-eval's command line to every model; not used (no ``auto`` search).
         elbo_nodes, elbo_draws: Gauss-Legendre nodes and masks per node of the ELBO.
         prefix_token_id: the token an empty context is scored (``loglikelihood``) or generated
@@ -216,6 +231,20 @@ class MaskrlLM(LM):
         self._warned: set[str] = set()  # generation_kwargs keys already reported as unused
 
     # ------------------------------------------------------------------ lm-eval plumbing
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "MaskrlLM":
+        """lm-eval's constructor from ``--model_args`` text (``"pretrained=DIR,batch_size=8"``) and the values
+        lm-eval passes every model itself (``additional_config``: ``batch_size``, ``max_batch_size``,
+        ``device``; :func:`merge_model_args`)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls(**merge_model_args(simple_parse_args_string(arg_string), additional_config))
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "MaskrlLM":
+        """:meth:`create_from_arg_string` for ``model_args`` given as a dict (``simple_evaluate``)."""
+        return cls(**merge_model_args(dict(arg_dict), additional_config))
+
     def _harness_applies_template(self) -> None:
         """lm-eval templates the contexts itself (``--apply_chat_template``): apply no second template."""
         if not self.harness_templates and self.use_chat_template and self._explicit_template:
@@ -371,50 +400,55 @@ class MaskrlLM(LM):
         return out
 
     def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        """``(ELBO of continuation | context, is_greedy)`` per ``(context, continuation)`` request."""
+        """``(ELBO of continuation | context, is_greedy)`` per ``(context, continuation)`` request, each
+        from the request alone (:meth:`score`): the other requests, their order, ``batch_size`` and
+        lm-eval's split over processes do not change it.
+
+        Raises:
+            ValueError: a continuation with no tokens (its request index named), before any scoring.
+        """
+        encoded = []
+        for i, r in enumerate(requests):
+            ctx, cont = self.encode_pair(r.args[0], r.args[1])
+            if not cont:
+                raise ValueError(f"loglikelihood request {i}: the continuation {r.args[1]!r} has no tokens")
+            encoded.append((ctx, cont))
+        results = []
+        for r, (ctx, cont) in zip(requests, encoded):
+            result = self.score(ctx, cont)
+            results.append(result)
+            self.cache_hook.add_partial("loglikelihood", r.args, result)
+        return results
+
+    @torch.no_grad()
+    def score(self, context_ids: list[int], continuation_ids: list[int]) -> tuple[float, bool]:
+        """One request's ``(ELBO, is_greedy)`` from its token ids alone.
+
+        The ELBO (:func:`maskrl.likelihood.elbo.elbo`, ``elbo_nodes`` × ``elbo_draws`` masks) draws its
+        masks from a generator seeded with :func:`request_seed` of ``seed`` and the ids; ``is_greedy``:
+        every continuation token is the argmax at its position when the whole continuation is masked
+        (one forward of this request alone, no padding).
+
+        Args:
+            context_ids: ``P >= 1`` token ids (:meth:`encode_pair`).
+            continuation_ids: ``L >= 1`` token ids.
+        """
         from maskrl.likelihood.elbo import elbo
         from maskrl.types import Rollout
 
         a = self.adapter
-        results: list[tuple[float, bool] | None] = [None] * len(requests)
-        encoded = []
-        for i, r in enumerate(requests):
-            context, continuation = r.args[0], r.args[1]
-            ctx, cont = self.encode_pair(context, continuation)
-            if not cont:
-                raise ValueError(f"loglikelihood request {i}: the continuation {continuation!r} has no tokens")
-            encoded.append((i, ctx, cont))
-        by_len: dict[int, list] = {}
-        for item in encoded:  # one batch shape per continuation length: no padding inside the completion
-            by_len.setdefault(len(item[2]), []).append(item)
-        for L, items in by_len.items():
-            for s in range(0, len(items), self.batch_size):
-                chunk = items[s:s + self.batch_size]
-                ids, mask = left_pad([c for _, c, _ in chunk], a.pad_id)
-                ids, mask = ids.to(a.device), mask.to(a.device)
-                comp = torch.tensor([c for _, _, c in chunk], dtype=torch.long, device=a.device)  # [N, L]
-                n = comp.shape[0]
-                ro = Rollout(prompt_ids=ids, prompt_mask=mask, completion_ids=comp,
-                             completion_mask=torch.ones_like(comp, dtype=torch.bool),
-                             commit_step=torch.zeros_like(comp), commit_prob=torch.ones(comp.shape, device=a.device),
-                             num_steps=torch.ones(n, dtype=torch.long, device=a.device),
-                             group_ids=torch.arange(n, device=a.device))
-                with torch.no_grad():
-                    lls = []
-                    for row in range(n):  # one generator per request: the estimate does not depend on batching
-                        gen = torch.Generator(device=a.device).manual_seed(self.seed * 1_000_003 + chunk[row][0])
-                        one = dataclasses.replace(ro, **{f: getattr(ro, f)[row:row + 1] for f in
-                                                         ("prompt_ids", "prompt_mask", "completion_ids",
-                                                          "completion_mask", "commit_step", "commit_prob",
-                                                          "num_steps", "group_ids")})
-                        lls.append(float(elbo(a, one, gen, nodes=self.elbo_nodes, draws=self.elbo_draws).sum()))
-                    x = torch.cat([ids, torch.full_like(comp, a.mask_id)], dim=1)
-                    full = torch.cat([mask, torch.ones_like(comp, dtype=torch.bool)], dim=1)
-                    greedy = a.logits(x, full)[:, ids.shape[1]:].argmax(-1).eq(comp).all(-1).tolist()
-                for (i, _, _), ll, g in zip(chunk, lls, greedy):
-                    results[i] = (ll, bool(g))
-                    self.cache_hook.add_partial("loglikelihood", requests[i].args, (ll, bool(g)))
-        return results  # type: ignore[return-value]
+        ids = torch.tensor([context_ids], dtype=torch.long, device=a.device)  # [1, P]
+        comp = torch.tensor([continuation_ids], dtype=torch.long, device=a.device)  # [1, L]
+        ro = Rollout(prompt_ids=ids, prompt_mask=torch.ones_like(ids, dtype=torch.bool), completion_ids=comp,
+                     completion_mask=torch.ones_like(comp, dtype=torch.bool), commit_step=torch.zeros_like(comp),
+                     commit_prob=torch.ones(comp.shape, device=a.device),
+                     num_steps=torch.ones(1, dtype=torch.long, device=a.device),
+                     group_ids=torch.zeros(1, dtype=torch.long, device=a.device))
+        gen = torch.Generator(device=a.device).manual_seed(request_seed(self.seed, context_ids, continuation_ids))
+        ll = float(elbo(a, ro, gen, nodes=self.elbo_nodes, draws=self.elbo_draws).sum())
+        x = torch.cat([ids, torch.full_like(comp, a.mask_id)], dim=1)  # [1, P + L]
+        greedy = a.logits(x, torch.ones_like(x, dtype=torch.bool))[:, ids.shape[1]:].argmax(-1).eq(comp).all()
+        return ll, bool(greedy)
 
     def loglikelihood_rolling(self, requests) -> list[float]:
         raise NotImplementedError(

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 #: the files and folders maskrl writes into a run folder (train, demo); any of them = "holds a run"
 RUN_FILES = ("config.json", "configs.jsonl", "metrics.jsonl", "tb", "checkpoints", "model", "summary.json",
-             "history.jsonl", "eval_base.jsonl", "eval_final.jsonl", "curves.png")
+             "history.jsonl", "eval_base.jsonl", "eval_final.jsonl", "curves.png", "trackers.json")
 #: the lock file of a folder being written (JSON: pid, host, command, started)
 LOCK_FILE = ".maskrl.lock"
 #: files that mark a model folder written by maskrl (``maskrl sft``, ``train``, ``demo``)

@@ -31,11 +31,10 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from maskrl.advantages import informative_groups
 from maskrl.config import RunConfig
 from maskrl.credit import CREDITS, CreditBatch, CreditContext, apply_credit
-from maskrl.health import NonFiniteError, NonFiniteLogits, check_rewards, collapse_message, nonfinite_rows, \
-    rollout_diagnostics
+from maskrl.credit.base import ShareMean
+from maskrl.health import NonFiniteError, NonFiniteLogits, check_rewards, collapse_message, nonfinite_rows
 from maskrl.likelihood.base import PerToken, per_token_output, tensors_of
 from maskrl.likelihood.blocks import block_model_refusal
 from maskrl.models.adapter import ModelAdapter
@@ -44,6 +43,8 @@ from maskrl.sampling import generate
 from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
 from maskrl.training import checkpoint as _ckpt
+from maskrl.training.batch_metrics import batch_counts, batch_metrics, credit_metrics_over_processes, \
+    sum_over_processes
 from maskrl.training.checkpoint import (TRAINER_STATE, ProcessCountError, TrainingInterrupted, latest_checkpoint,
                                         read_checkpoint_state)
 from maskrl.training.lockstep import (all_ranks_done, any_process, mean_over_processes, pad_counts, padding_row,
@@ -132,7 +133,12 @@ class RLTrainer:
         # one scheduler step per optimizer step: μ per RL step
         sched = get_scheduler(self.tc.lr_scheduler, opt, num_warmup_steps=self.tc.warmup_steps * self.tc.inner_iterations,
                               num_training_steps=max(1, self.tc.steps * self.tc.inner_iterations))
-        model, self.optimizer, self.scheduler = self.acc.prepare(policy.model, opt, sched)
+        # The schedule is not handed to ``prepare``: accelerate's scheduler wrapper steps it once per
+        # process at each call (its batches grow with the process count), while maskrl's schedule counts
+        # optimizer steps, which every process takes together; unwrapped, N processes follow the
+        # 1-process curve whatever accelerator is passed in. The checkpoint saves it itself.
+        model, self.optimizer = self.acc.prepare(policy.model, opt)
+        self.scheduler = sched
         self.policy = dataclasses.replace(policy, model=model)  # wrapped (DDP) for training
         self.policy_eval = dataclasses.replace(policy, model=self.acc.unwrap_model(model))
         self.step_count = 0
@@ -146,6 +152,7 @@ class RLTrainer:
         self.nonfinite_skips = 0  # steps skipped under train.on_nonfinite: skip (maskrl.health)
         self._skip_reason: str | None = None
         self._collapse_warned = False
+        self._mismatch_warned = False
         self._stop_signal: int | None = None  # SIGINT / SIGTERM received during train()
 
     # ------------------------------------------------------------------ stages
@@ -436,9 +443,8 @@ class RLTrainer:
         batch = self.collect()
         t1 = time.time()
         mismatch = {}
-        if self.sampler.mismatch_every and self.step_count % self.sampler.mismatch_every == 0 and self.all_done is None:
-            from maskrl.sampling import rollout_mismatch  # before the update, against the sampling θ
-            mismatch["rollout/mismatch"] = rollout_mismatch(self.policy_eval, batch.rollout)["mismatch"]
+        if self.sampler.mismatch_every and self.step_count % self.sampler.mismatch_every == 0:
+            mismatch = self._rollout_mismatch(batch)  # before the update, against the sampling θ
         if self._any_rank(self._skip_reason is not None):  # train.on_nonfinite: skip, at the rollout
             self._skip_update(0, self.tc.inner_iterations)
             metrics = {}
@@ -447,22 +453,40 @@ class RLTrainer:
         if self._any_rank(self._skip_reason is not None):
             self.nonfinite_skips += 1
             log.warning("step skipped (train.on_nonfinite: skip): %s", self._skip_reason or "on another process")
-        # credit modules report per-process values: averaged over processes like the loss metrics
-        metrics.update(self._mean_over_processes({f"credit/{k}": v for k, v in batch.metrics.items()}))
+        # credit modules report this process's values: combined into the whole batch's (maskrl.credit.base)
+        metrics.update(credit_metrics_over_processes(self.acc, {f"credit/{k}": v for k, v in batch.metrics.items()}))
         metrics.update(mismatch)
         return self._finish_step(batch, metrics, lr, t0, t1)
 
+    def _rollout_mismatch(self, batch: Batch) -> dict[str, float]:
+        """``{"rollout/mismatch": ...}`` of the whole batch (:func:`maskrl.sampling.rollout_mismatch`: the
+        mean over every process's committed tokens). Under FSDP / DeepSpeed, whose forwards are
+        collectives while each process runs one per distinct commit step of its rows, it is not
+        computed (``{}``), with a warning the first time."""
+        if self.acc.num_processes > 1 and _ckpt.whole_checkpoints(self.acc):
+            if not self._mismatch_warned and self.acc.is_main_process:
+                log.warning("rollout.mismatch_every: rollout/mismatch is not computed under %s (its forwards "
+                            "would differ between processes); it is logged on one process or under DDP",
+                            self.acc.distributed_type)
+            self._mismatch_warned = True
+            return {}
+        from maskrl.sampling import rollout_mismatch
+
+        m = rollout_mismatch(self.policy_eval, batch.rollout)
+        return credit_metrics_over_processes(self.acc, {"rollout/mismatch": ShareMean(m["mismatch"], m["tokens"])})
+
     def _finish_step(self, batch: Batch, metrics: dict, lr: float, t0: float, t1: float) -> dict:
-        """Count the step and add its reward, health and timing metrics to ``metrics`` (in this order;
-        rewards gathered over the processes); warn once when the rollouts collapse."""
+        """Count the step and add its reward, health and timing metrics to ``metrics`` (in this order),
+        each of the whole global batch (rewards gathered, the others' sums added over the processes,
+        :mod:`maskrl.training.batch_metrics`); warn once when the rollouts collapse."""
         rewards = self.acc.gather(batch.rewards)
         task_rewards = rewards if batch.task_rewards is None else self.acc.gather(batch.task_rewards)
         self.step_count += 1
-        diag = rollout_diagnostics(batch.rollout.completion_ids, batch.rollout.completion_mask, batch.rollout.commit_prob)
+        diag, groups = batch_metrics(sum_over_processes(self.acc, batch_counts(batch.rewards, batch.rollout)))
         metrics.update(diag)
         metrics["nonfinite_skips"] = self.nonfinite_skips
         warning = collapse_message(diag, self.step_count)
-        if warning and not self._collapse_warned:
+        if warning and not self._collapse_warned and self.acc.is_main_process:  # the whole batch's: said once
             log.warning(warning)
         self._collapse_warned = warning is not None
         metrics.update({
@@ -472,8 +496,8 @@ class RLTrainer:
             "task_reward": task_rewards.mean().item(),
             "solved": self.task.is_correct(task_rewards).float().mean().item(),
             # groups whose rewards are not all equal: the only ones with a non-zero advantage
-            "informative_groups": informative_groups(batch.rewards, batch.rollout.group_ids),
-            "completion_tokens": batch.rollout.completion_mask.sum(-1).float().mean().item(),
+            "informative_groups": groups["informative_groups"],
+            "completion_tokens": groups["completion_tokens"],
             "rollout_seconds": t1 - t0,
             "seconds": time.time() - t0,
             "lr": lr,
@@ -561,7 +585,7 @@ class RLTrainer:
         (:mod:`maskrl.training.checkpoint`). Only the main process writes the trainer state; every
         process must call it."""
         return _ckpt.save_checkpoint(self.acc, path, self.step_count, self.cfg, self.data_gen, self.rollout_gen,
-                                     self.policy_eval.model)
+                                     self.policy_eval.model, self.scheduler)
 
     def load_checkpoint(self, path: str | Path, force: bool = False) -> None:
         """Restore everything :meth:`save_checkpoint` wrote (``--resume``); each process resumes its own
@@ -584,7 +608,7 @@ class RLTrainer:
         _ckpt.check_process_count(path, state, world, self.tc.prompts_per_step, force, main)
         if not _ckpt.whole_checkpoints(self.acc):  # FSDP / DeepSpeed checkpoints hold every weight
             _ckpt.check_frozen(path, state, self.policy_eval.model, self.cfg.model.path, force, main)
-        _ckpt.load_checkpoint_state(self.acc, path)
+        _ckpt.load_checkpoint_state(self.acc, path, self.scheduler)
         self.step_count = int(state["step"])
         self._metrics_log.resumed_step = self.step_count  # metrics.jsonl / TensorBoard continue from here
         _ckpt.restore_streams(state, self.acc.process_index, self.tc.seed, self.data_gen, self.rollout_gen, main, world)

@@ -8,7 +8,9 @@ hyper-parameters (one YAML entry ``credit: [{name: ..., **fields}, ...]``). It
    land in ``rollout.step_stats``;
 2. maps a collected :class:`CreditBatch` to a new one (``module(batch, ctx) -> CreditBatch``): it may
    reshape the per-token advantages ``[N, L]``, narrow the base term's loss mask (a step choice),
-   scale the base term, add :class:`~maskrl.types.LossTerm` s, and report metrics.
+   scale the base term, add :class:`~maskrl.types.LossTerm` s, and report metrics (of its process's
+   rows; a :class:`Share` where the whole batch's value is not the mean over processes, see the end
+   of this file).
 
 Modules are applied in the order of the YAML list (composable). They receive a narrow
 :class:`CreditContext`, never the trainer. :func:`apply_credit` checks every module's output at the
@@ -43,7 +45,10 @@ class CreditBatch:
         loss_mask: ``[N, L]`` bool, the tokens the base term trains on; starts as ``completion_mask``.
         base_weight: weight of the base term in the summed loss (DiSPO's α_base); starts at 1.
         terms: extra loss terms added by modules.
-        metrics: floats to log; the trainer prefixes them with ``credit/``.
+        metrics: floats to log; the trainer prefixes them with ``credit/``. On several processes a plain
+            float is logged as its mean over processes; a metric that is not a mean over rows (a mean
+            over tokens or states, a count, a minimum, a standard deviation) is given as a
+            :class:`~maskrl.credit.base.Share` so that the trainer logs the whole batch's value.
     """
 
     rollout: Rollout
@@ -196,6 +201,122 @@ def apply_credit(modules: Sequence[tuple[str, Any]], batch: CreditBatch, context
         if off_by is None and _base_trains(batch) and not _base_trains(out):
             off_by = name
         merged = dict(batch.metrics)
-        merged.update({f"{name}/{k}": float(v) for k, v in out.metrics.items()})
+        merged.update({f"{name}/{k}": v if isinstance(v, Share) else float(v) for k, v in out.metrics.items()})
         batch = dataclasses.replace(out, metrics=merged)
     return batch
+
+
+# ------------------------------------------------------------------ metrics that add up over processes
+# Credit metrics that add up over processes: a module's metric of its process's share of the batch,
+# with what the trainer needs to make it the whole batch's (issue 50 §1).
+#
+# On N processes each credit module sees only its process's rows. A plain float metric is logged as
+# the mean over processes of the processes' values, which is the whole batch's value only for a mean
+# over rows (every process has as many). A metric that is a mean over a varying number of items
+# (tokens, branched states, kept states), a count, a minimum / maximum or a standard deviation is
+# returned as one of the classes below: a ``float`` (the share's own value, so the module's output
+# reads and compares as before) that also carries the share's count (and mean). The trainer gathers
+# every process's values and logs :func:`combine` of them; on one process it logs the value itself.
+
+class Share(float):
+    """A metric of one process's share of the batch (a ``float`` of the share's value); subclasses say
+    how shares combine (:meth:`combine`)."""
+
+    def __getnewargs__(self) -> tuple:  # pickling (the trainer gathers shares across processes)
+        return (float(self),)
+
+    @classmethod
+    def combine(cls, shares: Sequence["Share"]) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class ShareMean(Share):
+    """A mean over ``count`` items of the share (``count`` 0: the value is the module's default);
+    combined: ``Σ count·value / Σ count``, the mean over every process's items (the mean of the
+    values when no process has an item)."""
+
+    def __new__(cls, value: float, count: float) -> "ShareMean":
+        self = super().__new__(cls, value)
+        self.count = float(count)
+        return self
+
+    def __getnewargs__(self) -> tuple:
+        return float(self), self.count
+
+    @classmethod
+    def combine(cls, shares: Sequence["ShareMean"]) -> float:
+        n = sum(s.count for s in shares)
+        if n == 0:
+            return sum(float(s) for s in shares) / len(shares)
+        return sum(s.count * float(s) for s in shares) / n
+
+
+class ShareCount(Share):
+    """A count of the share's items (rows, states, ...); combined: the sum."""
+
+    def __new__(cls, value: float) -> "ShareCount":
+        return super().__new__(cls, value)
+
+    @classmethod
+    def combine(cls, shares: Sequence["ShareCount"]) -> float:
+        return float(sum(float(s) for s in shares))
+
+
+class ShareMin(ShareMean):
+    """The minimum over ``count`` items (``count`` 0: a default); combined: the minimum over the shares
+    that have items (the mean of the defaults when none has)."""
+
+    @classmethod
+    def combine(cls, shares: Sequence["ShareMin"]) -> float:
+        have = [float(s) for s in shares if s.count > 0]
+        return min(have) if have else sum(float(s) for s in shares) / len(shares)
+
+
+class ShareMax(ShareMean):
+    """The maximum over ``count`` items (``count`` 0: a default); combined as :class:`ShareMin`, by max."""
+
+    @classmethod
+    def combine(cls, shares: Sequence["ShareMax"]) -> float:
+        have = [float(s) for s in shares if s.count > 0]
+        return max(have) if have else sum(float(s) for s in shares) / len(shares)
+
+
+class ShareStd(Share):
+    """The population standard deviation of ``count`` items whose mean is ``mean``; combined: the pooled
+    population standard deviation of every process's items,
+    ``sqrt(Σ count·(std² + mean²) / Σ count − μ²)`` with ``μ = Σ count·mean / Σ count``."""
+
+    def __new__(cls, value: float, mean: float, count: float) -> "ShareStd":
+        self = super().__new__(cls, value)
+        self.mean, self.count = float(mean), float(count)
+        return self
+
+    def __getnewargs__(self) -> tuple:
+        return float(self), self.mean, self.count
+
+    @classmethod
+    def combine(cls, shares: Sequence["ShareStd"]) -> float:
+        n = sum(s.count for s in shares)
+        if n == 0:
+            return sum(float(s) for s in shares) / len(shares)
+        mu = sum(s.count * s.mean for s in shares) / n
+        second = sum(s.count * (float(s) ** 2 + s.mean ** 2) for s in shares) / n
+        return math.sqrt(max(second - mu * mu, 0.0))
+
+
+def combine(values: Sequence[float]) -> float:
+    """One metric's values on every process (rank order; a process without the metric left out) as
+    the whole batch's value: :meth:`Share.combine` when they are shares of one kind, else their mean
+    (plain floats: the mean over processes).
+
+    Raises:
+        ValueError: no value, or shares of different kinds for one metric.
+    """
+    if not values:
+        raise ValueError("combine: no value")
+    kinds = {type(v) for v in values}
+    if len(kinds) == 1 and issubclass(next(iter(kinds)), Share):
+        return next(iter(kinds)).combine(values)
+    if any(isinstance(v, Share) for v in values):
+        raise ValueError(f"combine: one metric reported as different kinds {sorted(k.__name__ for k in kinds)}")
+    return sum(float(v) for v in values) / len(values)

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
+from maskrl.credit.base import ShareCount, ShareMean
 from maskrl.likelihood.state import State
 from maskrl.objectives.diffu_grpo import DiffuGRPO
 from maskrl.sampling.commit import gumbel_max
@@ -259,7 +260,8 @@ class DiSPO(CreditModule):
         skip_equal: skip states whose Z rewards are all equal (default True, SPEC §4). False keeps
             them (advantages 0, no gradient, full cost): the cost's worst case, for benchmarks.
 
-    Metrics (``credit/dispo/...``): ``states`` (states branched on this process), ``kept_frac``
+    Metrics (``credit/dispo/...``, of the whole batch on any number of processes,
+    :mod:`maskrl.credit.base`): ``states`` (states branched), ``kept_frac``
     (share with distinguishable rewards), ``branch_reward``, ``adv_abs`` (mean |A_z| of kept
     branches), ``t_frac`` (mean t / num_steps of the branched states), and per timestep bin
     ``b`` in ``early`` / ``mid`` / ``late`` (t/T in [0, 1/3), [1/3, 2/3), [2/3, 1]) the counts
@@ -346,11 +348,13 @@ class DiSPO(CreditModule):
         idx = (t_all >= 0).nonzero().squeeze(-1)  # [S]
         frac = t_all[idx].float() / ro.num_steps[idx].float()  # [S] t/T of each branched state
         bins = time_bins(frac)
-        metrics = {"states": float(idx.numel()), "kept_frac": 0.0, "branch_reward": 0.0, "adv_abs": 0.0,
-                   "t_frac": frac.mean().item() if idx.numel() else 0.0}
-        metrics.update({f"states_{b}": float((bins == i).sum()) for i, b in enumerate(BINS)})
-        metrics.update({f"kept_{b}": 0.0 for b in BINS})
-        if idx.numel() == 0:
+        s = idx.numel()
+        # shares of this process's rows, combined over processes by the trainer (maskrl.credit.base)
+        metrics = {"states": ShareCount(s), "kept_frac": ShareMean(0.0, 0), "branch_reward": ShareMean(0.0, 0),
+                   "adv_abs": ShareMean(0.0, 0), "t_frac": ShareMean(frac.mean().item() if s else 0.0, s)}
+        metrics.update({f"states_{b}": ShareCount((bins == i).sum()) for i, b in enumerate(BINS)})
+        metrics.update({f"kept_{b}": ShareCount(0.0) for b in BINS})
+        if s == 0:
             return self._empty_term(ro), metrics
         z, L = self.z, ro.gen_length
         masked = st["dispo_masked"][idx]  # [S, L]
@@ -360,14 +364,15 @@ class DiSPO(CreditModule):
         if not torch.isfinite(rewards).all():
             raise ValueError("dispo: non-finite branch rewards from the score callback")
         keep = rewards.max(1).values > rewards.min(1).values  # [S]; all-equal states carry no gradient
-        metrics.update({f"kept_{b}": float((keep & (bins == i)).sum()) for i, b in enumerate(BINS)})
+        metrics.update({f"kept_{b}": ShareCount((keep & (bins == i)).sum()) for i, b in enumerate(BINS)})
         if not self.skip_equal:
             keep = torch.ones_like(keep)
-        metrics.update(kept_frac=keep.float().mean().item(), branch_reward=rewards.mean().item())
+        metrics.update(kept_frac=ShareMean(keep.float().mean().item(), s),
+                       branch_reward=ShareMean(rewards.mean().item(), rewards.numel()))
         if not keep.any():
             return self._empty_term(ro), metrics
         adv = (rewards - rewards.mean(1, keepdim=True))[keep].reshape(-1)  # [K·Z]
-        metrics["adv_abs"] = adv.abs().mean().item()
+        metrics["adv_abs"] = ShareMean(adv.abs().mean().item(), adv.numel())
         src = idx[keep].repeat_interleave(z)  # [K·Z] batch row of each branch
         comp_b = branch[keep].reshape(-1, L)
         filled = masked[keep].repeat_interleave(z, 0)  # [K·Z, L]

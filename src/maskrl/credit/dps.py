@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
+from maskrl.credit.base import ShareMean, ShareStd
 
 DPS_TARGETS = ("confidence", "final")
 DPS_SCOPES = ("all", "block")
@@ -229,7 +230,8 @@ class DPS(CreditModule):
         clip: c, δ̄ clipped to [−c, c] (default 2).
         top_k: k of the ``final`` target's cache (default 16).
 
-    Metrics (``credit/dps/...``, this process's rows): ``delta_mean``, ``delta_std`` (raw δ over
+    Metrics (``credit/dps/...``, of the whole batch on any number of processes,
+    :mod:`maskrl.credit.base`): ``delta_mean``, ``delta_std`` (raw δ over
     valid pairs), ``weight_mean`` (mean ``1 + λ·δ̄`` over valid tokens), ``clipped_frac``.
     """
 
@@ -287,8 +289,11 @@ class DPS(CreditModule):
         adv = batch.advantages * weight
         tok = batch.loss_mask
         dv = delta[valid]
-        metrics = {"delta_mean": dv.mean().item() if dv.numel() else 0.0,
-                   "delta_std": dv.std(unbiased=False).item() if dv.numel() else 0.0,
-                   "weight_mean": weight[tok].mean().item() if tok.any() else 1.0,
-                   "clipped_frac": (norm[valid].abs() >= self.clip).float().mean().item() if dv.numel() else 0.0}
+        n, n_tok = dv.numel(), int(tok.sum())
+        mean = dv.mean().item() if n else 0.0
+        # shares of this process's rows, combined over processes by the trainer (maskrl.credit.base)
+        metrics = {"delta_mean": ShareMean(mean, n),
+                   "delta_std": ShareStd(dv.std(unbiased=False).item() if n else 0.0, mean, n),
+                   "weight_mean": ShareMean(weight[tok].mean().item() if n_tok else 1.0, n_tok),
+                   "clipped_frac": ShareMean((norm[valid].abs() >= self.clip).float().mean().item() if n else 0.0, n)}
         return dataclasses.replace(batch, advantages=adv.float(), metrics=metrics)

@@ -33,6 +33,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
+from maskrl.credit.base import ShareMax, ShareMean, ShareMin
 from maskrl.credit.rldf import (check_state_likelihood, check_step_sampling, chosen_pairs, commit_observers,
                                 commit_probs, filter_metrics, replace_base, sample_steps, step_surprise, steps_term)
 
@@ -332,11 +333,12 @@ class DTCA(CreditModule):
         if self.pos_credit:
             a = in_step_credit(w[rows], keep)
             adv = adv * a
-            metrics.update(credit_min=a[keep].min().item() if keep.any() else 1.0,
-                           credit_max=a[keep].max().item() if keep.any() else 1.0)
+            n_keep = int(keep.sum())
+            metrics.update(credit_min=ShareMin(a[keep].min().item() if n_keep else 1.0, n_keep),
+                           credit_max=ShareMax(a[keep].max().item() if n_keep else 1.0, n_keep))
         if self.calibration:
             adv, lam, _ = entropy_flow_calibrate(adv, parts["prob"], parts["entropy"], keep, rows, self.eta)
             lam = lam[torch.unique(rows)] if rows.numel() else lam
-            metrics.update(lambda_mean=lam.mean().item() if lam.numel() else 0.0,
-                           lambda_abs_mean=lam.abs().mean().item() if lam.numel() else 0.0)
+            metrics.update(lambda_mean=ShareMean(lam.mean().item() if lam.numel() else 0.0, lam.numel()),
+                           lambda_abs_mean=ShareMean(lam.abs().mean().item() if lam.numel() else 0.0, lam.numel()))
         return replace_base(batch, ctx, parts, "dtca", self.weight, adv, metrics)

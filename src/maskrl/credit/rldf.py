@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
+from maskrl.credit.base import ShareMean
 from maskrl.likelihood.state import State
 from maskrl.types import LossTerm, Rollout
 
@@ -373,10 +374,12 @@ class RLDFSteps(CreditModule):
 
 
 def filter_metrics(parts: dict, batch: CreditBatch) -> dict:
-    """``states_per_seq``, ``kept_per_state``, ``filter_keep_frac`` of a steps term."""
+    """``states_per_seq``, ``kept_per_state``, ``filter_keep_frac`` of a steps term (shares of this
+    process's rows, :mod:`maskrl.credit.base`)."""
     m = parts["keep"].shape[0]
     others = parts["masked"] & ~parts["own"]
     n_other = int(others.sum())
-    return {"states_per_seq": m / max(1, batch.rollout.batch_size),
-            "kept_per_state": parts["keep"].sum().item() / max(1, m),
-            "filter_keep_frac": (parts["keep"] & others).sum().item() / n_other if n_other else 1.0}
+    n = batch.rollout.batch_size
+    return {"states_per_seq": ShareMean(m / max(1, n), n),
+            "kept_per_state": ShareMean(parts["keep"].sum().item() / max(1, m), m),
+            "filter_keep_frac": ShareMean((parts["keep"] & others).sum().item() / n_other if n_other else 1.0, n_other)}

@@ -2,7 +2,9 @@
 :meth:`~maskrl.trainer.RLTrainer.load_checkpoint`, :meth:`~maskrl.trainer.RLTrainer.train`).
 
 A checkpoint is a folder ``<output_dir>/checkpoints/step_K``: accelerate's ``save_state`` (weights as
-safetensors, optimizer, scheduler, one ``random_states_<rank>.pkl`` per process) plus
+safetensors, optimizer, one ``random_states_<rank>.pkl`` per process), the learning-rate schedule's
+``state_dict`` as :data:`SCHEDULER_FILE` (the file and format accelerate writes for a prepared scheduler;
+the trainer does not prepare its schedule, see :class:`~maskrl.trainer.RLTrainer`) and
 :data:`TRAINER_STATE`, written by the main process::
 
     {"step": K,                      # RL steps done
@@ -42,6 +44,8 @@ from maskrl.config import RunConfig, TrainConfig, to_dict
 from maskrl.training.seeds import resumed_data_seed, resumed_rollout_seed
 
 TRAINER_STATE = "trainer_state.pt"
+#: the learning-rate schedule's ``state_dict`` (torch.save), accelerate's name for a prepared scheduler's
+SCHEDULER_FILE = "scheduler.bin"
 log = logging.getLogger("maskrl.trainer")  # the trainer's messages, under the trainer's logger name
 
 
@@ -179,22 +183,27 @@ def load_trainable(models: list[torch.nn.Module], input_dir: str) -> None:
     models.clear()
 
 
-def load_checkpoint_state(acc: Accelerator, path: Path) -> None:
-    """``acc.load_state(path)`` with :func:`load_trainable` as the model loader (see the module docstring)."""
+def load_checkpoint_state(acc: Accelerator, path: Path, scheduler=None) -> None:
+    """``acc.load_state(path)`` with :func:`load_trainable` as the model loader (see the module docstring),
+    and ``scheduler``'s state from :data:`SCHEDULER_FILE` when the checkpoint has one (the resume then sets
+    the rate from the step, :func:`follow_schedule`)."""
     handle = acc.register_load_state_pre_hook(load_trainable)
     try:
         acc.load_state(str(path))
     finally:
         handle.remove()
+    if scheduler is not None and (path / SCHEDULER_FILE).is_file():
+        scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, weights_only=True))
 
 
 def save_checkpoint(acc: Accelerator, path: str | Path, step: int, cfg: RunConfig, data_gen: torch.Generator,
-                    rollout_gen: torch.Generator, model: torch.nn.Module | None = None) -> Path:
+                    rollout_gen: torch.Generator, model: torch.nn.Module | None = None, scheduler=None) -> Path:
     """Write the checkpoint folder ``path`` (module docstring) on every process: accelerate's state with
-    the trainable parameters and buffers only (:func:`trainable_state`), then :data:`TRAINER_STATE` by the
-    main process with every process's ``data_gen`` / ``rollout_gen`` state (one object all-gather on
-    several processes) and the frozen weights' fingerprint of ``model`` (the unwrapped policy; ``None`` or
-    FSDP / DeepSpeed, whose checkpoints stay whole: not recorded). Returns ``path``."""
+    the trainable parameters and buffers only (:func:`trainable_state`), then by the main process
+    ``scheduler``'s state (:data:`SCHEDULER_FILE`, when given) and :data:`TRAINER_STATE` with every
+    process's ``data_gen`` / ``rollout_gen`` state (one object all-gather on several processes) and the
+    frozen weights' fingerprint of ``model`` (the unwrapped policy; ``None`` or FSDP / DeepSpeed, whose
+    checkpoints stay whole: not recorded). Returns ``path``."""
     path = Path(path)
     acc.wait_for_everyone()
     handle = acc.register_save_state_pre_hook(trainable_state)
@@ -211,6 +220,8 @@ def save_checkpoint(acc: Accelerator, path: str | Path, step: int, cfg: RunConfi
     else:
         streams = [own]
     if acc.is_main_process:
+        if scheduler is not None:
+            torch.save(scheduler.state_dict(), path / SCHEDULER_FILE)
         torch.save({"step": step, "data_gen": own["data_gen"], "rollout_gen": own["rollout_gen"], "config": to_dict(cfg),
                     "num_processes": acc.num_processes, "streams": streams, "frozen": frozen}, path / TRAINER_STATE)
     acc.wait_for_everyone()
@@ -293,7 +304,7 @@ def follow_schedule(scheduler, optimizer: torch.optim.Optimizer, tc: TrainConfig
     ``train.lr``; a change of these settings against ``saved`` (the checkpoint's ``train`` section)
     is logged.
     """
-    inner = getattr(scheduler, "scheduler", scheduler)  # accelerate's wrapper holds it
+    inner = getattr(scheduler, "scheduler", scheduler)  # (a scheduler prepared by accelerate: its wrapper holds it)
     inner.base_lrs = [tc.lr for _ in inner.base_lrs]
     inner.last_epoch = step * tc.inner_iterations  # μ scheduler steps per RL step
     for group, base, fn in zip(optimizer.param_groups, inner.base_lrs, inner.lr_lambdas):

@@ -1,9 +1,18 @@
 """A run's metrics on disk and in trackers: ``<output_dir>/metrics.jsonl`` (one JSON object per logged
 step, keys in the order the step produced them) and the ``train.report_to`` trackers through
-accelerate (TensorBoard under ``<output_dir>/tb``, W&B, MLflow, ...). Main process only."""
+accelerate (TensorBoard under ``<output_dir>/tb``, W&B, MLflow, ...). Main process only.
+
+A resumed run is one run in each tracker that can continue one: ``metrics.jsonl`` keeps its rows up to
+the checkpoint, TensorBoard purges later events, and W&B continues the run whose id the run folder
+keeps in :data:`TRACKER_RUNS` (``wandb.init(id=..., resume="allow")`` through accelerate's
+``init_trackers(init_kwargs=...)``; :func:`tracker_resume_kwargs`). Trackers that accelerate starts
+without a run id to continue (MLflow, Comet, Aim, ...) start a new run on resume, and the user is told.
+"""
 from __future__ import annotations
 
 import json
+import logging
+import secrets
 from pathlib import Path
 
 from accelerate import Accelerator
@@ -37,6 +46,74 @@ def check_trackers(cfg: RunConfig, acc: Accelerator) -> None:
         raise ConfigError(f"train.report_to: tracker(s) {', '.join(missing)} not available (package not installed, "
                           f"e.g. `pip install 'maskrl[track]'`, or an Accelerator passed without them in log_with); "
                           f"set train.report_to to the ones you have, or []")
+
+
+#: the run folder's record of its tracker runs (JSON ``{"wandb": {"id": ...}}``), read on resume
+TRACKER_RUNS = "trackers.json"
+#: trackers a resumed run continues: TensorBoard (the same folder, later events purged) and W&B (the id)
+CONTINUED_TRACKERS = ("tensorboard", "wandb")
+log = logging.getLogger("maskrl.trainer")  # the trainer's messages, under the trainer's logger name
+
+
+def _read_runs(path: Path) -> dict:
+    """:data:`TRACKER_RUNS` as a dict (``{}`` when missing; unreadable: ``{}`` and a warning naming it)."""
+    if not path.is_file():
+        return {}
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        runs = e
+    if not isinstance(runs, dict) or not isinstance(runs.get("wandb", {}), dict):
+        log.warning("%s is not a JSON object of tracker runs (%s): it is rewritten", path, runs)
+        return {}
+    return runs
+
+
+def tracker_resume_kwargs(report_to: list[str], out_dir: Path, resumed_step: int | None,
+                          dropped_steps: int = 0) -> dict:
+    """accelerate ``init_trackers`` ``init_kwargs`` that make W&B log to this run folder's W&B run.
+
+    A fresh run (``resumed_step`` ``None``) draws a new W&B run id and records it in
+    ``out_dir/``:data:`TRACKER_RUNS`; a resumed one reads it and continues that run (``resume="allow"``:
+    it also works for a run W&B has not synced, e.g. offline). A resume warns (one line each) when the
+    folder records no W&B id (a run started by an earlier maskrl: a new W&B run), when W&B already holds
+    steps after the resume point (``dropped_steps`` > 0: W&B only appends, so it keeps the earlier
+    values of those steps and ignores the resumed ones; ``metrics.jsonl`` and TensorBoard hold the
+    resumed ones), and for every other tracker of ``report_to`` that starts a new run.
+
+    Args:
+        report_to: ``train.report_to``.
+        out_dir: the run folder.
+        resumed_step: the step the run resumed at (``None``: not resumed).
+        dropped_steps: the ``metrics.jsonl`` rows after ``resumed_step`` that the resume dropped.
+
+    Returns:
+        ``{"wandb": {"id": ..., "resume": "allow"}}`` with W&B in ``report_to``, else ``{}``.
+    """
+    resumed = resumed_step is not None
+    if resumed:
+        for name in report_to:
+            if name not in CONTINUED_TRACKERS:
+                log.warning("train.report_to: %s starts a new run on this resume at step %d (maskrl continues "
+                            "TensorBoard and W&B runs only); metrics.jsonl holds the whole run", name, resumed_step)
+    if "wandb" not in report_to:
+        return {}
+    path = out_dir / TRACKER_RUNS
+    runs = _read_runs(path)
+    run_id = runs.get("wandb", {}).get("id") if resumed else None
+    if resumed and run_id is None:
+        log.warning("resuming %s at step %d: the folder records no W&B run id (%s; a run started before maskrl "
+                    "kept it), so W&B starts a new run; metrics.jsonl holds the whole run", out_dir, resumed_step,
+                    TRACKER_RUNS)
+    if run_id is None:
+        run_id = secrets.token_hex(8)
+        path.write_text(json.dumps({**runs, "wandb": {"id": run_id}}) + "\n", encoding="utf-8")
+    elif dropped_steps:
+        log.warning("resuming W&B run %s at step %d: W&B already holds %d later step(s) from before the stop and "
+                    "only appends, so it keeps those values and ignores the resumed run's steps up to the last "
+                    "logged one; metrics.jsonl and TensorBoard hold the resumed values", run_id, resumed_step,
+                    dropped_steps)
+    return {"wandb": {"id": run_id, "resume": "allow"}}
 
 
 def hyperparameters(cfg: RunConfig) -> dict:
@@ -79,16 +156,21 @@ class MetricsLog:
         if not self.acc.is_main_process:
             return
         out_dir.mkdir(parents=True, exist_ok=True)
-        purge = None
+        purge = resumed = None
+        dropped = 0
         if self._fh is None:
             if self.resumed_step is not None:  # a resumed run: no row or event of a later step is kept
                 from maskrl.rundir import truncate_metrics
 
-                truncate_metrics(out_dir / "metrics.jsonl", self.resumed_step)
-                purge, self.resumed_step = self.resumed_step + 1, None  # once: later rows are this run's
+                dropped = truncate_metrics(out_dir / "metrics.jsonl", self.resumed_step)
+                resumed, self.resumed_step = self.resumed_step, None  # once: later rows are this run's
+                purge = resumed + 1
             self._fh = open(out_dir / "metrics.jsonl", "a", encoding="utf-8")
         if not self._trackers_started and self.acc.log_with:
-            kwargs = {"tensorboard": {"purge_step": purge}} if purge is not None else {}  # SummaryWriter's
+            names = [str(getattr(t, "value", t)) for t in self.acc.log_with]  # as check_trackers names them
+            kwargs = tracker_resume_kwargs(names, out_dir, resumed, dropped)
+            if purge is not None:
+                kwargs["tensorboard"] = {"purge_step": purge}  # SummaryWriter's
             self.acc.init_trackers(project, config=hyperparameters(cfg), init_kwargs=kwargs)
             self._trackers_started = True
         self._fh.write(json.dumps(metrics) + "\n")
