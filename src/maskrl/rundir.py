@@ -297,6 +297,10 @@ def run_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
     a lock from another host cannot be checked and is respected. Only :func:`is_main_process` should
     take it (other ranks of a multi-process run share the main process's lock).
 
+    The folders it creates (``folder`` and missing parents) are removed again when they are empty at
+    release: a command refused after taking the lock (bad data, a bad setting found late) leaves no
+    empty run folder behind.
+
     Yields:
         The lock file's path.
 
@@ -304,7 +308,22 @@ def run_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
         RunDirError: another live process holds the lock (naming its pid, host, command and start).
     """
     folder = Path(folder)
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with _lock_file(folder, command) as path:
+            yield path
+    finally:
+        for p in created:
+            try:
+                p.rmdir()  # only an empty folder: anything the command wrote stays
+            except OSError:
+                break
+
+
+@contextlib.contextmanager
+def _lock_file(folder: Path, command: str) -> Iterator[Path]:
+    """:func:`run_lock`'s lock file in an existing ``folder``."""
     path = folder / LOCK_FILE
     me = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
           "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -65,6 +65,7 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if cfg.eval.mismatch_every:
         raise ConfigError("eval.mismatch_every: the evaluation sampler never measures the rollout mismatch; "
                           "set rollout.mismatch_every instead")
+    _check_task_name(cfg)
     if cfg.task.name != "file" and cfg.task.file != FileTaskConfig():
         raise ConfigError(f"task.file: only read by task.name: file (this run's task is {cfg.task.name!r}); remove it")
     _check_observer_logits(cfg)
@@ -77,6 +78,18 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if t.hidden_size % t.num_heads:
         raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
                           f"model.tiny.num_heads ({t.num_heads})")
+
+
+def _check_task_name(cfg: "RunConfig") -> None:
+    """``task.name`` is a registered task (built-in or a plug-in's; plug-ins are imported before the
+    config is built), with the message ``train`` / ``eval`` give for an unknown task."""
+    from maskrl.tasks.base import TASKS
+    import maskrl.tasks  # noqa: F401  (registers the built-in tasks; imports no torch)
+
+    try:
+        TASKS.get(cfg.task.name)
+    except KeyError as e:
+        raise ConfigError(f"task.name: {e.args[0]}") from None
 
 
 #: ``train.report_to`` names (accelerate's ``LoggerType`` values)
