@@ -104,8 +104,9 @@ def _read_folder(p: Path) -> list[dict[str, Any]]:
     try:
         ds = datasets.load_from_disk(str(p))
     except Exception as e:  # noqa: BLE001 - datasets' own errors, one line naming the folder
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise DataError(f"{p}: not a datasets save_to_disk folder ({why})") from None
+        from maskrl.files import first_line
+
+        raise DataError(f"{p}: not a datasets save_to_disk folder ({first_line(e)})") from None
     if isinstance(ds, datasets.DatasetDict):
         raise DataError(f"{p}: a DatasetDict with splits {', '.join(ds)}; give one split's folder, "
                         f"e.g. {p / next(iter(ds))}")
