@@ -100,6 +100,15 @@ def test_an_evaluation_reports_its_chat_template_once(tmp_path, monkeypatch):
     assert "chat_template on" not in md
 
 
+def test_generate_reports_its_chat_template_once(tmp_path, capsys):
+    from maskrl.models import build_tiny, save_model
+
+    model = save_model(build_tiny(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32), tmp_path / "m")
+    assert main(["generate", "--model", str(model), "--prompt", "1+1=", "--gen-length", "4", "--block-length", "4"]) == 0
+    err = capsys.readouterr().err
+    assert "chat_template off (default on, but the tokenizer has no chat template)" in err and "True" not in err
+
+
 def test_explain_prints_plain_text():
     from maskrl.config import explain
     from maskrl.config.explain import plain_text

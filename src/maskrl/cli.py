@@ -188,9 +188,12 @@ def cmd_generate(args) -> int:
     if empty:
         raise ValueError(f"prompt {empty[0]} is empty")
     device = resolve_device(args.device)
+    adapter = load(args.model, dtype=dtype, device=device)
+    if chat and not getattr(adapter.tokenizer, "chat_template", None):  # one truth: asked for, none to apply
+        i = next(k for k, u in enumerate(used) if u.startswith("chat_template "))
+        used[i] = f"chat_template off ({used[i].rsplit('(', 1)[1][:-1]} on, but the tokenizer has no chat template)"
     print("maskrl generate: " + "; ".join(used) + (f"; prompt card {Path(args.model) / 'maskrl_prompt.json'}"
           if card else "; no prompt card") + " (prompts are used as given: no task template)", file=sys.stderr)
-    adapter = load(args.model, dtype=dtype, device=device)
     fmt = prompt_formatter(adapter, chat)
     texts = [fmt(p) for p in prompts]
     check_lengths(adapter, texts, gen_length, "gen_length")
