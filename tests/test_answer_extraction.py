@@ -341,3 +341,14 @@ def test_a_period_closing_the_boxed_answer_is_not_part_of_it(task_name):
     golds = ["18", "7", "1200", "\\frac{1}{2}", "18", "18", "2.5", "18", "18"]
     assert task.reward([""] * len(comps), comps, answer=golds) == [1.0] * 8 + [0.0]
     assert [clean_answer(a) for a in ("1, 2, \\ldots", "...", "18.")] == ["1, 2, \\ldots", "...", "18"]
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("<answer>\n$$\n\\frac{1}{3}\n$$\n</answer>", "\\frac{1}{3}"),          # one display formula over lines
+    ("Work: 3 + 4 = 7.\nSo the answer is $\\sqrt{2}$.", "\\sqrt{2}"),       # the last line, not the reasoning
+    ("<reasoning>r</reasoning>\nThe area is\n\\[2\\pi\\]", "2\\pi"),
+    ("<answer>Answer: (1, 2)</answer>", "(1, 2)"),
+    ("The total is 72 apples", "72"),                                       # words around one number
+])
+def test_math500_answer_span_shapes(completion, expected):
+    assert extract_answer(completion, whole_span=True) == expected

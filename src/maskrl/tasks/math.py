@@ -166,26 +166,32 @@ def value_count(gold: str) -> int:
     return parts
 
 
+def _undelimited(text: str) -> str | None:
+    """The inside of ``text`` when all of it is one formula in math delimiters (a period after it allowed)."""
+    m = _DELIMITED_RE.match(text)
+    return None if m is None else next(g for g in m.groups() if g is not None).strip()
+
+
 def answer_span(part: FinalPart) -> str:
     """The stated final answer of a completion's final part, whole (MATH-500's rule when it has no
-    ``\\boxed{}`` and no ``####``): the ``<answer>`` span (else the text after ``</reasoning>``, else
-    the last non-blank line), after its last "answer is" / "Answer:" phrase, out of one pair of math
-    delimiters (``$...$``, ``\\(...\\)``, ``\\[...\\]``). ``<answer>1/3</answer>`` -> ``1/3``,
-    ``So the answer is $2\\pi$.`` -> ``2\\pi``, ``\\sqrt{2}`` -> ``\\sqrt{2}`` (never its last number)."""
-    if part.span is not None and part.span.strip():
-        text = part.span
-    elif part.kind in ("answer", "after_reasoning"):
-        text = part.text
-    else:
-        lines = [line for line in part.text.splitlines() if line.strip()]
-        text = lines[-1] if lines else ""
+    ``\\boxed{}`` and no ``####``), never its last number.
+
+    The ``<answer>`` span (else the text after ``</reasoning>``, else the whole text) when it is one
+    formula in math delimiters (``$...$``, ``$$...$$``, ``\\(...\\)``, ``\\[...\\]``); else its last
+    non-blank line, after its last "answer is" / "Answer:" phrase, out of one pair of delimiters.
+    ``<answer>1/3</answer>`` -> ``1/3``, ``So the answer is $2\\pi$.`` -> ``2\\pi``, ``\\sqrt{2}`` ->
+    ``\\sqrt{2}``."""
+    text = part.span if part.span is not None and part.span.strip() else part.text
+    whole = _undelimited(text)
+    if whole is not None:
+        return whole
+    lines = [line for line in text.splitlines() if line.strip()]
+    text = lines[-1] if lines else ""
     phrases = list(_ANSWER_PHRASE_RE.finditer(text))
     if phrases and text[phrases[-1].end():].strip():
         text = text[phrases[-1].end():]
-    m = _DELIMITED_RE.match(text)
-    if m:
-        text = next(g for g in m.groups() if g is not None)
-    return text.strip()
+    inner = _undelimited(text)
+    return (text if inner is None else inner).strip()
 
 
 def extract_answer(completion: str | None, prompt: str | None = None,
