@@ -71,17 +71,14 @@ def test_a_saved_model_has_one_usual_file_mode(tmp_path, mask):
 
 
 def test_the_demo_interrupt_hint_mentions_an_sft_cache_only_when_there_is_one(tmp_path):
-    from types import SimpleNamespace
+    from maskrl.demo import interrupt_hint
 
-    from maskrl.cli import _interrupt_hint
-
-    args = SimpleNamespace(command="demo", run_dir=str(tmp_path))
-    assert "no SFT model was cached yet" in _interrupt_hint(args) and "is kept" not in _interrupt_hint(args)
+    assert "no SFT model was cached yet" in interrupt_hint(tmp_path) and "is kept" not in interrupt_hint(tmp_path)
     (tmp_path / "sft-cache" / "abc").mkdir(parents=True)
-    assert "no SFT model was cached yet" in _interrupt_hint(args)  # a folder without a saved model is no cache
+    assert "no SFT model was cached yet" in interrupt_hint(tmp_path)  # a folder without a saved model is no cache
     (tmp_path / "sft-cache" / "abc" / "maskrl_sft.json").write_text("{}")
-    assert f"its cached SFT model ({tmp_path / 'sft-cache' / 'abc'}) is kept" in _interrupt_hint(args)
-    assert "no SFT model was cached yet" in _interrupt_hint(SimpleNamespace(command="demo"))  # stopped before its config
+    assert f"its cached SFT model ({tmp_path / 'sft-cache' / 'abc'}) is kept" in interrupt_hint(tmp_path)
+    assert "no SFT model was cached yet" in interrupt_hint(None)  # stopped before its config was read
 
 
 def test_an_evaluation_reports_its_chat_template_once(tmp_path, monkeypatch):

@@ -39,24 +39,7 @@ def _model_config(args):
 
     cfg = _config(args)
     cfg.model.path = run_model_folder(cfg.model.path, "model.path")
-    _check_weights_read(cfg.model.path, "model.path")
     return cfg
-
-
-def _check_weights_read(path, what: str) -> None:
-    """Refuse a model folder whose ``.safetensors`` file does not read (cut short, corrupt) in one line
-    naming the file, before anything loads it (:func:`maskrl.files.unreadable_file`: headers only).
-
-    Raises:
-        ValueError: naming ``what`` and the file.
-    """
-    from maskrl.files import unreadable_file
-
-    if path and Path(path).is_dir():
-        bad = unreadable_file(path, torch_files=False)
-        if bad:
-            raise ValueError(f"{what}: {bad[0]} cannot be read ({bad[1]}); the model folder is damaged (cut short "
-                             "or corrupt): save or copy it again, or give another folder")
 
 
 def cmd_sft(args) -> int:
@@ -129,9 +112,6 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from maskrl.evaluate import run_harness
-    from maskrl.rundir import run_model_folder
-
-    _check_weights_read(run_model_folder(args.model, "--model"), "--model")
 
     summary = run_harness(model=args.model, task_name=args.task, gen_lengths=args.gen_length, limit=args.limit,
                           out_dir=args.out, data_path=args.data, block_length=args.block_length,
@@ -155,7 +135,6 @@ def cmd_generate(args) -> int:
 
     # every flag is checked before the model is loaded
     args.model = run_model_folder(args.model, "--model")  # a run folder: its exported model/
-    _check_weights_read(args.model, "--model")
     card = read_prompt_card(args.model)
     es = card["eval_sampler"] if card else {}
     used = []
@@ -190,8 +169,7 @@ def cmd_generate(args) -> int:
     device = resolve_device(args.device)
     adapter = load(args.model, dtype=dtype, device=device)
     if chat and not getattr(adapter.tokenizer, "chat_template", None):  # one truth: asked for, none to apply
-        i = next(k for k, u in enumerate(used) if u.startswith("chat_template "))
-        used[i] = f"chat_template off ({used[i].rsplit('(', 1)[1][:-1]} on, but the tokenizer has no chat template)"
+        used[-1] = f"chat_template off ({used[-1].rsplit('(', 1)[1][:-1]} on, but the tokenizer has no chat template)"
     print("maskrl generate: " + "; ".join(used) + (f"; prompt card {Path(args.model) / 'maskrl_prompt.json'}"
           if card else "; no prompt card") + " (prompts are used as given: no task template)", file=sys.stderr)
     fmt = prompt_formatter(adapter, chat)
@@ -229,7 +207,7 @@ def cmd_demo(args) -> int:
     from maskrl.demo import run_demo
 
     cfg = _config(args)
-    args.run_dir = cfg.output_dir  # for the interrupt hint (:func:`_interrupt_hint`)
+    args.run_dir = cfg.output_dir  # for the interrupt hint (:func:`maskrl.demo.interrupt_hint`)
     run_demo(cfg, force_sft=args.force_sft, overwrite=args.overwrite)
     return 0
 
@@ -472,28 +450,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"maskrl {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # a second Ctrl-C, or one outside the training loop
-        hint = _interrupt_hint(args)
+        hint = _INTERRUPT_HINTS.get(args.command, "")
+        if args.command == "demo":  # whether an SFT model is cached: said only when true
+            from maskrl.demo import interrupt_hint
+            hint = interrupt_hint(getattr(args, "run_dir", None))
         print(f"maskrl {args.command}: interrupted{': ' + str(e) if str(e) else ''}{hint}", file=sys.stderr)
         return 130
 
 
-#: what to do after a Ctrl-C outside the training loop, per command (the demo's: :func:`_interrupt_hint`)
+#: what to do after a Ctrl-C outside the training loop, per command (the demo's: :func:`maskrl.demo.interrupt_hint`)
 _INTERRUPT_HINTS = {
     "eval": "; run the same command with --resume to keep the samples already written",
     "train": "; the same command plus --resume continues from the last checkpoint (or, if none was saved, "
              "starts the run again from step 0)",
 }
-
-
-def _interrupt_hint(args) -> str:
-    """What to do after a Ctrl-C; for the demo it says whether an SFT model is cached (only when one is)."""
-    if args.command != "demo":
-        return _INTERRUPT_HINTS.get(args.command, "")
-    run_dir = getattr(args, "run_dir", None)
-    cached = sorted(Path(run_dir).glob("sft-cache/*/maskrl_sft.json")) if run_dir else []
-    kept = (f"; its cached SFT model ({cached[-1].parent}) is kept (reused while the SFT settings are unchanged)" if cached
-            else "; no SFT model was cached yet, so SFT runs again")
-    return "; the demo does not resume: run it again with --overwrite" + kept
 
 
 # ---------------------------------------------------------------------------------- run folders

@@ -70,3 +70,18 @@ def unreadable_file(folder: str | Path, torch_files: bool = True) -> tuple[Path,
         except Exception as e:  # noqa: BLE001 - any failure to read is the file's
             return f, first_line(e)
     return None
+
+
+def check_weights_read(path, what: str) -> None:
+    """Refuse a model folder whose ``.safetensors`` file does not read (cut short, corrupt) in one line
+    naming the file, before anything loads it (:func:`unreadable_file`: headers only). Anything but an
+    existing folder (a Hub id, ``None``) is left to the loader.
+
+    Raises:
+        ValueError: naming ``what`` (``"--model"``, ``"model.path"``) and the file.
+    """
+    if path and Path(path).is_dir():
+        bad = unreadable_file(path, torch_files=False)
+        if bad:
+            raise ValueError(f"{what}: {bad[0]} cannot be read ({bad[1]}); the model folder is damaged (cut short "
+                             "or corrupt): save or copy it again, or give another folder")

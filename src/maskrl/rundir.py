@@ -203,16 +203,22 @@ def run_model_folder(path: Any, what: str = "--model") -> Any:
         FileNotFoundError: a run folder without a complete ``model/`` (no ``config.json`` or no
             weights: the run stopped before its end, when ``model/`` is written); the message names
             the run, what it holds, what is missing, its latest checkpoint and how to finish it.
+        ValueError: a model folder whose ``.safetensors`` file does not read (cut short, corrupt), naming
+            the file (:func:`maskrl.files.check_weights_read`), before anything loads it.
     """
+    from maskrl.files import check_weights_read
+
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         return path
     folder = Path(path).expanduser()
     if not folder.is_dir() or _is_model_folder(folder) or not run_files(folder):
+        check_weights_read(folder, what)
         return path
     model = folder / "model"
     weights = model.is_dir() and any(p.is_file() for pat in WEIGHT_PATTERNS for p in model.glob(pat))
     if weights and (model / "config.json").is_file():
         log.info("%s %s is a run folder: using its exported model %s", what, path, model)
+        check_weights_read(model, what)
         return str(model) if isinstance(path, str) else model
     from maskrl.training.checkpoint import latest_checkpoint
 
