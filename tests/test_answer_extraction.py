@@ -294,3 +294,61 @@ def test_require_final_answer_from_config():
     task, held_out, _, train = task_and_data(cfg)
     assert task.require_final_answer is True and len(train) == 2
     assert load_config([], []).task.require_final_answer is False
+
+
+# --- issue 50 §3: MATH-500 grades the stated answer, never its last number -------------------------
+
+UNBOXED = [  # (completion, its gold, a wrong gold equal to the completion's last number)
+    ("<answer>1/3</answer>", "\\frac{1}{3}", "3"),
+    ("\\frac{1}{3}", "\\frac{1}{3}", "3"),
+    ("\\dfrac{5}{7}", "\\frac{5}{7}", "7"),
+    ("\\sqrt{2}", "\\sqrt{2}", "2"),
+    ("(1, 2)", "(1,2)", "2"),
+    ("#### 3/4", "\\frac{3}{4}", "4"),
+    ("2\\pi", "2\\pi", "2"),
+    ("<reasoning>r</reasoning>\n<answer>\n$\\frac{1}{3}$.\n</answer>", "\\frac{1}{3}", "3"),
+    ("First 2 + 2 = 4.\nSo the final answer is $2\\pi$.", "2\\pi", "2"),
+]
+
+
+@pytest.mark.parametrize("completion, gold, last", UNBOXED)
+def test_math500_reads_the_whole_unboxed_answer(completion, gold, last):
+    from maskrl.tasks.math import last_number
+
+    assert last_number(completion) == last  # what the old rule graded
+    ans = extract_answer(completion, whole_span=True)
+    assert ans is not None and ans != last and last_number(ans) == last
+
+
+def test_math500_grades_unboxed_answers_as_written_and_wrong_ones_zero():
+    task = get_task("math500")
+    comps = [c for c, _, _ in UNBOXED]
+    assert task.reward([""] * len(comps), comps, answer=[g for _, g, _ in UNBOXED]) == [1.0] * len(comps)
+    assert task.reward([""] * len(comps), comps, answer=[w for _, _, w in UNBOXED]) == [0.0] * len(comps)
+
+
+def test_gsm8k_keeps_its_numeric_rule():
+    task = get_task("gsm8k")
+    comps = ["The total is 72 apples", "#### $1,000 total", "so 3 + 4 = 7 and 7 * 6 = 42", "<answer>42 eggs</answer>"]
+    assert task.reward([""] * 4, comps, answer=["72", "1000", "42", "42"]) == [1.0] * 4
+
+
+@pytest.mark.parametrize("task_name", ["gsm8k", "math500"])
+def test_a_period_closing_the_boxed_answer_is_not_part_of_it(task_name):
+    task = get_task(task_name)
+    comps = ["\\boxed{18.}", "\\boxed{7.}", "\\boxed{1,200.}", "\\boxed{\\frac{1}{2}.}", "\\boxed{18}", "#### 18.",
+             "\\boxed{2.5.}", "\\boxed{18.\\,}", "\\boxed{19.}"]
+    golds = ["18", "7", "1200", "\\frac{1}{2}", "18", "18", "2.5", "18", "18"]
+    assert task.reward([""] * len(comps), comps, answer=golds) == [1.0] * 8 + [0.0]
+    assert [clean_answer(a) for a in ("1, 2, \\ldots", "...", "18.")] == ["1, 2, \\ldots", "...", "18"]
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("<answer>\n$$\n\\frac{1}{3}\n$$\n</answer>", "\\frac{1}{3}"),          # one display formula over lines
+    ("Work: 3 + 4 = 7.\nSo the answer is $\\sqrt{2}$.", "\\sqrt{2}"),       # the last line, not the reasoning
+    ("<reasoning>r</reasoning>\nThe area is\n\\[2\\pi\\]", "2\\pi"),
+    ("<answer>Answer: (1, 2)</answer>", "(1, 2)"),
+    ("The total is 72 apples", "72"),                                       # words around one number
+])
+def test_math500_answer_span_shapes(completion, expected):
+    assert extract_answer(completion, whole_span=True) == expected

@@ -112,3 +112,80 @@ def test_malformed_or_empty_jsonl_names_the_line_and_a_failing_reward_is_one_err
     task = FileTask("{question}=", answer="answer", reward=f"{tmp_path / 'r.py'}:f")
     with pytest.raises(ValueError, match=r"task.file.reward .*r.py:f.* raised TypeError.*answer: int"):
         task.reward(["1+2="], ["3"], answer=[3])
+
+
+CELLS = ["007", "100", "0.50", "10", "None", "NA", "null", "", "1e3", " 2 ", "-0", "N/A", "nan", "TRUE"]
+
+
+def test_csv_cells_are_read_as_their_text(tmp_path):
+    """Issue 50 §2: `007, 100, 0.50, 10` were read as 7.0, 100.0, 0.5, 10.0 and `None`/`NA`/`null`
+    as missing values; every cell is its text, the SFT target is it and exact match accepts it."""
+    from maskrl.tasks import get_task
+
+    f = tmp_path / "cells.csv"
+    f.write_text("question,answer\n" + "".join(f"q{i},\"{c}\"\n" if c != "" else f"q{i},\n"
+                                                for i, c in enumerate(CELLS)))
+    task = get_task("file", "{question}:{answer}", answer="answer")
+    rows = task.load(f)
+    assert [ex.fields["answer"] for ex in rows] == CELLS
+    assert [task.target(ex) for ex in rows] == CELLS
+    assert [ex.prompt for ex in rows] == [f"q{i}:{c}" for i, c in enumerate(CELLS)]
+    assert task.score_examples(rows[:4], ["007", "100", "0.50", "10"]) == [1.0] * 4
+    assert task.score_examples(rows[:3], ["7", "100.0", "0.5"]) == [0.0] * 3
+
+
+def test_jsonl_strings_and_numbers_keep_their_text(tmp_path):
+    from maskrl.tasks import get_task
+
+    f = tmp_path / "cells.jsonl"
+    lines = [json.dumps({"q": f"q{i}", "answer": c}) for i, c in enumerate(CELLS)]
+    lines += ['{"q": "n1", "answer": 0.50}', '{"q": "n2", "answer": 100}', '{"q": "n3", "answer": 1e3}',
+              '{"q": "n4", "answer": -0.0, "extra": true}', '{"q": "n5", "answer": 12345678901234567890.10}']
+    f.write_text("\n".join(lines) + "\n")
+    rows = get_task("file", "{q}", answer="answer").load(f)
+    assert [ex.fields["answer"] for ex in rows] == CELLS + ["0.50", "100", "1e3", "-0.0", "12345678901234567890.10"]
+    assert rows[0].fields["extra"] is None and rows[-2].fields["extra"] is True  # one set of columns
+    arr = tmp_path / "cells.json"
+    arr.write_text("[" + ",\n".join(lines) + "]")
+    assert [ex.fields for ex in get_task("file", "{q}", answer="answer").load(arr)] == [ex.fields for ex in rows]
+
+
+def test_json_null_and_short_csv_rows_are_missing_values_named_by_row(tmp_path):
+    from maskrl.tasks import get_task
+
+    (tmp_path / "n.jsonl").write_text('{"q": "a", "answer": "1"}\n{"q": "b", "answer": null}\n')
+    with pytest.raises(DataError, match=r"n.jsonl: row 2: no value in column\(s\) answer"):
+        get_task("file", "{q}").load(tmp_path / "n.jsonl")
+    (tmp_path / "s.csv").write_text("q,answer\na,1\nb\n")
+    with pytest.raises(DataError, match=r"s.csv: row 2: no value in column\(s\) answer"):
+        get_task("file", "{q}").load(tmp_path / "s.csv")
+
+
+@pytest.mark.parametrize("name, text, why", [
+    ("empty.csv", "", r"empty.csv: the file is empty"),
+    ("hdr.csv", "question,answer\n", r"hdr.csv: no rows after the header"),
+    ("wide.csv", "q,answer\na,1\nb,2,3\n", r"wide.csv: line 3: 3 cells but the header has 2 columns"),
+    ("dup.csv", "q,q\na,1\n", r"dup.csv: line 1: column 'q' appears 2 times"),
+    ("arr.jsonl", '{"q": "a"}\n[1, 2]\n', r"arr.jsonl: line 2: not a JSON object"),
+    ("bad.json", '[{"q": "a"},\n {"q": }]', r"bad.json: line 2: not valid JSON"),
+    ("bin.csv", b"q,answer\n\xff\xfe,1\n", r"bin.csv: cannot read as UTF-8"),
+])
+def test_unreadable_files_are_one_line_naming_file_and_line(tmp_path, name, text, why):
+    from maskrl.tasks.file_task import read_rows
+
+    f = tmp_path / name
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(DataError, match=why) as e:
+        read_rows(f)
+    assert "\n" not in str(e.value) and "datasets" not in str(e.value) and e.value.__cause__ is None
+
+
+def test_a_template_that_cannot_format_a_text_cell_names_the_row(tmp_path):
+    from maskrl.tasks import get_task
+
+    (tmp_path / "d.csv").write_text("x,answer\n0.5,1\n")
+    with pytest.raises(DataError, match=r"d.csv: row 1: task.prompt_template '\{x:.2f\}' cannot be filled"):
+        get_task("file", "{x:.2f}").load(tmp_path / "d.csv")
+    (tmp_path / "junk").mkdir()
+    with pytest.raises(DataError, match=r"junk: not a datasets save_to_disk folder"):
+        get_task("file", "{x}").load(tmp_path / "junk")

@@ -167,9 +167,11 @@ def cmd_generate(args) -> int:
     if empty:
         raise ValueError(f"prompt {empty[0]} is empty")
     device = resolve_device(args.device)
+    adapter = load(args.model, dtype=dtype, device=device)
+    if chat and not getattr(adapter.tokenizer, "chat_template", None):  # one truth: asked for, none to apply
+        used[-1] = f"chat_template off ({used[-1].rsplit('(', 1)[1][:-1]} on, but the tokenizer has no chat template)"
     print("maskrl generate: " + "; ".join(used) + (f"; prompt card {Path(args.model) / 'maskrl_prompt.json'}"
           if card else "; no prompt card") + " (prompts are used as given: no task template)", file=sys.stderr)
-    adapter = load(args.model, dtype=dtype, device=device)
     fmt = prompt_formatter(adapter, chat)
     texts = [fmt(p) for p in prompts]
     check_lengths(adapter, texts, gen_length, "gen_length")
@@ -205,6 +207,7 @@ def cmd_demo(args) -> int:
     from maskrl.demo import run_demo
 
     cfg = _config(args)
+    args.run_dir = cfg.output_dir  # for the interrupt hint (:func:`maskrl.demo.interrupt_hint`)
     run_demo(cfg, force_sft=args.force_sft, overwrite=args.overwrite)
     return 0
 
@@ -335,7 +338,7 @@ def _add_tool_parsers(sub) -> None:
     _add_config_args(p)
     p.add_argument("--force-sft", action="store_true", help="ignore the cached SFT model")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier demo run in output_dir "
-                   "(the SFT cache is kept)")
+                   "(an SFT model cached there, in sft-cache/, is kept)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("estimate-pos-weights", help="DTCA's offline POS contribution table (SPEC §3.1)")
@@ -448,14 +451,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as e:  # a second Ctrl-C, or one outside the training loop
         hint = _INTERRUPT_HINTS.get(args.command, "")
+        if args.command == "demo":  # whether an SFT model is cached: said only when true
+            from maskrl.demo import interrupt_hint
+            hint = interrupt_hint(getattr(args, "run_dir", None))
         print(f"maskrl {args.command}: interrupted{': ' + str(e) if str(e) else ''}{hint}", file=sys.stderr)
         return 130
 
 
-#: what to do after a Ctrl-C outside the training loop, per command
+#: what to do after a Ctrl-C outside the training loop, per command (the demo's: :func:`maskrl.demo.interrupt_hint`)
 _INTERRUPT_HINTS = {
     "eval": "; run the same command with --resume to keep the samples already written",
-    "demo": "; the demo does not resume: run it again with --overwrite (the SFT cache is kept)",
     "train": "; the same command plus --resume continues from the last checkpoint (or, if none was saved, "
              "starts the run again from step 0)",
 }

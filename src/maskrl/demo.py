@@ -106,6 +106,15 @@ def write_per_item(path: Path, task, examples, result: EvalResult) -> None:
                                 ensure_ascii=False) + "\n")
 
 
+def interrupt_hint(run_dir: str | Path | None) -> str:
+    """What to do after a Ctrl-C of ``maskrl demo`` in ``run_dir``: run it again with ``--overwrite``;
+    the SFT cache is named as kept only when there is one (``sft-cache/<key>/maskrl_sft.json``)."""
+    cached = sorted(Path(run_dir).glob("sft-cache/*/maskrl_sft.json")) if run_dir else []
+    kept = (f"; its cached SFT model ({cached[-1].parent}) is kept (reused while the SFT settings are "
+            "unchanged)" if cached else "; no SFT model was cached yet, so SFT runs again")
+    return "; the demo does not resume: run it again with --overwrite" + kept
+
+
 def run_demo(cfg: RunConfig, force_sft: bool = False, overwrite: bool = False) -> dict:
     """Run the main job; returns the summary dict (also written to ``summary.json``).
 

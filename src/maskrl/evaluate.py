@@ -416,6 +416,9 @@ def _prepare_harness(model, task_name: str, gen_lengths, limit, data_path, block
     adapter, model_name = _harness_adapter(model, dtype, device)
     templated, prompts = _harness_prompts(adapter, model_name, examples, used["chat_template"]["value"], samplers,
                                           used, data_file)
+    if used["chat_template"]["value"] and not templated:  # one truth: asked for, but there is no template
+        used["chat_template"] = {"value": False, "from": f"{used['chat_template']['from']} on, but the tokenizer "
+                                                          "has no chat template"}
     settings, data_src = _harness_settings(model, adapter, model_name, task, data_file, used, templated)
     return _Harness(used, samplers, task, data_file, len(all_examples), examples, adapter, model_name, templated,
                     prompts, settings, data_src)

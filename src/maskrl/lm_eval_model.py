@@ -328,12 +328,17 @@ class MaskrlLM(LM):
     def model_input(self, context: str) -> str:
         """The text the model is given for an lm-eval context: the context through the tokenizer's
         chat template when ``chat_template`` is on and lm-eval has not templated it already
-        (:attr:`harness_templates`), else the context itself."""
+        (:attr:`harness_templates`), else the context itself.
+
+        lm-eval's requests are read as lm-eval's own ``hf`` model reads them: special-token strings in
+        contexts and continuations are parsed (a :class:`maskrl.text.ModelInput` that is all template
+        text), where maskrl's own prompts keep them as text (:mod:`maskrl.text`)."""
         from maskrl.models import chat_prompt
+        from maskrl.text import ModelInput
 
         if self.use_chat_template and not self.harness_templates:
-            return chat_prompt(self.adapter.tokenizer, context)
-        return context
+            return ModelInput.template(chat_prompt(self.adapter.tokenizer, context))
+        return ModelInput.template(context)
 
     def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         """Token ids ``(context, continuation)`` of a ``loglikelihood`` request, split as lm-eval's own
@@ -354,8 +359,10 @@ class MaskrlLM(LM):
         """
         from maskrl.text import prompt_token_ids
 
+        from maskrl.text import ModelInput
+
         tok = self.adapter.tokenizer
-        text = self.model_input(context)
+        text, continuation = self.model_input(context), ModelInput.template(continuation)  # lm-eval's reading
         spaces = len(text) - len(text.rstrip())
         if spaces:
             text, continuation = text[:-spaces], text[-spaces:] + continuation

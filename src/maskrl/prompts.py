@@ -11,12 +11,12 @@ if TYPE_CHECKING:
 
 
 def prompt_formatter(adapter: ModelAdapter, use_chat_template: bool = True) -> Callable[[str], str]:
-    """Function turning a task prompt into model input text (chat template when the tokenizer has one)."""
-    from maskrl.models import chat_prompt
+    """Function turning a task prompt into model input text (chat template when the tokenizer has one
+    and ``use_chat_template``): a :class:`maskrl.text.ModelInput`, in which the task prompt is data --
+    special-token strings in it are encoded as text, only the template's are control ids."""
+    from maskrl.text import model_input
 
-    if not use_chat_template:
-        return lambda s: s
-    return lambda s: chat_prompt(adapter.tokenizer, s)
+    return lambda s: model_input(adapter.tokenizer, s, use_chat_template)
 
 
 def check_lengths(adapter: ModelAdapter, prompts: Sequence[str], gen_length: int, what: str = "gen_length",

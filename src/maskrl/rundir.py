@@ -203,16 +203,22 @@ def run_model_folder(path: Any, what: str = "--model") -> Any:
         FileNotFoundError: a run folder without a complete ``model/`` (no ``config.json`` or no
             weights: the run stopped before its end, when ``model/`` is written); the message names
             the run, what it holds, what is missing, its latest checkpoint and how to finish it.
+        ValueError: a model folder whose ``.safetensors`` file does not read (cut short, corrupt), naming
+            the file (:func:`maskrl.files.check_weights_read`), before anything loads it.
     """
+    from maskrl.files import check_weights_read
+
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         return path
     folder = Path(path).expanduser()
     if not folder.is_dir() or _is_model_folder(folder) or not run_files(folder):
+        check_weights_read(folder, what)
         return path
     model = folder / "model"
     weights = model.is_dir() and any(p.is_file() for pat in WEIGHT_PATTERNS for p in model.glob(pat))
     if weights and (model / "config.json").is_file():
         log.info("%s %s is a run folder: using its exported model %s", what, path, model)
+        check_weights_read(model, what)
         return str(model) if isinstance(path, str) else model
     from maskrl.training.checkpoint import latest_checkpoint
 
@@ -297,6 +303,10 @@ def run_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
     a lock from another host cannot be checked and is respected. Only :func:`is_main_process` should
     take it (other ranks of a multi-process run share the main process's lock).
 
+    The folders it creates (``folder`` and missing parents) are removed again when they are empty at
+    release: a command refused after taking the lock (bad data, a bad setting found late) leaves no
+    empty run folder behind.
+
     Yields:
         The lock file's path.
 
@@ -304,7 +314,22 @@ def run_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
         RunDirError: another live process holds the lock (naming its pid, host, command and start).
     """
     folder = Path(folder)
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with _lock_file(folder, command) as path:
+            yield path
+    finally:
+        for p in created:
+            try:
+                p.rmdir()  # only an empty folder: anything the command wrote stays
+            except OSError:
+                break
+
+
+@contextlib.contextmanager
+def _lock_file(folder: Path, command: str) -> Iterator[Path]:
+    """:func:`run_lock`'s lock file in an existing ``folder``."""
     path = folder / LOCK_FILE
     me = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
           "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -16,20 +16,22 @@ from tqdm.auto import tqdm
 
 from maskrl.models.adapter import ModelAdapter
 from maskrl.tasks.base import Example
-from maskrl.text import encode_prompts
+from maskrl.text import data_token_ids, encode_prompts
 
 
 
 def encode_targets(tokenizer, targets: Sequence[str], gen_length: int, eos_id: int,
                    ids: Sequence[int] | None = None) -> torch.Tensor:
-    """Target completions as ``[N, L]`` long: the text's tokens, then eos up to ``gen_length``.
+    """Target completions as ``[N, L]`` long: the text's tokens, then eos up to ``gen_length``. The
+    target is data: special-token strings in it are text (:func:`maskrl.text.data_token_ids`), so a
+    target spelling ``<|eos|>`` does not end early nor teach a mask id.
 
     Raises:
         ValueError: naming the example whose target is longer than ``gen_length`` tokens.
     """
     out = torch.full((len(targets), gen_length), eos_id, dtype=torch.long)
     for i, t in enumerate(targets):
-        tok = tokenizer(t, add_special_tokens=False)["input_ids"]
+        tok = data_token_ids(tokenizer, t)
         if len(tok) > gen_length:
             who = ids[i] if ids is not None else i
             raise ValueError(f"example {who}: target has {len(tok)} tokens > gen_length={gen_length}")

@@ -65,6 +65,7 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if cfg.eval.mismatch_every:
         raise ConfigError("eval.mismatch_every: the evaluation sampler never measures the rollout mismatch; "
                           "set rollout.mismatch_every instead")
+    _check_task_name(cfg)
     if cfg.task.name != "file" and cfg.task.file != FileTaskConfig():
         raise ConfigError(f"task.file: only read by task.name: file (this run's task is {cfg.task.name!r}); remove it")
     _check_observer_logits(cfg)
@@ -83,6 +84,18 @@ def _check_ranges(cfg: "RunConfig") -> None:
         why = block_model_refusal(cfg.likelihood)
         if why:
             raise ConfigError(f"likelihood (with model.tiny.block_size {t.block_size}): {why}")
+
+
+def _check_task_name(cfg: "RunConfig") -> None:
+    """``task.name`` is a registered task (built-in or a plug-in's; plug-ins are imported before the
+    config is built), with the message ``train`` / ``eval`` give for an unknown task."""
+    from maskrl.tasks.base import TASKS
+    import maskrl.tasks  # noqa: F401  (registers the built-in tasks; imports no torch)
+
+    try:
+        TASKS.get(cfg.task.name)
+    except KeyError as e:
+        raise ConfigError(f"task.name: {e.args[0]}") from None
 
 
 #: ``train.report_to`` names (accelerate's ``LoggerType`` values)

@@ -3,6 +3,7 @@ description (from the dataclass docstrings' ``Attributes:``)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable
 
 from maskrl.config.build import to_dict
@@ -16,8 +17,31 @@ _SECTIONS = {"model": ModelConfig, "model.tiny": TinyModelConfig, "task": TaskCo
              "eval": SamplerConfig, "sft": SFTConfig, "train": TrainConfig}
 
 
+_ROLE_RE = re.compile(r":[a-z]+:`(~?)([^`<]*?)(?:\s*<([^`>]*)>)?`")
+_LITERAL_RE = re.compile(r"``(.+?)``")
+_INTERPRETED_RE = re.compile(r"(?<![\w`])`([^`]+)`(?![\w`])")
+_STRONG_RE = re.compile(r"(?<![\w*])\*\*(\S(?:.*?\S)?)\*\*(?![\w*])|(?<![\w*\\])\*(\S(?:[^*]*?\S)?)\*(?![\w*])")
+
+
+def plain_text(doc: str) -> str:
+    """reST inline markup of a docstring rendered as plain text for the terminal: ````x```` -> ``x``,
+    ``:class:`~a.b.C``` -> ``C``, ``:func:`a.f``` -> ``a.f``, ``:ref:`title <target>``` -> ``title``,
+    ```x``` -> ``x``, ``**x**`` / ``*x*`` -> ``x``."""
+    def role(m: re.Match) -> str:
+        text, short = m.group(2).strip(), m.group(1) == "~"
+        if m.group(3) is not None:
+            return text
+        return text.rsplit(".", 1)[-1] if short else text
+
+    out = _ROLE_RE.sub(role, doc)
+    out = _LITERAL_RE.sub(lambda m: m.group(1), out)
+    out = _INTERPRETED_RE.sub(lambda m: m.group(1), out)
+    return _STRONG_RE.sub(lambda m: m.group(1) or m.group(2), out)
+
+
 def field_docs(cls: type) -> dict[str, str]:
-    """Field descriptions from the ``Attributes:`` section of ``cls``'s docstring (Google style)."""
+    """Field descriptions from the ``Attributes:`` section of ``cls``'s docstring (Google style), as
+    plain text (:func:`plain_text`)."""
     import inspect
 
     doc = inspect.getdoc(cls) or ""
@@ -38,7 +62,7 @@ def field_docs(cls: type) -> dict[str, str]:
             out[current] = rest.strip()
         elif current and stripped:
             out[current] += " " + stripped
-    return out
+    return {k: plain_text(v) for k, v in out.items()}
 
 
 def _explain_class(cls: type, title: str) -> list[str]:
@@ -99,7 +123,7 @@ def explain(section: str, configured: RunConfig | Callable[[], RunConfig] | None
             cls = reg.get(n)
             if field_name:
                 return _explain_field(cls, f"{kind}.{n}", field_name)
-            summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")
+            summary = plain_text((inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " "))
             out += _explain_class(cls, f"[{kind}] name: {n}\n  {summary}")
             if kind == "objective":  # what an absent `likelihood:` section (or one naming it) starts from
                 lik = own_likelihood(cls())

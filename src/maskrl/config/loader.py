@@ -11,6 +11,7 @@ from maskrl.config.build import _build, _coerce, _mark, _resolve_path
 from maskrl.config.checks import _check_ranges
 from maskrl.config.overrides import apply_override
 from maskrl.config.schema import ConfigError, RunConfig
+from maskrl.yamlfile import DuplicateKeyError, load_yaml
 
 
 def _merge(base: dict, over: Mapping) -> dict:
@@ -34,7 +35,8 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = (),
     working directory (see :class:`RunConfig`).
 
     Raises:
-        ConfigError: on an unknown key (naming it and the valid ones) or a mistyped value.
+        ConfigError: on an unknown key (naming it and the valid ones), a mistyped value, or a key
+            repeated in one mapping of a YAML file (naming the key and both lines).
         FileNotFoundError: when a YAML file does not exist.
     """
     data: dict = {}
@@ -43,7 +45,9 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = (),
             raise ConfigError(f"config file {p} does not exist")
         try:
             with open(p, encoding="utf-8") as fh:
-                loaded = yaml.safe_load(fh) or {}
+                loaded = load_yaml(fh) or {}
+        except DuplicateKeyError as e:
+            raise ConfigError(f"{p}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML ({e})") from None
         if not isinstance(loaded, Mapping):

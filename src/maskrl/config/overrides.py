@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import yaml
 
 from maskrl.config.schema import ConfigError, RunConfig, component_registry, field_types
+from maskrl.yamlfile import DuplicateKeyError, load_yaml
 
 
 def _key_type(parts: Sequence[str], root: type) -> Any:
@@ -36,7 +37,9 @@ def _parse_override(item: str, root: type | None = None) -> tuple[list[str], Any
         raise ConfigError(f"override {item!r} has no key before '='")
     is_str = _key_type(parts, root or RunConfig) is str
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{key.strip()}: in the value {raw!r}, {e}") from None
     except yaml.YAMLError as e:
         if not is_str:
             first = str(e).strip().splitlines()[0]

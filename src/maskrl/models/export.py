@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 
 from maskrl.models.adapter import ModelAdapter
+from maskrl.files import usual_file_modes
 
 #: where each family's own modelling code lives (the ``auto_map`` of an export points there)
 FAMILY_CODE = {"llada": "GSAI-ML/LLaDA-8B-Instruct", "dream": "Dream-org/Dream-v0-Instruct-7B"}
@@ -70,7 +71,8 @@ def save_model(adapter: ModelAdapter, path: str | os.PathLike, merge_lora: bool 
     """Save a policy's weights (safetensors), config and tokenizer into ``path`` in its family's layout.
 
     See the module docstring for the layouts. :func:`maskrl.models.load` reloads every one of them
-    with the same ids, shift and logits.
+    with the same ids, shift and logits. Every file written has the mode a new file gets (``0o666``
+    less the umask; :func:`maskrl.files.usual_file_modes`).
 
     Args:
         adapter: the policy (its ``family`` picks the layout; a peft-wrapped model is merged).
@@ -103,6 +105,7 @@ def save_model(adapter: ModelAdapter, path: str | os.PathLike, merge_lora: bool 
         if not merge_lora:
             if adapter.tokenizer is not None:
                 adapter.tokenizer.save_pretrained(path)
+            usual_file_modes(path)
             return path
         model, lora_facts = merge_lora_copy(model, merged_dtype, max_update_error)
     facts = _facts(adapter) | ({"maskrl_lora": lora_facts} if lora_facts else {})
@@ -122,6 +125,7 @@ def save_model(adapter: ModelAdapter, path: str | os.PathLike, merge_lora: bool 
     (path / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     if adapter.tokenizer is not None:
         adapter.tokenizer.save_pretrained(path)
+    usual_file_modes(path)  # transformers writes model.safetensors through mkstemp (0600)
     return path
 
 

@@ -132,8 +132,10 @@ def strategy_from_accelerate(path: str | None, gpus: int) -> str:
         return "ddp" if gpus > 1 else "single"
     import yaml
 
+    from maskrl.yamlfile import load_yaml
+
     try:
-        c = yaml.safe_load(Path(path).read_text()) or {}
+        c = load_yaml(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         raise PlanError(f"--accelerate-config: cannot read {path} ({e})") from None
     kind = str(c.get("distributed_type", "")).upper()

@@ -1,8 +1,8 @@
 """Bring your own data and reward (issue 23): the ``file`` task over any JSONL / CSV file or local
 ``datasets`` folder, from YAML alone.
 
-Rows are read through Hugging Face ``datasets`` (``Dataset.from_json``, ``Dataset.from_csv``,
-``load_from_disk``); the prompt is ``task.prompt_template`` formatted over the row's columns; every
+Rows are read as written (:mod:`maskrl.tasks.rows`: every CSV cell is its text, a JSON number keeps
+the text it was written with) or, for a folder, through Hugging Face ``datasets.load_from_disk``; the prompt is ``task.prompt_template`` formatted over the row's columns; every
 column is passed to the reward; the reward is a function named ``module:function`` (a dotted module
 or a ``.py`` file) in TRL's call shape::
 
@@ -62,62 +62,58 @@ def load_reward(spec: str, key: str = "task.file.reward") -> Callable[..., Seque
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Every row of a JSONL / JSON / CSV file or a ``datasets`` ``save_to_disk`` folder (one split), as dicts.
 
+    CSV cells are their text and JSON numbers keep their written text (:mod:`maskrl.tasks.rows`: ``007``,
+    ``0.50``, ``NA``, ``None``, ``null``, empty cells are read as written); a ``datasets`` folder's
+    columns keep the types they were saved with.
+
     Raises:
         FileNotFoundError: no such file or folder.
-        DataError: an unreadable file, or a folder holding a ``DatasetDict`` (the message lists its splits).
+        DataError: an unreadable file (file and line named), or a folder holding a ``DatasetDict``
+            (the message lists its splits) or no dataset.
     """
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError("the file task reads JSONL / CSV / datasets folders through `datasets`: "
-                          "pip install 'maskrl[data]'") from None
+    from maskrl.tasks.rows import read_csv_rows, read_json_rows
 
     p = Path(path)
     name = p.name.lower()
-    try:
-        if p.is_dir():
-            ds = datasets.load_from_disk(str(p))
-            if isinstance(ds, datasets.DatasetDict):
-                raise DataError(f"{p}: a DatasetDict with splits {', '.join(ds)}; give one split's folder, "
-                                f"e.g. {p / next(iter(ds))}")
-        elif not p.is_file():
-            raise FileNotFoundError(f"no data file or folder {p}")
-        elif name.endswith(JSON_SUFFIXES):
-            ds = datasets.Dataset.from_json(str(p))
-        elif name.endswith(CSV_SUFFIXES):
-            ds = datasets.Dataset.from_csv(str(p))
-        else:
-            raise DataError(f"{p}: unknown format (expected {', '.join(JSON_SUFFIXES + CSV_SUFFIXES)} or a "
-                            "datasets save_to_disk folder)")
-    except (DataError, FileNotFoundError):
-        raise
-    except Exception as e:  # noqa: BLE001 - datasets' own parse errors, named with the file
-        raise DataError(f"{p}: cannot read with datasets ({type(e).__name__}: {e}){_first_bad_line(p)}") from None
-    rows = ds.to_list()
+    if p.is_dir():
+        return _read_folder(p)
+    if not p.is_file():
+        raise FileNotFoundError(f"no data file or folder {p}")
+    if name.endswith(JSON_SUFFIXES):
+        rows = read_json_rows(p)
+    elif name.endswith(CSV_SUFFIXES):
+        rows = read_csv_rows(p)
+    else:
+        raise DataError(f"{p}: unknown format (expected {', '.join(JSON_SUFFIXES + CSV_SUFFIXES)} or a "
+                        "datasets save_to_disk folder)")
     if not rows:
         raise DataError(f"{p}: no rows")
     return rows
 
 
-def _first_bad_line(path: Path) -> str:
-    """For a JSONL file that ``datasets`` could not read: ``"; line K: <why>"`` for its first line
-    that is not a JSON object (or ``"; the file is empty"``), to name the row; else ``""``."""
-    import json
+def _read_folder(p: Path) -> list[dict[str, Any]]:
+    """The rows of a ``datasets`` ``save_to_disk`` folder holding one ``Dataset``.
 
-    if not path.is_file() or not path.name.lower().endswith(".jsonl"):
-        return ""
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    if not any(line.strip() for line in lines):
-        return "; the file is empty"
-    for k, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            if not isinstance(json.loads(line), dict):
-                return f"; line {k}: not a JSON object"
-        except json.JSONDecodeError as e:
-            return f"; line {k}: not valid JSON ({e.msg})"
-    return ""
+    Raises:
+        DataError: a ``DatasetDict`` (its splits listed), a folder ``datasets`` cannot read, no rows.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("the file task reads datasets folders through `datasets`: pip install 'maskrl[data]'") from None
+    try:
+        ds = datasets.load_from_disk(str(p))
+    except Exception as e:  # noqa: BLE001 - datasets' own errors, one line naming the folder
+        from maskrl.files import first_line
+
+        raise DataError(f"{p}: not a datasets save_to_disk folder ({first_line(e)})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        raise DataError(f"{p}: a DatasetDict with splits {', '.join(ds)}; give one split's folder, "
+                        f"e.g. {p / next(iter(ds))}")
+    rows = ds.to_list()
+    if not rows:
+        raise DataError(f"{p}: no rows")
+    return rows
 
 
 def template_fields(template: str) -> list[str]:
@@ -177,7 +173,8 @@ class FileTask(Task):
         """Rows -> examples: prompt from the template, every column in ``fields``.
 
         Raises:
-            DataError: a row lacking the answer column or a template column (file and 1-based row named).
+            DataError: a row lacking the answer column or a template column, or one the template cannot
+                format (file and 1-based row named).
         """
         if not self.prompt_template:
             raise ValueError("task.prompt_template: the file task needs a template over the data's columns, "
@@ -191,7 +188,13 @@ class FileTask(Task):
             if missing:
                 raise DataError(f"{path}: row {i + 1}: no value in column(s) {', '.join(missing)} "
                                 f"(columns: {', '.join(row)})")
-            out.append(Example(id=i, prompt=self.prompt_template.format_map(row), fields=dict(row)))
+            try:
+                prompt = self.prompt_template.format_map(row)
+            except (ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
+                raise DataError(f"{path}: row {i + 1}: task.prompt_template {self.prompt_template!r} cannot be "
+                                f"filled from this row ({type(e).__name__}: {e}); cells are text, as written "
+                                "in the file") from None
+            out.append(Example(id=i, prompt=prompt, fields=dict(row)))
         return out
 
     def train_split(self, path=None) -> list[Example]:

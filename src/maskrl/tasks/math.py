@@ -5,15 +5,17 @@ equivalent to the gold answer according to math-verify, with numbers compared re
 magnitude (:func:`maskrl.mathverify.math_equal`: ``0.0000673`` is not ``.0000672``), else 0.0. Extraction (:func:`extract_answer`)
 reads the completion's final part (the ``<answer>`` span, else the text after ``</reasoning>``, else
 the whole text; rules shared by all tasks in :mod:`maskrl.tasks.extract`) and takes, in order: the
-last ``\\boxed{...}`` (nested braces handled), the text after the last ``####``, the last number;
-words around a value are dropped (:func:`clean_answer`). Empty or unreadable completions score 0.0
+last ``\\boxed{...}`` (nested braces handled), the text after the last ``####``, then for GSM8K the
+last number and for MATH-500 the whole stated answer (:func:`answer_span`: never its last number,
+so ``\\sqrt{2}`` is not ``2``); words around a value and a closing period are dropped
+(:func:`clean_answer`). Empty or unreadable completions score 0.0
 and never raise. ``answer_form="strict"`` adds the MATH-style form check (:func:`form_matches`).
 math-verify runs in worker processes with a hard per-item timeout (:mod:`maskrl.mathverify`); a
 hung or crashed comparison scores 0.0.
 
 Departures from common practice, on purpose: GSM8K is also graded on the ``\\boxed{}`` answer the
-prompt asks for (``####`` and the last number are fallbacks), and MATH-500 also accepts the
-``####``/last-number fallbacks, so both tasks share one extractor.
+prompt asks for (``####`` and the last number are fallbacks), and MATH-500 also accepts an unboxed
+stated answer (``####``, the ``<answer>`` span, the last line), so both tasks share one extractor.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from maskrl.mathverify import DEFAULT_TIMEOUT_S, VerifyPool, math_equal, verify_many
 from maskrl.tasks.base import TASKS, DataError, Example, Task, iter_jsonl, require
-from maskrl.tasks.extract import final_boxes, final_part, join_digit_groups, last_boxed, normalize_minus
+from maskrl.tasks.extract import FinalPart, final_boxes, final_part, join_digit_groups, last_boxed, normalize_minus
 
 #: answers longer than this (characters) are not sent to math-verify; they score 0.0
 MAX_ANSWER_CHARS = 1000
@@ -47,6 +49,12 @@ _DECIMAL_RE = re.compile(r"\d\.\d|(?<!\d)\.\d")
 _MIXED_NUMBER_RE = re.compile(r"\d\s*\\[dt]?frac|\d\s+\d+\s*/\s*\d+")
 _INT_FRACTION_RE = re.compile(r"\\[dt]?frac\{(\d+)\}\{(\d+)\}|(?<![\d.])(\d+)/(\d+)(?![\d.])")
 _CALC_RE = re.compile(r"<<[^<>]*>>")
+# a sentence's closing period (one, not an ellipsis), possibly followed by LaTeX spacing
+_TRAILING_PERIOD_RE = re.compile(r"(?<![.\\])\.(?:\s|\\[,;:! ]|~)*$")
+# a phrase announcing the answer ("The final answer is", "Answer:")
+_ANSWER_PHRASE_RE = re.compile(r"\b(?:final\s+)?answer\s*(?:is|:|=)\s*(?::\s*)?", re.I)
+# the whole text in one pair of math delimiters ($...$, $$...$$, \(...\), \[...\]), a period after it allowed
+_DELIMITED_RE = re.compile(r"^\s*(?:\$\$?([^$]+)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\])\s*\.?\s*$", re.S)
 
 #: the ways :class:`MathTask` can compare answers (``answer_form``)
 ANSWER_FORMS = ("value", "strict")
@@ -59,19 +67,20 @@ def last_number(text: str) -> str | None:
     return found[-1].replace(",", "") if found else None
 
 
-def after_hashes(text: str) -> str | None:
+def after_hashes(text: str, whole: bool = False) -> str | None:
     """The answer after the last ``####`` (GSM8K style), or ``None``.
 
     Takes the rest of that line; plain text gives its first number (``"#### $1,000 total"`` ->
     ``"1,000"``, ``"#### −10"`` -> ``"-10"``), text holding LaTeX (a backslash) is returned whole,
-    trailing ``.`` and ``$`` dropped.
+    trailing ``.`` and ``$`` dropped. With ``whole`` (MATH-500's rule) the rest of the line is the
+    answer whatever it holds (``"#### 3/4"`` -> ``"3/4"``, not ``"3"``).
     """
     text = normalize_minus(text)
     pos = text.rfind("####")
     if pos < 0:
         return None
     seg = text[pos + 4:].strip().split("\n", 1)[0].strip()
-    if "\\" in seg:
+    if "\\" in seg or whole:
         return seg.strip(" .$") or None
     found = _NUMBER_RE.search(seg)
     if found:
@@ -86,10 +95,12 @@ def clean_answer(answer: str) -> str:
       (``"240 sheets per month"`` -> ``"240"``, ``"2:00 pm"`` -> ``"2"``, ``"$18 dollars"`` -> ``"18"``),
       else its only number (``"She needs 6"`` -> ``"6"``); otherwise unchanged (``"x = 5 or x = -3"``).
     * LaTeX is left to math-verify, which reads units in ``\\text{}`` itself.
-    Minus-like characters become ``-`` first, and LaTeX spacing between digit groups is dropped
-    (``12\\,345`` -> ``12345``; :func:`maskrl.tasks.extract.join_digit_groups`).
+    Minus-like characters become ``-`` first, LaTeX spacing between digit groups is dropped
+    (``12\\,345`` -> ``12345``; :func:`maskrl.tasks.extract.join_digit_groups`), and a sentence's
+    closing period is not part of the answer (``18.`` -> ``18``, ``\\frac{1}{2}.`` -> ``\\frac{1}{2}``;
+    ``\\ldots`` and ``...`` are kept).
     """
-    ans = join_digit_groups(normalize_minus(answer).strip())
+    ans = _TRAILING_PERIOD_RE.sub("", join_digit_groups(normalize_minus(answer).strip()))
     if "\\" not in ans:
         if not _WORD_RE.search(ans):
             return ans
@@ -155,8 +166,36 @@ def value_count(gold: str) -> int:
     return parts
 
 
+def _undelimited(text: str) -> str | None:
+    """The inside of ``text`` when all of it is one formula in math delimiters (a period after it allowed)."""
+    m = _DELIMITED_RE.match(text)
+    return None if m is None else next(g for g in m.groups() if g is not None).strip()
+
+
+def answer_span(part: FinalPart) -> str:
+    """The stated final answer of a completion's final part, whole (MATH-500's rule when it has no
+    ``\\boxed{}`` and no ``####``), never its last number.
+
+    The ``<answer>`` span (else the text after ``</reasoning>``, else the whole text) when it is one
+    formula in math delimiters (``$...$``, ``$$...$$``, ``\\(...\\)``, ``\\[...\\]``); else its last
+    non-blank line, after its last "answer is" / "Answer:" phrase, out of one pair of delimiters.
+    ``<answer>1/3</answer>`` -> ``1/3``, ``So the answer is $2\\pi$.`` -> ``2\\pi``, ``\\sqrt{2}`` ->
+    ``\\sqrt{2}``."""
+    text = part.span if part.span is not None and part.span.strip() else part.text
+    whole = _undelimited(text)
+    if whole is not None:
+        return whole
+    lines = [line for line in text.splitlines() if line.strip()]
+    text = lines[-1] if lines else ""
+    phrases = list(_ANSWER_PHRASE_RE.finditer(text))
+    if phrases and text[phrases[-1].end():].strip():
+        text = text[phrases[-1].end():]
+    inner = _undelimited(text)
+    return (text if inner is None else inner).strip()
+
+
 def extract_answer(completion: str | None, prompt: str | None = None,
-                   require_final_answer: bool = False, n_values: int = 1) -> str | None:
+                   require_final_answer: bool = False, n_values: int = 1, whole_span: bool = False) -> str | None:
     """The final answer of a completion.
 
     Reads the completion's final part (:func:`maskrl.tasks.extract.final_part`: the ``<answer>``
@@ -171,6 +210,12 @@ def extract_answer(completion: str | None, prompt: str | None = None,
 
     With ``require_final_answer``, a completion cut off before any final answer gives ``None``, and
     one without tags must state its answer in a box or after ``####`` (no last-number fallback).
+
+    With ``whole_span`` (MATH-500: answers are expressions, not numbers) the answer is never reduced
+    to its last number: without a box it is the whole rest of the ``####`` line, else the whole
+    stated answer (:func:`answer_span`), so ``<answer>1/3</answer>``, ``\\sqrt{2}``, ``(1, 2)`` and
+    ``2\\pi`` are graded as written (and ``\\sqrt{2}`` is not the answer 2). Plain text with words
+    around one number still gives that number (:func:`clean_answer`).
 
     Returns ``None`` for empty text, text with none of these, or an answer longer than
     :data:`MAX_ANSWER_CHARS`. Never raises (non-string input gives ``None``).
@@ -187,10 +232,13 @@ def extract_answer(completion: str | None, prompt: str | None = None,
         if boxes and all(b and value_count(b) == 1 for b in boxes):
             ans = ", ".join(boxes)
     if ans is None or not ans.strip():
-        ans = after_hashes(region)
+        ans = after_hashes(region, whole=whole_span)
     unstated = part.kind in ("untagged", "no_final_text", "cut_off")
     if (ans is None or not ans.strip()) and not (require_final_answer and unstated):
-        ans = (last_number(part.span) if part.span else None) or last_number(region)
+        if whole_span:
+            ans = answer_span(part)
+        else:
+            ans = (last_number(part.span) if part.span else None) or last_number(region)
     if ans is None or not ans.strip():
         return None
     ans = clean_answer(ans)
@@ -217,6 +265,9 @@ class MathTask(Task):
     prompt_template = PROMPT_TEMPLATE
 
     template_fields = ("problem",)
+    #: grade the whole stated answer, never its last number (:func:`extract_answer`'s ``whole_span``):
+    #: MATH-500's answers are expressions; GSM8K's are numbers, read by the numeric rule
+    whole_span: bool = False
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, pool: VerifyPool | None = None,
                  equal_fn: Callable[[str, str], bool] = math_equal, prompt_template: str | None = None,
@@ -240,7 +291,8 @@ class MathTask(Task):
         n = len(completions)
         prompts = list(prompts) if prompts is not None and len(prompts) == n else [None] * n
         counts = [value_count(a) for a in answer] if answer is not None and len(answer) == n else [1] * n
-        return [extract_answer(c, p, self.require_final_answer, k) for p, c, k in zip(prompts, completions, counts)]
+        return [extract_answer(c, p, self.require_final_answer, k, self.whole_span)
+                for p, c, k in zip(prompts, completions, counts)]
 
     def reward(self, prompts: Sequence[str], completions: Sequence[str], *, answer: Sequence[str],
                **_: Any) -> list[float]:
@@ -329,6 +381,7 @@ class MATH500(MathTask):
     ``\\boxed{}``)."""
 
     name = "math500"
+    whole_span = True
     data_file = "math500/test.jsonl"
     train_file = "math500/train.jsonl"
     hub_id = "HuggingFaceH4/MATH-500"

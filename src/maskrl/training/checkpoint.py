@@ -41,6 +41,7 @@ import torch
 from accelerate import Accelerator
 
 from maskrl.config import RunConfig, TrainConfig, to_dict
+from maskrl.files import first_line, unreadable_file, usual_file_modes
 from maskrl.training.seeds import resumed_data_seed, resumed_rollout_seed
 
 TRAINER_STATE = "trainer_state.pt"
@@ -73,7 +74,25 @@ class ProcessCountError(ValueError):
     ``train.prompts_per_step`` × processes, would change)."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read (cut short, corrupt); the message is one line naming the
+    file and the latest earlier checkpoint of the run whose files read, if any."""
+
+
 # ------------------------------------------------------------------------------------ files
+def damaged_checkpoint(path: Path, file: Path, why: str) -> CheckpointError:
+    """The error for checkpoint ``path`` whose ``file`` does not read: names the file and the latest
+    earlier complete checkpoint of the same run whose files read (:func:`unreadable_file`)."""
+    step = int(path.name[5:]) if path.name[5:].isdigit() else None
+    earlier = sorted((p for p in path.parent.glob("step_*") if p.name[5:].isdigit() and (p / TRAINER_STATE).is_file()
+                      and (step is None or int(p.name[5:]) < step)), key=lambda p: -int(p.name[5:]))
+    good = next((p for p in earlier if unreadable_file(p) is None), None)
+    then = (f"the earlier checkpoint {good} reads: resume from it with --resume {good}" if good else
+            "no earlier checkpoint of this run reads: start the run again (--overwrite)")
+    return CheckpointError(f"{file}: cannot be read ({why}); checkpoint {path.name} is damaged (cut short or "
+                           f"corrupt): {then}")
+
+
 def read_checkpoint_state(path: str | Path) -> dict:
     """The trainer state of a checkpoint folder (module docstring): ``{"step", "data_gen",
     "rollout_gen", "config"}``, and ``"num_processes"``, ``"streams"`` when a maskrl version that
@@ -81,11 +100,15 @@ def read_checkpoint_state(path: str | Path) -> dict:
 
     Raises:
         FileNotFoundError: when ``path`` holds no trainer state.
+        CheckpointError: the trainer state cannot be read (:func:`damaged_checkpoint`).
     """
     path = Path(path)
     if not (path / TRAINER_STATE).is_file():
         raise FileNotFoundError(f"{path} is not a maskrl checkpoint (no {TRAINER_STATE})")
-    return torch.load(path / TRAINER_STATE, weights_only=False)
+    try:
+        return torch.load(path / TRAINER_STATE, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - a damaged file: one line naming it and what would work
+        raise damaged_checkpoint(path, path / TRAINER_STATE, first_line(e)) from None
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -186,10 +209,20 @@ def load_trainable(models: list[torch.nn.Module], input_dir: str) -> None:
 def load_checkpoint_state(acc: Accelerator, path: Path, scheduler=None) -> None:
     """``acc.load_state(path)`` with :func:`load_trainable` as the model loader (see the module docstring),
     and ``scheduler``'s state from :data:`SCHEDULER_FILE` when the checkpoint has one (the resume then sets
-    the rate from the step, :func:`follow_schedule`)."""
+    the rate from the step, :func:`follow_schedule`).
+
+    Raises:
+        CheckpointError: a file of the checkpoint does not read (cut short, corrupt): one line naming
+            it and the earlier checkpoint that would work (:func:`damaged_checkpoint`).
+    """
     handle = acc.register_load_state_pre_hook(load_trainable)
     try:
         acc.load_state(str(path))
+    except Exception:
+        bad = unreadable_file(path)
+        if bad is None:
+            raise
+        raise damaged_checkpoint(Path(path), *bad) from None
     finally:
         handle.remove()
     if scheduler is not None and (path / SCHEDULER_FILE).is_file():
@@ -225,6 +258,8 @@ def save_checkpoint(acc: Accelerator, path: str | Path, step: int, cfg: RunConfi
         torch.save({"step": step, "data_gen": own["data_gen"], "rollout_gen": own["rollout_gen"], "config": to_dict(cfg),
                     "num_processes": acc.num_processes, "streams": streams, "frozen": frozen}, path / TRAINER_STATE)
     acc.wait_for_everyone()
+    if acc.is_main_process:  # accelerate writes model.safetensors through a 0600 temporary file
+        usual_file_modes(path)
     return path
 
 
