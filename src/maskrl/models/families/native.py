@@ -23,12 +23,15 @@ class NativeFamily(Family):
         model_class: name of the transformers class (``"Qwen2ForCausalLM"``).
         mask_id, eos_id: ids used when ``config.json`` (and ``generation_config.json``) declare none.
         stop_ids: further ids that end a completion.
+        stops_if_undeclared: use :attr:`stop_ids` only when the checkpoint declares no end id (its
+            ``eos_token_id`` lists already name them); ``False`` (LLaDA): always.
     """
 
     model_class: ClassVar[str] = ""
     mask_id: ClassVar[int | None] = None
     eos_id: ClassVar[int | None] = None
     stop_ids: ClassVar[tuple[int, ...]] = ()
+    stops_if_undeclared: ClassVar[bool] = False
 
     def native_config(self, cfg: dict):
         """The transformers config equivalent to the family's ``config.json`` dict.
@@ -64,7 +67,8 @@ class NativeFamily(Family):
         cfg_eos = ends[0] if ends else None
         end = first_id(cfg_eos, self.eos_id)
         stops = cfg.get("maskrl_stop_ids")  # a maskrl export keeps its stop ids
-        stops = self.stop_ids if stops is None else tuple(stops)
+        default = () if self.stops_if_undeclared and ends else self.stop_ids
+        stops = default if stops is None else tuple(stops)
         return dict(model=model, mask_id=first_id(cfg.get("mask_token_id"), self.mask_id), eos_id=end,
                     pad_id=first_id(cfg.get("pad_token_id"), cfg_eos, self.eos_id), shift=self.shift,
                     family=self.name, attention="4d", tokenizer=tokenizer, stop_ids=without(stops + ends, end),

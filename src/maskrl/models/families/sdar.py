@@ -16,7 +16,8 @@ modeling_sdar.py}`` and ``generate.py``, commit c2041a8):
   first real token).
 * ``block_size`` from ``config.json`` (4 in SDAR-4B/8B-Chat; a config without one: 4),
   ``mask_token_id`` 151669, eos 151643 in ``config.json`` and ``[151645, 151643]`` in
-  ``generation_config.json`` (both end a completion), **no logit shift** (``logits[i]`` predicts token i).
+  ``generation_config.json`` (all declared end ids end a completion; eos 151643 and stop 151645 only
+  when the checkpoint declares none), **no logit shift** (``logits[i]`` predicts token i).
 
 Refused (``NotImplementedError`` naming the key): sliding-window attention, a scaled RoPE, a
 non-SiLU activation. ``sdar_moe`` (``SDARMoeForCausalLM``, SDAR-30B-A3B) is Qwen3-MoE with Qwen3-MoE's
@@ -89,6 +90,7 @@ class SDAR(NativeFamily):
     architectures = ("SDARForCausalLM",)
     model_class = "Qwen3ForCausalLM"
     mask_id, eos_id, stop_ids = 151669, 151643, (151645,)
+    stops_if_undeclared = True
     qwen_tokenizer = True
     keys = QWEN3_KEYS
 
