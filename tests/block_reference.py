@@ -5,7 +5,8 @@ code could not be run here (docs/models.md), and a second check of the SDAR data
 Per layer, in float64: ``h += o_proj(attn(rms(h)))``, ``h += down(silu(gate(rms(h))) * up(rms(h)))``;
 attention of query ``i`` over the keys ``j`` with ``j // B <= i // B`` (``B`` the block size, positions
 from 0), scores ``q·k / sqrt(d)``, rotate-half RoPE with frequencies ``θ^(-2m/d)``, key/value head
-``h // (H / H_kv)``; Qwen3 normalises each head's q and k (RMSNorm) before RoPE, Qwen2 adds q/k/v biases.
+``h // (H / H_kv)``; Qwen3 normalises each head's q and k (RMSNorm) before RoPE, Qwen2 adds q/k/v biases;
+Qwen3-MoE layers (a ``mlp.gate`` router) mix their top-k experts' MLPs.
 """
 from __future__ import annotations
 
@@ -33,6 +34,23 @@ def _rope(x: torch.Tensor, pos: int, theta: float) -> torch.Tensor:
 def _linear(w: dict, name: str, x: torch.Tensor) -> torch.Tensor:
     out = x @ w[f"{name}.weight"].T
     return out + w[f"{name}.bias"] if f"{name}.bias" in w else out
+
+
+def _mlp(w: dict, p: str, x: torch.Tensor) -> torch.Tensor:
+    return _linear(w, f"{p}.down_proj", torch.nn.functional.silu(_linear(w, f"{p}.gate_proj", x)) * _linear(w, f"{p}.up_proj", x))
+
+
+def _moe(w: dict, p: str, x: torch.Tensor, cfg: dict) -> torch.Tensor:
+    """Qwen3-MoE's sparse block, token by token: router softmax, the top ``num_experts_per_tok`` experts
+    (their probabilities renormalised to sum 1 when ``norm_topk_prob``), the weighted sum of their MLPs."""
+    out = torch.zeros_like(x)
+    for i in range(x.shape[0]):
+        probs = torch.softmax(x[i] @ w[f"{p}.gate.weight"].T, 0)
+        top = sorted(range(probs.shape[0]), key=lambda e: -float(probs[e]))[: cfg["num_experts_per_tok"]]
+        total = sum(float(probs[e]) for e in top) if cfg.get("norm_topk_prob") else 1.0
+        for e in top:
+            out[i] += probs[e] / total * _mlp(w, f"{p}.experts.{e}", x[i:i + 1])[0]
+    return out
 
 
 def block_lm_logits(weights: dict[str, torch.Tensor], cfg: dict, ids: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -68,7 +86,6 @@ def block_lm_logits(weights: dict[str, torch.Tensor], cfg: dict, ids: torch.Tens
                     att[i, a] = sum(pr * v[j, g] for pr, j in zip(probs, keys))
             h = h + _linear(w, f"{p}.self_attn.o_proj", att.reshape(t, heads * d))
             x = _rms(h, w[f"{p}.post_attention_layernorm.weight"], eps)
-            gate, up = _linear(w, f"{p}.mlp.gate_proj", x), _linear(w, f"{p}.mlp.up_proj", x)
-            h = h + _linear(w, f"{p}.mlp.down_proj", torch.nn.functional.silu(gate) * up)
+            h = h + (_moe(w, f"{p}.mlp", x, cfg) if f"{p}.mlp.gate.weight" in w else _mlp(w, f"{p}.mlp", x))
         rows.append(_rms(h, w["model.norm.weight"], eps) @ head.T)
     return torch.stack(rows)

@@ -177,3 +177,42 @@ def test_a_family_added_from_outside_src_loads_and_exports(tmp_path):
 
 def test_the_plugin_family_is_gone_after_its_test():
     assert "toy_block" not in FAMILIES and {"llada", "dream", "sdar", "sdar_moe", "fast_dllm_v2"} <= set(FAMILIES)
+
+
+def _sdar_moe_checkpoint(tmp_path) -> tuple[Path, dict, dict]:
+    """A tiny ``sdar_moe`` folder in SDAR-MoE's layout: Qwen3-MoE keys and per-expert tensor names."""
+    cfg = json.loads((SDAR_DIR / "config.json").read_text()) | {
+        "model_type": "sdar_moe", "architectures": ["SDARMoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 24, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
+    cfg["auto_map"] = {k: v.replace("sdar.SDAR", "sdar_moe.SDARMoe") for k, v in cfg["auto_map"].items()}
+    dense = load_file(SDAR_DIR / "model.safetensors")
+    g = torch.Generator().manual_seed(7)
+    w = {k: v for k, v in dense.items() if ".mlp." not in k}
+    hidden = cfg["hidden_size"]
+    for i in range(cfg["num_hidden_layers"]):
+        w[f"model.layers.{i}.mlp.gate.weight"] = torch.randn(4, hidden, generator=g)
+        for e in range(4):
+            p = f"model.layers.{i}.mlp.experts.{e}."
+            w[p + "gate_proj.weight"] = torch.randn(24, hidden, generator=g) / hidden ** 0.5
+            w[p + "up_proj.weight"] = torch.randn(24, hidden, generator=g) / hidden ** 0.5
+            w[p + "down_proj.weight"] = torch.randn(hidden, 24, generator=g) / 24 ** 0.5
+    return write_folder(tmp_path / "moe", cfg, w), cfg, w
+
+
+@pytest.mark.numerics
+def test_sdar_moe_loads_per_expert_tensors_into_qwen3_moe_and_exports_them_back(tmp_path):
+    folder, cfg, w = _sdar_moe_checkpoint(tmp_path)
+    adapter = load(folder)
+    assert type(adapter.model).__name__ == "Qwen3MoeForCausalLM"
+    assert (adapter.family, adapter.block_size, adapter.shift) == ("sdar_moe", 4, False)
+    ids, _ = _sdar_reference()
+    slow = block_lm_logits(w, cfg, ids, 4).float()
+    with torch.no_grad():
+        out = adapter.logits(ids)
+    assert (out - slow).abs().max() <= _tol(slow)
+    exported = save_model(adapter, tmp_path / "export")
+    cfg_out, w_out = read_family_folder(exported)
+    assert cfg_out["model_type"] == "sdar_moe" and cfg_out["num_experts"] == 4 and cfg_out["auto_map"] == cfg["auto_map"]
+    assert set(w_out) == set(w) and all(torch.equal(w_out[k], w[k]) for k in w)
+    with torch.no_grad():
+        assert torch.equal(load(exported).logits(ids), out)

@@ -260,11 +260,15 @@ def listing(names: Iterable[str]) -> str:
     return ", ".join(names[:_MAX_LISTED]) + more
 
 
-def build_and_load(config, model_cls: type, folder: Path, to_native: Callable[[str], str | None],
-                   to_checkpoint: Callable[[str], str], dtype: torch.dtype, device) -> torch.nn.Module:
+def build_and_load(config, model_cls: type, folder: Path, layout, dtype: torch.dtype, device) -> torch.nn.Module:
     """Build ``model_cls(config)`` (a transformers decoder class) without allocating weights, check the
-    checkpoint's tensor names (renamed by ``to_native``) and shapes against it, and attach the tensors
+    checkpoint's tensor names and shapes against it, and attach the tensors
     (``load_state_dict(strict=True, assign=True)``); returned in ``eval()`` mode on ``device``.
+
+    ``layout`` (a :class:`~maskrl.models.families.NativeFamily`) names the tensors: ``to_native(name)``
+    (checkpoint -> native name, ``None``: none), ``to_checkpoint(native)`` (for messages), and
+    ``unfused(shapes)`` / ``fused(state)`` for native parameters stored as several checkpoint tensors
+    (Qwen3-MoE's experts): the native names and shapes the checkpoint holds, and their assembly.
 
     Raises:
         ValueError: missing or unexpected tensors, or tensors of the wrong shape (named, in the
@@ -275,7 +279,8 @@ def build_and_load(config, model_cls: type, folder: Path, to_native: Callable[[s
     config.dtype = dtype
     with init_empty_weights(include_buffers=False):  # parameters on "meta", RoPE buffers real
         model = model_cls(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    to_native, to_checkpoint = layout.to_native, layout.to_checkpoint
+    expected = layout.unfused({k: tuple(v.shape) for k, v in model.state_dict().items()})
     # tied output layer (config tie_word_embeddings / LLaDA weight_tying): transformers' state_dict lists
     # lm_head.weight although it *is* the embedding; the checkpoint need not hold it (small Qwen2
     # conversions do not) and, as in transformers, a stored copy is not used
@@ -303,7 +308,7 @@ def build_and_load(config, model_cls: type, folder: Path, to_native: Callable[[s
              if tuple(v.shape) != expected[k]]
     if wrong:
         raise ValueError(f"checkpoint {str(folder)!r}: tensors of the wrong shape for the config: {listing(wrong)}")
-    result = model.load_state_dict(state, strict=False, assign=True)
+    result = model.load_state_dict(layout.fused(state), strict=False, assign=True)
     left = [k for k in result.missing_keys if k not in tied]
     if left or result.unexpected_keys:  # pragma: no cover - excluded by the name check above
         raise ValueError(f"checkpoint {str(folder)!r}: missing {left}, unexpected {result.unexpected_keys}")

@@ -49,6 +49,15 @@ class NativeFamily(Family):
         """Inverse of :meth:`to_native` (exports, error messages). Default: the same name."""
         return native
 
+    def unfused(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """Native tensor names and shapes as the checkpoint stores them, from the native class's
+        ``state_dict`` shapes (default: the same; :meth:`fused` assembles them)."""
+        return shapes
+
+    def fused(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The native class's ``state_dict`` from tensors named as :meth:`unfused` lists them (default: as is)."""
+        return state
+
     def block_size(self, cfg: dict) -> int | None:
         """Tokens per block of a block-diffusion checkpoint, ``None`` for full attention (default)."""
         return None
@@ -61,8 +70,7 @@ class NativeFamily(Family):
     def adapter_fields(self, cfg: dict, folder: Path, tokenizer: Any, dtype: torch.dtype, device) -> dict:
         """Model in :attr:`model_class`; ids from ``config.json`` (a list-valued ``eos_token_id`` there or in
         ``generation_config.json``: the first is ``eos_id``, the rest stop ids), then the family defaults."""
-        model = build_and_load(self.native_config(cfg), self.transformers_class(), folder, self.to_native,
-                               self.to_checkpoint, dtype, device)
+        model = build_and_load(self.native_config(cfg), self.transformers_class(), folder, self, dtype, device)
         ends = end_ids(cfg, folder)
         cfg_eos = ends[0] if ends else None
         end = first_id(cfg_eos, self.eos_id)
@@ -94,9 +102,10 @@ class NativeFamily(Family):
         Raises:
             NotImplementedError: a tensor with no name in the family's layout.
         """
-        state = model.state_dict()
+        state = dict(model.state_dict())
         if is_tied(model.config):
             state.pop("lm_head.weight", None)
+        state = self.split(state)
         out = {}
         for native, t in state.items():
             name = self.to_checkpoint(native)
@@ -104,6 +113,10 @@ class NativeFamily(Family):
                 raise NotImplementedError(f"save_model: tensor {native!r} has no name in the {self.name} layout")
             out[name] = t.detach().contiguous()
         return out
+
+    def split(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Inverse of :meth:`fused` (exports): the native tensors as the checkpoint stores them. Default: as is."""
+        return state
 
     def how_to_load(self) -> str | None:
         if self.code_repo is None:

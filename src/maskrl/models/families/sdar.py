@@ -156,3 +156,55 @@ class SDARMoe(SDAR):
 
     def extra_keys(self) -> tuple[str, ...]:
         return QWEN3_MOE_KEYS
+
+    # Qwen3-MoE checkpoints store each expert's ``mlp.experts.{e}.{gate,up,down}_proj.weight``; transformers
+    # 5's class holds them fused: ``mlp.experts.gate_up_proj [E, 2I, H]`` (gate rows, then up rows, as its
+    # own conversion mapping for qwen3_moe builds it) and ``mlp.experts.down_proj [E, H, I]``.
+    def unfused(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        out = {}
+        for name, shape in shapes.items():
+            if name.endswith(_GATE_UP):
+                base, (experts, two_i, hidden) = name[: -len("gate_up_proj")], shape
+                for e in range(experts):
+                    out[f"{base}{e}.gate_proj.weight"] = out[f"{base}{e}.up_proj.weight"] = (two_i // 2, hidden)
+            elif name.endswith(_DOWN):
+                base, (experts, hidden, inter) = name[: -len("down_proj")], shape
+                out |= {f"{base}{e}.down_proj.weight": (hidden, inter) for e in range(experts)}
+            else:
+                out[name] = shape
+        return out
+
+    def fused(self, state: dict):
+        import torch
+
+        out, experts = {}, {}
+        for name, t in state.items():
+            base, sep, rest = name.partition(".mlp.experts.")
+            if not sep:
+                out[name] = t
+                continue
+            e, proj = rest.split(".", 1)
+            experts.setdefault(base, {}).setdefault(proj, {})[int(e)] = t
+        for base, projs in experts.items():
+            stack = {p: torch.stack([ts[e] for e in sorted(ts)]) for p, ts in projs.items()}
+            out[f"{base}.mlp.{_GATE_UP}"] = torch.cat([stack["gate_proj.weight"], stack["up_proj.weight"]], dim=1)
+            out[f"{base}.mlp.{_DOWN}"] = stack["down_proj.weight"]
+        return out
+
+    def split(self, state: dict):
+        out = {}  # each expert's slice copied: safetensors refuses tensors that share storage
+        for name, t in state.items():
+            if name.endswith(_GATE_UP):
+                gate, up = t.chunk(2, dim=1)
+                base = name[: -len("gate_up_proj")]
+                for e in range(t.shape[0]):
+                    out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"] = gate[e].clone(), up[e].clone()
+            elif name.endswith(_DOWN):
+                base = name[: -len("down_proj")]
+                out |= {f"{base}{e}.down_proj.weight": t[e].clone() for e in range(t.shape[0])}
+            else:
+                out[name] = t
+        return out
+
+
+_GATE_UP, _DOWN = "experts.gate_up_proj", "experts.down_proj"
