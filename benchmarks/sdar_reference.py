@@ -84,7 +84,7 @@ def import_their_code(sdar: Path):
         return weight * h.to(dtype)
 
     import transformers.modeling_flash_attention_utils  # noqa: F401  (decides "no flash_attn" before the stubs exist)
-    import transformers.modeling_utils  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401  (imported with the real availability checks too)
 
     layer_norm = types.ModuleType("flash_attn.ops.triton.layer_norm")
     layer_norm.rms_norm_fn = rms_norm_fn

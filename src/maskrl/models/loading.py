@@ -32,13 +32,13 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 
 from maskrl.models.dtypes import DTYPE_NAMES, parse_dtype  # noqa: F401  (public here too)
 from maskrl.models.adapter import ModelAdapter
-from maskrl.models.names import NAME_MAPS, llada_to_checkpoint, llada_to_native  # noqa: F401  (public here too)
+from maskrl.models.names import llada_to_checkpoint, llada_to_native  # noqa: F401  (public here too)
 
 # _NO_PADDING_IDX: the native configs get ``pad_token_id=None``. Llama/Qwen2/Qwen3 build their embedding
 # with ``padding_idx=config.pad_token_id``, which zeroes that row's gradient; LLaDA, Dream and SDAR pad

@@ -8,8 +8,14 @@ other scalings are refused. Exports: Qwen2 keys with ``model_type: "Dream"``, ``
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from maskrl.models.families.base import FAMILIES
 from maskrl.models.families.native import NativeFamily, check, default_rope, is_tied, rope_theta
+
+
+if TYPE_CHECKING:
+    from maskrl.models.adapter import ModelAdapter
 
 
 @FAMILIES.register("dream")

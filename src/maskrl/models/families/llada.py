@@ -41,9 +41,15 @@ becomes ``tie_word_embeddings=True``: the output layer is the embedding and no `
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from maskrl.models.families.base import FAMILIES
 from maskrl.models.families.native import NativeFamily, check, is_tied, rope_theta
 from maskrl.models.names import llada_to_checkpoint, llada_to_native
+
+
+if TYPE_CHECKING:
+    from maskrl.models.adapter import ModelAdapter
 
 
 @FAMILIES.register("llada")
