@@ -133,6 +133,8 @@ def test_export_is_in_the_familys_layout_and_round_trips(tmp_path, family):
     assert cfg["architectures"] == src_cfg["architectures"] and cfg["auto_map"] == src_cfg["auto_map"]
     assert cfg["mask_token_id"] == src_cfg["mask_token_id"] and "maskrl_family" not in cfg
     assert set(w) == set(src_w)  # the family's own tensor names (Qwen3 / Qwen2), nothing else
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == [adapter.eos_id, *adapter.stop_ids]
     ids = torch.randint(0, 57, (2, 10), generator=torch.Generator().manual_seed(2))
     back = load(out)
     assert (back.family, back.block_size, back.shift, back.mask_id, back.eos_id, back.stop_ids) == \

@@ -26,7 +26,9 @@ names into :class:`~transformers.Qwen3MoeForCausalLM` (:class:`SDARMoe`).
 Exports (:func:`maskrl.models.save_model`): Qwen3 tensor names, Qwen3 config keys with ``model_type:
 "sdar"``, ``block_size`` and ``mask_token_id``; ``architectures`` and ``auto_map`` as the source
 checkpoint had them (kept on the model config as ``maskrl_source_architectures`` /
-``maskrl_source_auto_map``), else ``["SDARForCausalLM"]`` and no ``auto_map``.
+``maskrl_source_auto_map``), else ``["SDARForCausalLM"]`` and no ``auto_map``; a ``generation_config.json``
+listing every end id. SDAR's published ``auto_map`` names modelling files in the same folder
+(``modeling_sdar.SDARForCausalLM``): to run SDAR's own code on an export, copy those files beside it.
 """
 from __future__ import annotations
 
@@ -134,6 +136,23 @@ class SDAR(NativeFamily):
     def extra_keys(self) -> tuple[str, ...]:
         """Further config keys an export writes (the MoE keys of :class:`SDARMoe`)."""
         return ()
+
+    def how_to_load(self) -> str | None:
+        return (f"`maskrl.models.load(folder)`, {self.display_name}'s own code (its modelling files beside the "
+                f"folder, `trust_remote_code=True`), or an engine that registers `{self.architectures[0]}` "
+                f"(block size in config.json)")
+
+    def save(self, model, adapter, path, facts: dict) -> dict:
+        """The family's layout (:meth:`NativeFamily.save`), plus a ``generation_config.json`` listing every end
+        id (``[eos, *stop ids]``, as SDAR's ``[151645, 151643]``), which SDAR's code and the engines read."""
+        cfg = super().save(model, adapter, path, facts)
+        if cfg.get("model_type") == self.model_types[0]:
+            import json
+
+            ends = [int(adapter.eos_id), *(int(i) for i in adapter.stop_ids)]
+            gen = {"bos_token_id": cfg.get("bos_token_id", ends[0]), "eos_token_id": ends, "pad_token_id": int(adapter.pad_id)}
+            (path / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+        return cfg
 
 
 #: Qwen3-MoE config keys of an ``sdar_moe`` ``config.json`` besides the dense ones
