@@ -20,7 +20,9 @@ modeling_sdar.py}`` and ``generate.py``, commit c2041a8):
   when the checkpoint declares none), **no logit shift** (``logits[i]`` predicts token i).
 
 Refused (``NotImplementedError`` naming the key): sliding-window attention, a scaled RoPE, a
-non-SiLU activation. ``sdar_moe`` (``SDARMoeForCausalLM``, SDAR-30B-A3B) is Qwen3-MoE with Qwen3-MoE's
+non-SiLU activation. Keys that only steer SDAR's training kernels and parallelism
+(``attn_implementation``, ``fuse_cross_entropy``, ``ep_size``, ``use_deepep``, ``micro_forward``,
+``skip_checkpoint``, ``debug``) do not change the forward and are not read. ``sdar_moe`` (``SDARMoeForCausalLM``, SDAR-30B-A3B) is Qwen3-MoE with Qwen3-MoE's
 names into :class:`~transformers.Qwen3MoeForCausalLM` (:class:`SDARMoe`).
 
 Exports (:func:`maskrl.models.save_model`): Qwen3 tensor names, Qwen3 config keys with ``model_type:
