@@ -37,7 +37,8 @@ def _linear(w: dict, name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def _mlp(w: dict, p: str, x: torch.Tensor) -> torch.Tensor:
-    return _linear(w, f"{p}.down_proj", torch.nn.functional.silu(_linear(w, f"{p}.gate_proj", x)) * _linear(w, f"{p}.up_proj", x))
+    gate, up = _linear(w, f"{p}.gate_proj", x), _linear(w, f"{p}.up_proj", x)
+    return _linear(w, f"{p}.down_proj", torch.nn.functional.silu(gate) * up)
 
 
 def _moe(w: dict, p: str, x: torch.Tensor, cfg: dict) -> torch.Tensor:

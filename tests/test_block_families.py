@@ -214,7 +214,8 @@ def test_sdar_moe_loads_per_expert_tensors_into_qwen3_moe_and_exports_them_back(
     assert (out - slow).abs().max() <= _tol(slow)
     exported = save_model(adapter, tmp_path / "export")
     cfg_out, w_out = read_family_folder(exported)
-    assert cfg_out["model_type"] == "sdar_moe" and cfg_out["num_experts"] == 4 and cfg_out["auto_map"] == cfg["auto_map"]
+    assert cfg_out["model_type"] == "sdar_moe" and cfg_out["num_experts"] == 4
+    assert cfg_out["auto_map"] == cfg["auto_map"]
     assert set(w_out) == set(w) and all(torch.equal(w_out[k], w[k]) for k in w)
     with torch.no_grad():
         assert torch.equal(load(exported).logits(ids), out)

@@ -79,7 +79,8 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
         tokenizer: ``None`` loads the folder's tokenizer when tokenizer files exist
             (``AutoTokenizer``, ``trust_remote_code=False``; falls back to the plain fast tokenizer
             from ``tokenizer.json``, or for the Qwen-based families (Dream, SDAR, Fast-dLLM v2) to
-            ``Qwen2Tokenizer`` from ``vocab.json`` + ``merges.txt``); ``False`` skips it; any other value is used as the tokenizer.
+            ``Qwen2Tokenizer`` from ``vocab.json`` + ``merges.txt``); ``False`` skips it; any other value
+            is used as the tokenizer.
         revision: Hub revision for ``path_or_id`` ids.
         mask_id, eos_id, pad_id, stop_ids: override the ids otherwise taken from ``config.json``,
             then from the family defaults (LLaDA: mask 126336, eos/pad 126081, stop 126348;

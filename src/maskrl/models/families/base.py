@@ -103,7 +103,8 @@ class Family:
         return save_maskrl_layout(model, adapter, path, facts)
 
     def how_to_load(self) -> str | None:
-        """The model card's "load with" line, or ``None`` for maskrl's own (:func:`maskrl.models.export.write_model_card`)."""
+        """The model card's "load with" line, or ``None`` for maskrl's own
+        (:func:`maskrl.models.export.write_model_card`)."""
         return None
 
 

@@ -19,11 +19,11 @@ modeling_sdar.py}`` and ``generate.py``, commit c2041a8):
   ``generation_config.json`` (all declared end ids end a completion; eos 151643 and stop 151645 only
   when the checkpoint declares none), **no logit shift** (``logits[i]`` predicts token i).
 
-Refused (``NotImplementedError`` naming the key): sliding-window attention, a scaled RoPE, a
-non-SiLU activation. Keys that only steer SDAR's training kernels and parallelism
-(``attn_implementation``, ``fuse_cross_entropy``, ``ep_size``, ``use_deepep``, ``micro_forward``,
-``skip_checkpoint``, ``debug``) do not change the forward and are not read. ``sdar_moe`` (``SDARMoeForCausalLM``, SDAR-30B-A3B) is Qwen3-MoE with Qwen3-MoE's
-names into :class:`~transformers.Qwen3MoeForCausalLM` (:class:`SDARMoe`).
+Refused (``NotImplementedError`` naming the key): sliding-window attention, a scaled RoPE, a non-SiLU
+activation. Keys that only steer SDAR's training kernels and parallelism (``attn_implementation``,
+``fuse_cross_entropy``, ``ep_size``, ``use_deepep``, ``micro_forward``, ``skip_checkpoint``, ``debug``)
+do not change the forward and are not read. ``sdar_moe`` (``SDARMoeForCausalLM``, SDAR-30B-A3B) is
+Qwen3-MoE with Qwen3-MoE's names into :class:`~transformers.Qwen3MoeForCausalLM` (:class:`SDARMoe`).
 
 Exports (:func:`maskrl.models.save_model`): Qwen3 tensor names, Qwen3 config keys with ``model_type:
 "sdar"``, ``block_size`` and ``mask_token_id``; ``architectures`` and ``auto_map`` as the source
@@ -78,7 +78,8 @@ def source_facts(cfg: dict) -> dict:
 
 
 def kept_or(c, default_arch: str) -> dict:
-    """``architectures`` (and ``auto_map`` when the source had one) of an export: the source's, else ``[default_arch]``."""
+    """``architectures`` (and ``auto_map`` when the source had one) of an export: the source's, else
+    ``[default_arch]``."""
     out = {"architectures": list(getattr(c, "maskrl_source_architectures", None) or [default_arch])}
     auto_map = getattr(c, "maskrl_source_auto_map", None)
     return out | ({"auto_map": dict(auto_map)} if auto_map else {})
@@ -152,7 +153,8 @@ class SDAR(NativeFamily):
             import json
 
             ends = [int(adapter.eos_id), *(int(i) for i in adapter.stop_ids)]
-            gen = {"bos_token_id": cfg.get("bos_token_id", ends[0]), "eos_token_id": ends, "pad_token_id": int(adapter.pad_id)}
+            gen = {"bos_token_id": cfg.get("bos_token_id", ends[0]), "eos_token_id": ends,
+                   "pad_token_id": int(adapter.pad_id)}
             (path / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
         return cfg
 
@@ -219,7 +221,8 @@ class SDARMoe(SDAR):
                 gate, up = t.chunk(2, dim=1)
                 base = name[: -len("gate_up_proj")]
                 for e in range(t.shape[0]):
-                    out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"] = gate[e].clone(), up[e].clone()
+                    out[f"{base}{e}.gate_proj.weight"] = gate[e].clone()
+                    out[f"{base}{e}.up_proj.weight"] = up[e].clone()
             elif name.endswith(_DOWN):
                 base = name[: -len("down_proj")]
                 out |= {f"{base}{e}.down_proj.weight": t[e].clone() for e in range(t.shape[0])}
