@@ -80,10 +80,13 @@ class BlockKVCache:
         pos = self.pos_ids[rows]
         past = None
         key_mask, key_pos = a.gather(1, wcols), pos.gather(1, wcols)
-        if self.store is not None and bool((w0 > 0).any()):
-            past = [(k[rows], v[rows]) for k, v in self.store]
-            key_mask = torch.cat([a & (cols[None, :] < w0[:, None]), key_mask], 1)
-            key_pos = torch.cat([pos, key_pos], 1)
+        reach = int(w0.max())  # cached columns any row of the forward may attend
+        if self.store is not None and reach > 0:
+            every = rows.numel() == self.n_rows and bool((rows == torch.arange(self.n_rows, device=rows.device)).all())
+            past = [(k[:, :, :reach], v[:, :, :reach]) if every else (k[rows, :, :reach], v[rows, :, :reach])
+                    for k, v in self.store]  # all rows: a view, no copy
+            key_mask = torch.cat([a[:, :reach] & (cols[None, :reach] < w0[:, None]), key_mask], 1)
+            key_pos = torch.cat([pos[:, :reach], key_pos], 1)
         h, kv = self.adapter.decoder_forward(x.gather(1, wcols), key_mask, pos.gather(1, wcols), past=past,
                                              return_kv=write, key_positions=key_pos)
         if write:
