@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     models = {bs: model(bs, args.eos_bias) for bs in (None, 32, 4)}
     ids, mask = encode_prompts(models[None].tokenizer, PROMPTS)
-    record = {"command": "PYTHONPATH=src python benchmarks/block_rollout_speed.py", "args": vars(args) | {"out": str(args.out)},
+    record = {"command": "PYTHONPATH=src python benchmarks/block_rollout_speed.py", "args": vars(args) | {"out": args.out.name},
               "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "threads": 1,
               "rows": len(PROMPTS), "prompt_columns": ids.shape[1], "results": {}}
     for name, bs, fields in cases(args.gen_length, args.tokens_per_step, args.with_none):
