@@ -265,3 +265,21 @@ def test_credit_modules_train_on_block_rollouts(tmp_path, credit, objective, cac
     tr.close()
     assert any(k.startswith(f"credit/{credit}/") for k in hist[0]), sorted(hist[0])
     assert len(hist) == 1 and all(torch.isfinite(torch.tensor(v)) for v in hist[0].values() if isinstance(v, float))
+
+
+def test_maskrl_generate_decodes_a_saved_block_model_with_the_block_cache(tmp_path, capsys):
+    import json
+
+    from maskrl.cli import main
+    from maskrl.models import build_tiny, save_model
+
+    save_model(build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, block_size=4), tmp_path / "m")
+    args = ["generate", "--model", str(tmp_path / "m"), "--prompt", "abc", "--prompt", "hello", "--gen-length", "8",
+            "--block-length", "4", "--steps", "8", "--remasking", "low_confidence_dynamic", "--no-chat-template"]
+    assert main(args + ["--cache", "block", "--early-stop"]) == 0
+    cached = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert main(args) == 0
+    plain = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["prompt"] for r in cached] == ["abc", "hello"]
+    # early stop pads after the stop id; the text up to it is the same
+    assert all(a["completion"] == b["completion"][:len(a["completion"])] for a, b in zip(cached, plain))
