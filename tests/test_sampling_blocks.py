@@ -235,14 +235,6 @@ def test_config_refuses_bad_block_rule_settings(over, match):
         SamplerConfig(gen_length=8, block_length=4, steps=8, remasking="low_confidence_dynamic", **over)
 
 
-def test_shifted_block_models_are_refused_clearly():
-    a = block_model()
-    a.shift = True
-    ids, mask = encode_prompts(a.tokenizer, ["ab"])
-    with pytest.raises(ValueError, match="Fast-dLLM v2"):
-        generate(a, ids, mask, _cfg("low_confidence_static"))
-
-
 # ------------------------------------------------------------------ credit modules on block rollouts
 @pytest.mark.parametrize("credit, objective, cache", list(itertools.product(
     ["dps", "dtca", "dispo"], ["diffu_grpo"], ["none", "block"])) + [("dtca", "rldf", "block")])
@@ -283,3 +275,84 @@ def test_maskrl_generate_decodes_a_saved_block_model_with_the_block_cache(tmp_pa
     assert [r["prompt"] for r in cached] == ["abc", "hello"]
     # early stop pads after the stop id; the text up to it is the same
     assert all(a["completion"] == b["completion"][:len(a["completion"])] for a, b in zip(cached, plain))
+
+
+# ------------------------------------------------------------------ Fast-dLLM v2's rule (shifted block models)
+def test_open_sub_block_is_the_first_sub_block_holding_a_mask():
+    from maskrl.sampling.commit import open_sub_block
+
+    eligible = torch.tensor([[False, False, True, True, True, False, True, True],
+                             [False, False, False, True, True, True, False, False]])
+    # row 1's window starts 2 positions into its block; its last two positions are the next block's
+    position = torch.arange(8).expand(2, 8) + torch.tensor([[0], [2]])
+    got = open_sub_block(position, eligible, 8, 4)
+    assert got[0].tolist() == [True] * 4 + [False] * 4
+    assert got[1].tolist() == [False, False, True, True, True, True, False, False]  # offsets 4..7 of its block
+
+
+def _v2(L: int = 32, b: int = 8, **over) -> SamplerConfig:
+    over.setdefault("block_first", "forced")
+    return SamplerConfig(gen_length=L, block_length=b, steps=L, schedule="threshold", threshold=0.5,
+                         sub_block_length=b // 2, **over)
+
+
+def shifted_block_model(eos_bias: float = 0.0):
+    a = block_model(block_size=8, eos_bias=eos_bias)
+    a.shift = True  # Fast-dLLM v2's layout: the hidden state at i predicts the token at i + 1
+    return a
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("early_stop, first", [(False, "forced"), (True, "forced"), (False, "ranked")])
+def test_v2_block_cache_equals_no_cache_and_batch_equals_single(early_stop, first):
+    """``ranked``: a shifted block model's first block position ranked with the others, from the column left
+    of the block (which the cached windows must hold)."""
+    a = shifted_block_model(eos_bias=1.5 if early_stop else 0.0)
+    ids, mask = encode_prompts(a.tokenizer, PROMPTS)
+    ref = generate(a, ids, mask, _v2(early_stop=early_stop, block_first=first))
+    got = generate(a, ids, mask, _v2(early_stop=early_stop, block_first=first, cache="block"))
+    _same(ref, got)
+    assert_batch_equals_single(a, PROMPTS, _v2(early_stop=early_stop, block_first=first, cache="block"), batch=got)
+
+
+@pytest.mark.numerics
+def test_v2_block_first_position_is_the_previous_blocks_argmax_and_sub_blocks_go_in_order():
+    a = shifted_block_model()
+    ids, mask = encode_prompts(a.tokenizer, PROMPTS)
+    ro = generate(a, ids, mask, _v2(cache="block"))
+    b, sub, checked = 8, 4, 0
+    for r in range(len(PROMPTS)):
+        p_r = int(mask[r].sum())
+        x = torch.cat([ids[r:r + 1], ro.completion_ids[r:r + 1]], 1)
+        for i in range(ro.gen_length):
+            if (p_r + i) % b:
+                continue  # not the first position of a block
+            state = x.clone()
+            state[0, ids.shape[1] + i:] = a.mask_id  # the block and everything after it still masked
+            with torch.no_grad():
+                z = a.logits(state, torch.cat([mask[r:r + 1], torch.ones(1, ro.gen_length, dtype=torch.bool)], 1))
+            z[0, :, a.mask_id] = float("-inf")
+            assert int(z[0, ids.shape[1] + i].argmax()) == int(ro.completion_ids[r, i])
+            alone = ro.commit_step[r] == ro.commit_step[r, i]
+            assert int(alone.sum()) == 1  # committed alone, at a step of its own
+            checked += 1
+        block = (torch.arange(ro.gen_length) + p_r) // b
+        part = ((torch.arange(ro.gen_length) + p_r) % b) // sub
+        for k in block.unique():
+            inb = block == k
+            for s in range(b // sub - 1):
+                lo, hi = inb & (part == s), inb & (part == s + 1)
+                if lo.any() and hi.any():
+                    assert ro.commit_step[r][lo].max() <= ro.commit_step[r][hi].min()
+    assert checked >= len(PROMPTS) * 2
+
+
+def test_v2_rule_is_refused_on_full_attention_models(tiny):
+    ids, mask = encode_prompts(tiny.tokenizer, ["ab"])
+    with pytest.raises(ValueError, match="Fast-dLLM v2's and needs a block-diffusion model"):
+        generate(tiny, ids, mask, _v2(L=8, b=4))
+
+
+def test_sub_block_length_must_divide_the_block():
+    with pytest.raises(ValueError, match="sub_block_length"):
+        SamplerConfig(gen_length=8, block_length=4, steps=8, sub_block_length=3)

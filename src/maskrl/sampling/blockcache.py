@@ -34,7 +34,9 @@ class BlockKVCache:
     :func:`~maskrl.sampling.generate` call, holding per layer ``(keys, values)`` ``[N, H, P + L + b, D]``.
 
     Args:
-        adapter: a block-diffusion model (``block_size`` set, 4-D attention, no logit shift).
+        adapter: a block-diffusion model (``block_size`` set, 4-D attention; a shifted one -- Fast-dLLM v2 --
+            has each plain step's window start one column left of the block, whose hidden state predicts
+            the block's first position).
         config: the sampler settings (``block_length == adapter.block_size``).
         n_rows: N; p_len: prompt columns P.
         pos_ids: ``[N, P + L]`` long RoPE positions (0 at each row's first real token).
@@ -50,6 +52,7 @@ class BlockKVCache:
         right = pos_ids[:, -1:] + 1 + torch.arange(self.b, device=pos_ids.device)  # b columns past the end
         self.pos_ids = torch.cat([pos_ids, right], 1)  # [N, S + b]: the last block's window never leaves it
         self.offset = offset
+        self.shift = 1 if adapter.shift else 0
         self.store: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def run(self, plan: StepForwards, rows: torch.Tensor, xr: torch.Tensor, ar: torch.Tensor,
@@ -65,9 +68,9 @@ class BlockKVCache:
             loc = f.rows
             if f.refill == "prompt":
                 w0, width = torch.zeros_like(loc), self.p_len + self.b
-            else:
-                back = self.b if f.refill == "block" else 0
-                w0, width = first_col[loc] - back, self.b + back
+            else:  # a shifted model's window also holds the column left of the block (it predicts the first)
+                back = self.b if f.refill == "block" else self.shift
+                w0, width = (first_col[loc] - back).clamp(min=0), self.b + back
             parts.append(Hidden(loc, self._window(rows[loc], x[loc], a[loc], w0, width, bool(f.refill)), w0))
         return parts
 

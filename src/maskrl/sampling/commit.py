@@ -205,3 +205,14 @@ def select_block(remasking: str, eligible: torch.Tensor, k: torch.Tensor, conf: 
     if remasking == "entropy_bounded":
         return select_entropy_bounded(entropy, eligible, gamma)
     raise ValueError(f"remasking {remasking!r} is not a block-diffusion strategy")
+
+
+def open_sub_block(position: torch.Tensor, eligible: torch.Tensor, block_length: int, sub_block_length: int
+                   ) -> torch.Tensor:
+    """Fast-dLLM v2's sub-blocks: ``[n, b]`` bool, the positions of the first sub-block (``sub_block_length``
+    positions, counted from the block's start) that still holds an ``eligible [n, b]`` mask; a step commits
+    only there. ``position [n, b]`` long: the positions counted from each row's first real token (so that
+    ``position % block_length`` is the offset in the block)."""
+    sub = torch.div(position % block_length, sub_block_length, rounding_mode="floor")  # [n, b]
+    first = sub.masked_fill(~eligible, block_length).min(-1, keepdim=True).values
+    return sub == first

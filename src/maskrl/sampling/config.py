@@ -52,13 +52,20 @@ class SamplerConfig:
             and the block's remaining steps rank the rest -- Dream's schedule from its second time
             step, or the threshold; under a cache the window then starts at the block, as Fast-dLLM's
             does). Needs Dream's rule with ``schedule`` ``"dream"`` (at least 2 steps per block) or
-            ``"threshold"`` with ``remasking="maskgit_plus"``, and ``suppress_eos`` off.
+            ``"threshold"`` with ``remasking="maskgit_plus"``, and ``suppress_eos`` off. On a block-diffusion
+            model with ``schedule="threshold"`` and ``remasking="low_confidence"``: Fast-dLLM v2's rule -- a
+            block that starts at a block boundary first commits its first position alone, the argmax (for
+            a shifted model the previous block's last position predicts it, autoregressively), then the
+            threshold steps.
         dream_dtype: the dtype of Dream's softmax, confidences and draws: ``"float32"`` (default; the
             logits upcast, as Dream's code runs on a float32 model) or ``"model"`` (the logits' own
             dtype, as Dream's code runs on the model: token for token equal to it for bf16 models,
             including its fall-back to the greedy candidate whenever torch's ``Categorical`` rejects
             the bf16 probabilities as not summing to 1, which a good share of bf16 sampled steps do).
         eb_threshold: γ of ``remasking="entropy_bounded"`` (nats; SDAR's ``eb_threshold``).
+        sub_block_length: Fast-dLLM v2's ``small_block_size``: each step commits only inside the first
+            sub-block of this many positions (counted from the block's start) that still holds a mask;
+            ``None`` (default): the whole block. Not with Dream's rule.
         early_stop: block-diffusion models only: a row whose completed blocks hold a stop id (eos or a
             stop id) decodes no further block; its later positions are padding (``pad_id``, committed
             at the row's last step with probability 1, outside ``completion_mask``). With full attention
@@ -114,6 +121,7 @@ class SamplerConfig:
     dream_dtype: str = "float32"
     eb_threshold: float = 0.35
     early_stop: bool = False
+    sub_block_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.gen_length <= 0 or self.block_length <= 0:
@@ -174,6 +182,13 @@ class SamplerConfig:
         """The block-diffusion strategies' settings (SDAR's rule runs under the fixed schedule's counts)."""
         if self.eb_threshold <= 0:
             raise ValueError(f"eb_threshold (={self.eb_threshold}) must be > 0")
+        sub = self.sub_block_length
+        if sub is not None and (isinstance(sub, bool) or not isinstance(sub, int) or sub < 1
+                                or self.block_length % sub):
+            raise ValueError(f"sub_block_length (={sub!r}) must be a positive divisor of block_length "
+                             f"(={self.block_length}) or None")
+        if sub is not None and self.dream_rule:
+            raise ValueError("sub_block_length (Fast-dLLM v2's sub-blocks) is not defined for Dream's rule")
         if self.remasking not in BLOCK_REMASKING:
             return
         if self.schedule != "fixed":
@@ -201,10 +216,11 @@ class SamplerConfig:
             raise ValueError(f"dream_dtype {self.dream_dtype!r} is not one of {DREAM_DTYPES}")
         if self.block_first == "ranked":
             return
-        if not (self.schedule == "dream" or (self.schedule == "threshold" and self.remasking == "maskgit_plus")):
-            raise ValueError(f"block_first 'forced' (Fast-dLLM's Dream block variant) needs schedule 'dream', or "
-                             f"'threshold' with remasking 'maskgit_plus' (got schedule {self.schedule!r}, remasking "
-                             f"{self.remasking!r})")
+        if not (self.schedule == "dream" or (self.schedule == "threshold"
+                                             and self.remasking in ("maskgit_plus", "low_confidence"))):
+            raise ValueError(f"block_first 'forced' (Fast-dLLM's Dream block variant; Fast-dLLM v2's on block models) "
+                             f"needs schedule 'dream', or 'threshold' with remasking 'maskgit_plus' or 'low_confidence' "
+                             f"(got schedule {self.schedule!r}, remasking {self.remasking!r})")
         if self.schedule == "dream" and self.steps < 2 * self.num_blocks:
             raise ValueError(f"steps (={self.steps}) must be >= 2 per block (= {2 * self.num_blocks}) with block_first "
                              "'forced': the block's first step commits only its first position")

@@ -23,8 +23,8 @@ import torch
 from maskrl.models.adapter import ModelAdapter
 from maskrl.sampling.blockcache import BlockKVCache
 from maskrl.sampling.cache import Hidden, KVCache, head_at, plan_forwards
-from maskrl.sampling.commit import (block_candidates, candidate_logits, commit_scores, hold_stops, propose,
-                                    rank_positions, select_block, select_fixed, select_threshold)
+from maskrl.sampling.commit import (block_candidates, candidate_logits, commit_scores, hold_stops, open_sub_block,
+                                    propose, rank_positions, select_block, select_fixed, select_threshold)
 from maskrl.sampling.config import SamplerConfig
 from maskrl.sampling.dream import EXP_CHUNK, dream_commit_counts, dream_reveal_prob, dream_timesteps
 from maskrl.sampling.dream_step import DreamLayout, dream_step, forced_candidates
@@ -110,13 +110,31 @@ class Denoising:
         if config.dream_rule:
             return self._dream_commits(st, logits, fidx, generator, raw, parts)
         eligible = st.masked.gather(1, st.pos) & st.in_block.gather(1, st.pos)  # [n, b]
+        if config.sub_block_length is not None:
+            eligible = eligible & open_sub_block(st.pos + self.offset[st.rows, None], eligible, self.b,
+                                                 config.sub_block_length)
+        z = logits[fidx.gather(1, st.pos)]  # [n, b, V]
         if config.block_rule:
-            cand, conf, prob, ent = block_candidates(logits[fidx.gather(1, st.pos)], config.temperature, config.top_k,
-                                                     config.top_p, generator, config.remasking == "entropy_bounded")
+            cand, conf, prob, ent = block_candidates(z, config.temperature, config.top_k, config.top_p, generator,
+                                                     config.remasking == "entropy_bounded")
             k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
             take = select_block(config.remasking, eligible, k, conf, ent, config.threshold, config.eb_threshold)
             return take, cand, prob
-        cand, prob = propose(logits[fidx.gather(1, st.pos)], config.temperature, generator)  # [n, b]
+        take, cand, prob = self._llada_commits(st, z, eligible, generator)
+        if config.block_first == "forced":  # Fast-dLLM v2: a block's first position alone, the argmax
+            first = eligible & (st.pos == st.start[:, None]) & ((st.pos + self.offset[st.rows, None]) % self.b == 0)
+            lone = first.any(-1) & (self.block_step[st.rows] == 0)  # [n]
+            top = z.argmax(-1)
+            cand = torch.where(lone[:, None], top, cand)
+            prob = torch.where(lone[:, None], torch.softmax(z.float(), -1).gather(-1, top[..., None]).squeeze(-1), prob)
+            take = torch.where(lone[:, None], first, take)
+        return take, cand, prob
+
+    def _llada_commits(self, st: StepRows, z: torch.Tensor, eligible: torch.Tensor,
+                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """LLaDA's rule (fixed or threshold schedule) on the block's candidate logits ``z [n, b, V]``."""
+        config = self.config
+        cand, prob = propose(z, config.temperature, generator)  # [n, b]
         stop = self.adapter.is_stop(cand) if config.suppress_eos else None
         rank = rank_positions(commit_scores(prob, eligible, config.remasking, generator, stop))
         if config.schedule == "fixed":
@@ -301,6 +319,10 @@ def _check_blocks(adapter: ModelAdapter, config: SamplerConfig) -> None:
     """What a block-diffusion model (``adapter.block_size``) needs of the sampler, and what only it takes."""
     size = adapter.block_size
     if size is None:
+        if config.block_first == "forced" and not config.dream_rule:
+            raise ValueError("block_first 'forced' with LLaDA's rule is Fast-dLLM v2's and needs a block-diffusion "
+                             "model (ModelAdapter.block_size set); with full attention it is Dream's (remasking "
+                             "'maskgit_plus')")
         if config.cache == "block" or config.early_stop:
             raise ValueError(f"{'cache=block' if config.cache == 'block' else 'early_stop'} needs a block-diffusion "
                              "model (ModelAdapter.block_size set): with full attention every position sees the "
@@ -312,13 +334,10 @@ def _check_blocks(adapter: ModelAdapter, config: SamplerConfig) -> None:
     if config.cache in ("prefix", "dual"):
         raise ValueError(f"cache={config.cache!r} is LLaDA-style approximate caching; a block-diffusion model "
                          "(block_size set) has the exact block cache: use cache 'block' (or 'none')")
-    if adapter.shift:
-        raise ValueError("a shifted block-diffusion model (Fast-dLLM v2) is not decoded by this sampler yet: its "
-                         "first position of each block needs the previous block's last column")
-    if config.dream_rule or config.block_first != "ranked":
+    if config.dream_rule:
         raise ValueError("Dream's rule (schedule 'dream', its remasking names, top_k / top_p / alg_temp outside the "
-                         "block strategies, block_first 'forced') is not defined on block-diffusion models; use "
-                         "remasking sequential | low_confidence_static | low_confidence_dynamic | entropy_bounded")
+                         "block strategies) is not defined on block-diffusion models; use remasking sequential | "
+                         "low_confidence_static | low_confidence_dynamic | entropy_bounded, or LLaDA's")
 
 
 def _notify(observers, adapter, st, plan, logits, cover, committed, tokens, dec, to_candidates) -> None:
