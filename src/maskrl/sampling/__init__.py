@@ -23,6 +23,7 @@ Modules, one job each:
 - :mod:`~maskrl.sampling.dream_step`: one step of it (positions on Dream's layout, ``origin``,
   Fast-dLLM's Dream block variant's first position, ``block_first: forced``);
 - :mod:`~maskrl.sampling.lockstep`: the rank lockstep (:class:`RankLockstep`);
+- :mod:`~maskrl.sampling.checks`: what :func:`generate` refuses before it starts;
 - :mod:`~maskrl.sampling.sampler`: :func:`generate`, a loop of named stages;
 - :mod:`~maskrl.sampling.mismatch`: :func:`rollout_mismatch`.
 """

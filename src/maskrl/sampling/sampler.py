@@ -22,6 +22,7 @@ import torch
 
 from maskrl.models.adapter import ModelAdapter
 from maskrl.sampling.blockcache import BlockKVCache
+from maskrl.sampling.checks import check_call
 from maskrl.sampling.cache import Hidden, KVCache, head_at, plan_forwards
 from maskrl.sampling.commit import (block_candidates, candidate_logits, commit_scores, hold_stops, open_sub_block,
                                     propose, rank_positions, select_block, select_fixed, select_threshold)
@@ -29,7 +30,7 @@ from maskrl.sampling.config import SamplerConfig
 from maskrl.sampling.dream import EXP_CHUNK, dream_commit_counts, dream_reveal_prob, dream_timesteps
 from maskrl.sampling.dream_step import DreamLayout, dream_step, forced_candidates
 from maskrl.sampling.lockstep import IDLE, STOP, RankLockstep
-from maskrl.sampling.view import StepObserver, StepRows, exact_observers, observer_view, requested_positions
+from maskrl.sampling.view import StepObserver, StepRows, observer_view, requested_positions
 from maskrl.types import Rollout
 
 
@@ -289,57 +290,6 @@ def _sequence_logits(adapter: ModelAdapter, parts: Sequence[Hidden], rows: torch
             yield adapter.head(piece)
 
 
-def _check_call(adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, config: SamplerConfig,
-                generator: torch.Generator | None, observers: Sequence[StepObserver],
-                all_done: Callable | None, ranks_max: Callable | None) -> None:
-    """The errors :func:`generate` raises before it starts (see its docstring)."""
-    if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
-        raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)} must be equal [N, P]")
-    if generator is None and (config.temperature > 0 or config.remasking in ("random", "origin") or config.alg_temp > 0):
-        raise ValueError("generator is required when temperature > 0, alg_temp > 0 or remasking is 'random' or 'origin'")
-    cached = config.cache != "none"
-    if cached and not adapter.supports_cache:
-        raise ValueError(f"cache={config.cache!r} needs a decoder model with the 4-D mask (attention='4d'); "
-                         f"this adapter has attention={adapter.attention!r}: use cache='none'")
-    if cached and all_done is not None and ranks_max is None:
-        raise ValueError(f"cache={config.cache!r} with all_done (several processes) needs ranks_max: the number of "
-                         "forwards per step varies with the rows' block starts (maskrl.trainer.ranks_max)")
-    _check_blocks(adapter, config)
-    needs_exact = exact_observers(observers) if not config.exact_cache and config.observer_logits == "refuse" else []
-    if needs_exact:
-        raise ValueError(f"cache={config.cache!r} with observer_logits='refuse': the observers "
-                         f"{needs_exact} need theta's exact logits, which a cached step does not "
-                         "compute; use cache='none', or observer_logits='exact' (one extra full forward per cached "
-                         "step they read)")
-    if cached and adapter.shift and prompt_ids.shape[1] == 0:
-        raise ValueError("a shifted (Dream-style) model with a cache needs at least one prompt column")
-
-
-def _check_blocks(adapter: ModelAdapter, config: SamplerConfig) -> None:
-    """What a block-diffusion model (``adapter.block_size``) needs of the sampler, and what only it takes."""
-    size = adapter.block_size
-    if size is None:
-        if config.block_first == "forced" and not config.dream_rule:
-            raise ValueError("block_first 'forced' with LLaDA's rule is Fast-dLLM v2's and needs a block-diffusion "
-                             "model (ModelAdapter.block_size set); with full attention it is Dream's (remasking "
-                             "'maskgit_plus')")
-        if config.cache == "block" or config.early_stop:
-            raise ValueError(f"{'cache=block' if config.cache == 'block' else 'early_stop'} needs a block-diffusion "
-                             "model (ModelAdapter.block_size set): with full attention every position sees the "
-                             "later ones (use cache 'prefix' / 'dual', early_stop false)")
-        return
-    if config.block_length != size:
-        raise ValueError(f"block_length (={config.block_length}) must equal the model's block size ({size}): a "
-                         "block-diffusion model decodes one of its attention blocks at a time")
-    if config.cache in ("prefix", "dual"):
-        raise ValueError(f"cache={config.cache!r} is LLaDA-style approximate caching; a block-diffusion model "
-                         "(block_size set) has the exact block cache: use cache 'block' (or 'none')")
-    if config.dream_rule:
-        raise ValueError("Dream's rule (schedule 'dream', its remasking names, top_k / top_p / alg_temp outside the "
-                         "block strategies) is not defined on block-diffusion models; use remasking sequential | "
-                         "low_confidence_static | low_confidence_dynamic | entropy_bounded, or LLaDA's")
-
-
 def _notify(observers, adapter, st, plan, logits, cover, committed, tokens, dec, to_candidates) -> None:
     """Hand every observer this step's :class:`~maskrl.sampling.StepView` (built once, only when one watches)."""
     if observers:
@@ -399,7 +349,7 @@ def generate(
             ``ranks_max``, a shifted model with no prompt column, or (``observer_logits="refuse"``)
             observers that need exact logits.
     """
-    _check_call(adapter, prompt_ids, prompt_mask, config, generator, observers, all_done, ranks_max)
+    check_call(adapter, prompt_ids, prompt_mask, config, generator, observers, all_done, ranks_max)
     dec = Denoising(adapter, prompt_ids, prompt_mask, config)
     cache = (BlockKVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids, dec.offset) if config.cache == "block"
              else KVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids))
