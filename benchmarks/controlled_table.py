@@ -31,10 +31,13 @@ Protocol
   arm, by its first confirmation seed retrained (``results/test/<task>_<family>.json``). The
   cached-rollout pair (family ``cache``) has no grid: both samplers run at the state base's best point.
 - ``--verdicts`` regenerates the top of ``docs/results.md``: for each headline claim (:data:`CLAIMS`)
-  the paired difference with its exact t-interval, the paired-t and exact sign-flip p-values
-  Holm-corrected over the family, and a verdict (:func:`verdict`), from the confirmation records where
-  they exist and are complete, else the selection records (marked); two figures (the verdicts as a
-  picture, the curves of the runs behind them); generated readings.
+  the difference over seeds with its exact t-interval and its family-wise (Bonferroni) interval, the
+  paired-t and exact sign-flip p-values Holm-corrected over the family, and a verdict in words that say
+  what was shown (:func:`verdict`), from the confirmation records where they exist and are complete, else
+  the selection records (marked); what the intervals cover (the same final models on the selection
+  split), the claims chosen again after their confirmation was read (superseded runs) and the rows paired
+  across two SFT checkpoints (:mod:`table_audit`); two figures (the verdicts as a picture, the curves of
+  the runs behind them); generated readings; and every inline verdict reference elsewhere on the page.
 - One JSON record per run, written as soon as it finishes (``--out``, default the committed
   ``results/controlled_table.json``): an interrupted table resumes, and the table can be finished
   over several sessions. ``--summary`` regenerates ``docs/results.md`` (markdown) and the curve
@@ -59,7 +62,8 @@ reaches the base's final accuracy, and the RL wall time.
 Modules (one seam each; this one is the command line: the grid and confirmation loops and ``main``):
 ``table_protocol`` the cells, base recipes, grid and record paths (pure data); ``table_runs`` one run and
 its record; ``table_pages`` the ``--summary`` tables and curve figures; ``table_verdicts`` the headline
-page (``--verdicts``); ``table_provenance`` ``--backfill-provenance``. Names in this docstring
+page (``--verdicts``); ``table_audit`` what that page says about its own protocol (choices after a look,
+SFT checkpoints, interval coverage, census, test-file table); ``table_provenance`` ``--backfill-provenance``. Names in this docstring
 (:data:`CELLS`, :data:`GRID_FAMILIES`, :func:`best_points`, :data:`CLAIMS`, ...) live there.
 
 GPU cells (``--recipes 8b``): each task's base becomes its shipped LLaDA-8B-Instruct recipe

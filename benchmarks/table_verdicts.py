@@ -4,20 +4,33 @@ Holm-corrected over the family, and a verdict; the tuning-grid and test-file tab
 reproduce every record file, and the README's results block -- all generated from the committed records."""
 from __future__ import annotations
 
-import json
 import math
+import re
 from pathlib import Path
 
 from ablation_runs import ROOT, load_results
+from table_audit import (after_look, census_markdown, checkpoint_note, checkpoints, coverage_markdown, fresh_seeds,
+                         record_census, test_markdown)
 from table_pages import headline_figure
 from table_protocol import (CELLS, CONFIRM_SEEDS, GRID_FAMILIES, OUT, R3, best_points, family_lrs, grid_path,
                             grid_points, point_lr)
 
 
-#: the smallest gain worth the name (solved rate): a claim is *not reproduced* when the 95 % interval of the
-#: gain lies below it, and a "learns as well" claim is *reproduced* when the interval lies above its negative
+#: the smallest gain worth the name (solved rate): the margin of the verdicts' interval tests
 DELTA_MIN = 0.01
 ALPHA = 0.05
+
+#: the verdict words, each saying what the records showed (:func:`verdict`); the same words in the table,
+#: the readings, the README block, its tallies and the figure's colours
+GAIN = "gain shown"
+SMALL_GAIN = "a gain below the 1-point margin"
+NO_GAIN = "no gain of 1 point or more"
+UNDECIDED = "undecided"
+WITHIN = "within 1 point"
+WORSE = "worse"
+VERDICTS = {"superior": (GAIN, SMALL_GAIN, NO_GAIN, UNDECIDED), "noninferior": (WITHIN, WORSE, UNDECIDED)}
+#: the mark beside a verdict whose arms were chosen again after their confirmation was read
+AFTER_LOOK = "chosen after a look"
 
 
 def _claim(claim: str, paper: str, task: str, cell: str, base: str, sources: list[Path], kind: str = "superior") -> dict:
@@ -64,7 +77,9 @@ CLAIMS = [
 
 def claim_differences(claim: dict, need: int = len(CONFIRM_SEEDS)) -> dict | None:
     """The per-seed paired differences (solved rate) of ``claim`` from its first record file holding both
-    arms on shared seeds: ``{"d", "seeds", "split", "source", "pending"}``; ``split`` is ``confirmation``
+    arms on shared seeds: ``{"d", "seeds", "split", "source", "pending", "runs", "superseded"}``
+    (``runs``: seed -> (the arm's record, the base's or None for the SFT model); ``superseded``: the
+    confirmation file's runs replaced when its grid grew); ``split`` is ``confirmation``
     (final models scored once on it) or ``selection`` (the split the recipes were chosen on). A confirmation
     file is read only once it holds ``need`` paired seeds (the confirmation is complete): before that the
     claim reads the next file and ``pending`` says how many confirmation seeds are recorded (``{"seeds",
@@ -82,12 +97,12 @@ def claim_differences(claim: dict, need: int = len(CONFIRM_SEEDS)) -> dict | Non
             if r.get("task") == claim["task"] and "grid_point" not in r:
                 rows.setdefault(r["cell"], {})[r["seed"]] = r
         arm = rows.get(claim["cell"], {})
+        base = rows.get(claim["base"], {})
         if claim["base"] == "sft":
             sft = (data.get("sft_confirmation") or {}).get(claim["task"], {}).get("accuracy") if confirm else None
             pairs = {s: (r["confirmation"]["accuracy"], sft) if confirm else (r["val"]["accuracy"], r["val_curve"][0][1]["accuracy"])
                      for s, r in arm.items() if not confirm or ("confirmation" in r and sft is not None)}
         else:
-            base = rows.get(claim["base"], {})
             key = "confirmation" if confirm else "val"
             pairs = {s: (arm[s][key]["accuracy"], base[s][key]["accuracy"]) for s in arm
                      if s in base and key in arm[s] and key in base[s]}
@@ -100,33 +115,55 @@ def claim_differences(claim: dict, need: int = len(CONFIRM_SEEDS)) -> dict | Non
         if len(pairs) >= 2:
             seeds = sorted(pairs)
             return {"d": [pairs[s][0] - pairs[s][1] for s in seeds], "seeds": seeds, "split": split, "source": str(rel),
-                    "pending": pending}
+                    "pending": pending, "runs": {s: (arm[s], base.get(s)) for s in seeds},
+                    "superseded": data.get("superseded", []) if confirm else []}
     return None
 
 
-def verdict(stat: dict, kind: str, p_t_holm: float, p_flip_holm: float) -> str:
-    """``reproduced`` / ``not reproduced`` / ``undecided`` of one comparison (the rule the page states).
+def familywise_interval(d: list[float], m: int, alpha: float = ALPHA) -> list[float]:
+    """The Bonferroni family-wise interval of the mean of ``d`` over a family of ``m`` comparisons:
+    ``mean ± t_{1 − alpha/(2m), n−1}·sd/√n`` (:func:`maskrl.stats.t_interval` at level ``1 − alpha/m``), so
+    that all ``m`` intervals hold together with probability at least ``1 − alpha``.
 
-    ``superior``: reproduced when the mean gain is positive and both Holm-corrected p-values (paired t,
-    exact sign-flip) are below :data:`ALPHA`; not reproduced when the 95 % interval's upper end is below
-    :data:`DELTA_MIN`; else undecided. ``noninferior``: reproduced when the interval's lower end is above
-    −:data:`DELTA_MIN`; not reproduced when the mean is negative and both corrected p-values are below
-    :data:`ALPHA`; else undecided.
+    Raises:
+        ValueError: as :func:`maskrl.stats.t_interval`, or ``m < 1``.
     """
-    lo, hi = stat["ci95"]
+    from maskrl.stats import t_interval
+
+    if m < 1:
+        raise ValueError(f"familywise_interval needs a family of m >= 1 comparisons, got {m}")
+    _, lo, hi = t_interval(d, 1 - alpha / m)
+    return [lo, hi]
+
+
+def verdict(stat: dict, kind: str, p_t_holm: float, p_flip_holm: float) -> str:
+    """The verdict of one comparison (the rule the page states), in words that say what was shown.
+
+    ``stat`` carries ``mean`` and ``ci_fw``, the family-wise interval (:func:`familywise_interval`).
+    ``superior``: :data:`SMALL_GAIN` when the family-wise interval lies inside (0, +:data:`DELTA_MIN`);
+    else :data:`GAIN` when the mean is positive and both Holm-corrected p-values (paired t, exact
+    sign-flip) are below :data:`ALPHA`; else :data:`NO_GAIN` when the family-wise interval's upper end is
+    below +:data:`DELTA_MIN`; else :data:`UNDECIDED`. ``noninferior``: :data:`WITHIN` when the family-wise
+    interval's lower end is above −:data:`DELTA_MIN`; :data:`WORSE` when the mean is negative and both
+    corrected p-values are below :data:`ALPHA`; else :data:`UNDECIDED`.
+    """
+    lo, hi = stat["ci_fw"]
     significant = p_t_holm < ALPHA and p_flip_holm < ALPHA
     if kind == "superior":
+        if 0 < lo and hi < DELTA_MIN:
+            return SMALL_GAIN
         if stat["mean"] > 0 and significant:
-            return "reproduced"
-        return "not reproduced" if hi < DELTA_MIN else "undecided"
+            return GAIN
+        return NO_GAIN if hi < DELTA_MIN else UNDECIDED
     if lo > -DELTA_MIN:
-        return "reproduced"
-    return "not reproduced" if stat["mean"] < 0 and significant else "undecided"
+        return WITHIN
+    return WORSE if stat["mean"] < 0 and significant else UNDECIDED
 
 
 def verdict_rows(claims: list[dict] = CLAIMS) -> list[dict]:
-    """Every claim with its statistics (:func:`maskrl.stats.seed_comparison`), Holm-corrected p-values
-    over the family of claims that have records, and its verdict."""
+    """Every claim with its statistics (:func:`maskrl.stats.seed_comparison` and the family-wise interval
+    ``ci_fw`` over the claims that have records), Holm-corrected p-values over that family, its verdict,
+    and ``after_look`` (:func:`table_audit.after_look`: a grid that grew after the confirmation was read)."""
     from maskrl.stats import holm, seed_comparison
 
     rows = []
@@ -140,8 +177,16 @@ def verdict_rows(claims: list[dict] = CLAIMS) -> list[dict]:
         for r, adj in zip(have, holm([r["stat"][key] for r in have])):
             r[f"{key}_holm"] = adj
     for r in have:
+        r["stat"]["ci_fw"] = familywise_interval(r["diff"]["d"], len(have))
         r["verdict"] = verdict(r["stat"], r["kind"], r["p_t_holm"], r["p_signflip_holm"])
+        r["after_look"] = after_look(r)
     return rows
+
+
+def _verdict_text(r: dict) -> str:
+    """A row's verdict with the mark of a choice made after its confirmation was read."""
+    look = r.get("after_look")
+    return r["verdict"] + (f" ({AFTER_LOOK})" if look and look["touched"] else "")
 
 
 def _where(r: dict) -> str:
@@ -160,39 +205,15 @@ def _p(x: float) -> str:
     return "–" if x is None or math.isnan(x) else (f"{x:.3f}" if x >= 0.001 else f"{x:.1e}")
 
 
-def record_census(paths: list[Path]) -> dict:
-    """Over the record files ``paths``: distinct runs (a run copied into two files counts once, a run retrained
-    for the test file twice), runs with a provenance block, test-file reads, confirmation reads (both
-    counting the SFT model's, ``sft_reads``: once per file that scores it)."""
-    seen, runs, superseded, sft_confirmation, sft_test = set(), [], 0, 0, 0
-    for p in paths:
-        data = load_results(p) if p.is_file() else {"runs": {}}
-        superseded += len(data.get("superseded", []))
-        sft_confirmation += len(data.get("sft_confirmation", {}))  # the SFT model scored beside a family's runs
-        sft_test += sum(v.get("test_reads", 1) for v in data.get("sft_test", {}).values())
-        for r in list(data["runs"].values()) + data.get("superseded", []):  # superseded runs read splits too
-            # a run copied into two files (the third-round base rows) counts once; a run retrained to read
-            # the test file (--test-final) has the same rewards as its confirmation twin but is another run
-            ident = json.dumps([r.get(k) for k in ("task", "cell", "seed", "overrides", "grid_point", "rewards",
-                                                   "scored_on")])
-            if ident not in seen:
-                seen.add(ident)
-                runs.append(r)
-    return {"runs": len(runs), "with_provenance": sum("provenance" in r for r in runs),
-            "backfilled": sum(bool(r.get("provenance", {}).get("backfilled")) for r in runs),
-            "sft_verified": sum(bool((r.get("provenance", {}).get("sft") or {}).get("sha256")) for r in runs),
-            "test_reads": sum(r.get("test_reads", 1 if "test" in r else 0) for r in runs) + sft_test,
-            "confirmation_reads": sum(r.get("confirmation_reads", 0) for r in runs) + sft_confirmation,
-            "sft_reads": sft_confirmation + sft_test, "superseded": superseded}
-
-
-VERDICT_COLOURS = {"reproduced": "tab:green", "not reproduced": "tab:red", "undecided": "tab:orange"}
+VERDICT_COLOURS = {GAIN: "tab:green", SMALL_GAIN: "tab:blue", NO_GAIN: "tab:red", UNDECIDED: "tab:orange",
+                   WITHIN: "tab:green", WORSE: "tab:red"}
 
 
 def verdict_figure(rows: list[dict], path: Path) -> bool:
     """The verdict table as one picture (``rows`` from :func:`verdict_rows`): a line per claim with records,
     its per-seed paired differences (solved rate, points; grey dots), their mean and exact 95 % t-interval
-    coloured by the verdict, zero and the +:data:`DELTA_MIN` line, and the split and seeds it read. Returns
+    (thick) inside the family-wise interval the verdict reads (thin), coloured by the verdict (a legend of
+    the verdict words), zero and the ±:data:`DELTA_MIN` lines, and the split and seeds it read. Returns
     False (no file written) when no claim has records."""
     import textwrap
 
@@ -209,84 +230,135 @@ def verdict_figure(rows: list[dict], path: Path) -> bool:
         st, d = r["stat"], r["diff"]
         ax.scatter([100 * x for x in d["d"]], [y] * len(d["d"]), s=12, color="0.55", alpha=0.7, zorder=2)
         colour = VERDICT_COLOURS[r["verdict"]]
-        ax.plot([100 * st["ci95"][0], 100 * st["ci95"][1]], [y, y], color=colour, linewidth=2.5, zorder=3)
+        ax.plot([100 * st["ci_fw"][0], 100 * st["ci_fw"][1]], [y, y], color=colour, linewidth=1, zorder=3)
+        ax.plot([100 * st["ci95"][0], 100 * st["ci95"][1]], [y, y], color=colour, linewidth=3, zorder=3)
         ax.scatter([100 * st["mean"]], [y], s=55, marker="D", color=colour, zorder=4)
-        ax.annotate(f"{r['verdict']}; {_where(r)}", (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8)
+        ax.annotate(f"{_verdict_text(r)}; {_where(r)}", (1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8)
     ax.set_yticks(range(len(have)))
     ax.set_yticklabels([textwrap.fill(f"{r['claim']} ({r['task']})", 58) for r in reversed(have)], fontsize=8)
     ax.axvline(0, color="black", linewidth=1)
-    ax.axvline(100 * DELTA_MIN, color="grey", linestyle="--", linewidth=1, label=f"+{100 * DELTA_MIN:.0f} point")
-    ax.set_xlabel("paired difference in solved rate, points (dots: seeds; diamond and bar: mean, exact 95 % t-interval)")
-    ax.set_title("Verdicts: each claim's paired difference over seeds, coloured by its verdict", fontsize=10)
+    ax.axvline(100 * DELTA_MIN, color="grey", linestyle="--", linewidth=1, label=f"±{100 * DELTA_MIN:.0f} point")
+    ax.axvline(-100 * DELTA_MIN, color="grey", linestyle="--", linewidth=1)
+    for word in dict.fromkeys(r["verdict"] for r in have):
+        ax.plot([], [], color=VERDICT_COLOURS[word], linewidth=3, label=word)
+    ax.set_xlabel("difference in solved rate, points (dots: seeds; diamond: mean; thick bar: exact 95 % t-interval; "
+                  "thin bar: family-wise interval)")
+    ax.set_title("Verdicts: each claim's difference over seeds, coloured by its verdict", fontsize=10)
     ax.grid(axis="x", alpha=0.25)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=3, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
 
+def _sft_cell(r: dict) -> str:
+    """A row's *SFT* cell: ``one`` when every pair ran from one SFT checkpoint, ``two`` when not, ``?`` when
+    a record names no hash (:func:`table_audit.checkpoints`)."""
+    c = checkpoints(r)
+    return "?" if c["shared"] is None else ("one" if c["shared"] else "**two**")
+
+
+def _interval(st: dict, key: str) -> str:
+    return f"[{_pts(st[key][0])}, {_pts(st[key][1])}]"
+
+
+def look_note(r: dict) -> str:
+    """A row's account of a grid that grew after its confirmation was read ('' when none did): which arms
+    re-ran at which point, the row's numbers before (when it was touched), and what would confirm it."""
+    from maskrl.stats import t_interval
+
+    look = r.get("after_look")
+    if not look:
+        return ""
+    moved = "; ".join(f"{cell} re-ran at {new} (was {old}, {n} superseded runs)" for cell, (old, new, n) in look["rerun"].items())
+    text = f" The `{look['family']}` grid grew after this confirmation was read: {moved}."
+    if not look["touched"]:
+        return text + " This row's arms kept their points: its numbers are the ones read before the look."
+    m, lo, hi = t_interval(look["before"])
+    return (text + f" Before, this row read {_pts(m)} [{_pts(lo)}, {_pts(hi)}] on the same seeds. Its verdict "
+            f"is *{AFTER_LOOK}*: no fresh confirmation has been run; seeds {fresh_seeds()} (no choice saw them), "
+            "better on a new confirmation split (rows no choice saw), would confirm it.")
+
+
 def verdict_markdown(rows: list[dict], census: dict, figure: str, forest: str = "") -> str:
-    """The headline block: the verdict table, the rule, the figures' links (``forest``: the verdicts as a
+    """The headline block: the verdict table, the rule, what the intervals cover, the rows chosen after a
+    look and those paired across two SFT checkpoints, the figures' links (``forest``: the verdicts as a
     picture, :func:`verdict_figure`; ``figure``: the curves of the runs behind them,
-    :func:`table_pages.headline_figure`; '' for none) and the generated readings."""
+    :func:`table_pages.headline_figure`; '' for none), the census and the generated readings."""
+    have = [r for r in rows if r["stat"]]
+    looked = [r for r in have if r.get("after_look") and r["after_look"]["touched"]]
+    families = sorted({r["after_look"]["family"] for r in have if r.get("after_look")})
     lines = ["## Verdicts", "",
              "Generated by `python benchmarks/controlled_table.py --verdicts` from the committed records; do not edit "
              "between the markers. Tiny model (4 layers, 128 wide), CPU, the recipe that learns (lr warm-up 10, no "
              "prompt masking in the base likelihood, 8 prompts × 6, 65 steps) unless the source is the first table "
-             "(`results/controlled_table.json`: lr 1e-4, 16 prompts × 6, 30 steps). *Ours*: the paired (same seed) "
-             "difference in solved rate, points, mean and exact 95 % t-interval over seeds (seeds above / below "
-             "zero). *p*: two-sided paired t-test and exact sign-flip permutation test over seeds, each "
-             f"Holm-corrected over the {sum(1 for r in rows if r['stat'])} comparisons of the table. *Verdict*: "
-             f"**reproduced** when the gain is positive and both corrected p are below {ALPHA}; **not reproduced** "
-             f"when the interval lies below +{100 * DELTA_MIN:.0f} point; else **undecided** (the cache row: "
-             f"reproduced when the interval lies above −{100 * DELTA_MIN:.0f} point). The papers' numbers are "
-             "LLaDA-8B-Instruct's (Sudoku: cell accuracy), so only the direction is compared. *Split*: "
-             "`confirmation` = final models scored once on 500 fresh rows that no choice saw; `selection` = the "
-             "300 rows every recipe was chosen on, so its p-values are optimistic.", "",
-             "| claim | task | paper (LLaDA-8B) | ours: Δ solved, points | p (t / sign-flip), Holm | verdict | split, seeds |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "(`results/controlled_table.json`: lr 1e-4, 16 prompts × 6, 30 steps). *Ours*: the difference in "
+             "solved rate, points, per seed: the arm's run minus its base's run of the same seed (paired: same "
+             "prompts, same rollout seed), or, in the two rows over the SFT model, each seed's final model minus "
+             "the SFT model's one score on the same split (the SFT model has no seed); mean, exact 95 % t-interval "
+             f"and the family-wise interval (Bonferroni over the {len(have)} comparisons: t quantile at "
+             f"1 − {ALPHA}/(2·{len(have)})) over seeds, seeds above / below zero. *p*: two-sided paired t-test and "
+             f"exact sign-flip permutation test over seeds, each Holm-corrected over the {len(have)} comparisons. "
+             f"*Verdict*: **{SMALL_GAIN}** when the family-wise interval lies inside (0, +{100 * DELTA_MIN:.0f}); "
+             f"else **{GAIN}** when the mean is positive and both corrected p are below {ALPHA}; else "
+             f"**{NO_GAIN}** when the family-wise interval's upper end is below +{100 * DELTA_MIN:.0f}; else "
+             f"**{UNDECIDED}**. The cache row asks the other way: **{WITHIN}** when the family-wise interval's lower "
+             f"end is above −{100 * DELTA_MIN:.0f}, **{WORSE}** when the mean is negative and both corrected p are "
+             f"below {ALPHA}, else **{UNDECIDED}**. *{AFTER_LOOK}*: the row's arms were chosen again after its "
+             "confirmation was read (below). The papers' numbers are LLaDA-8B-Instruct's (Sudoku: cell accuracy), "
+             "so only the direction is compared. *Split*: `confirmation` = final models scored once on the "
+             "confirmation split, rows no choice saw"
+             + (f" (except in the {', '.join(f'`{f}`' for f in families)} families, whose grids grew after their "
+                "confirmation was read)" if families else "")
+             + "; `selection` = the 300 rows every recipe was chosen on, so its p-values are optimistic. *SFT*: "
+             "whether every pair of the row ran from one SFT checkpoint (its weights' sha256 in the records).", "",
+             "| claim | task | paper (LLaDA-8B) | ours: Δ solved, points, 95 % {family-wise} | p (t / sign-flip), Holm "
+             "| verdict | split, seeds | SFT |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if not r["stat"]:
-            lines.append(f"| {r['claim']} | {r['task']} | {r['paper']} | not run yet | – | – | – |")
+            lines.append(f"| {r['claim']} | {r['task']} | {r['paper']} | not run yet | – | – | – | – |")
             continue
         st = r["stat"]
-        lines.append(f"| {r['claim']} | {r['task']} | {r['paper']} | {_pts(st['mean'])} [{_pts(st['ci95'][0])}, "
-                     f"{_pts(st['ci95'][1])}] ({st['positive']}+/{st['negative']}−) | {_p(r['p_t_holm'])} / "
-                     f"{_p(r['p_signflip_holm'])} | **{r['verdict']}** | {_where(r)} |")
+        lines.append(f"| {r['claim']} | {r['task']} | {r['paper']} | {_pts(st['mean'])} {_interval(st, 'ci95')} "
+                     f"{{{_interval(st, 'ci_fw')}}} ({st['positive']}+/{st['negative']}−) | {_p(r['p_t_holm'])} / "
+                     f"{_p(r['p_signflip_holm'])} | **{_verdict_text(r)}** | {_where(r)} | {_sft_cell(r)} |")
     lines.append("")
+    cover = coverage_markdown(rows, _pts)
+    if cover:
+        lines += [cover]
+    if looked:
+        lines += [f"**Chosen after a look.** {len(looked)} rows' arms were chosen again after their confirmation "
+                  "was read: " + "; ".join(f"{r['claim']} ({r['task']})" for r in looked) + ". Each reading below "
+                  "says what changed and what would confirm it.", ""]
+    note = checkpoint_note(rows)
+    if note:
+        lines += [note]
     if forest:
-        lines += [f"![The verdicts: per-seed paired differences, mean and 95 % interval, by verdict]({forest})", ""]
+        lines += [f"![The verdicts: per-seed differences, mean, 95 % and family-wise intervals, by verdict]({forest})", ""]
     if figure:
         lines += [f"![The runs behind the verdicts: selection-split curves of each arm at its selected point, seed "
                   f"mean with the seed range]({figure})", ""]
-    lines += [f"Records: {census['runs']} distinct runs, {census['with_provenance']} with a provenance block (SFT "
-              f"weights' sha256, data file and sha256, splits, code commit, torch, CPU kernel set and, in the newer "
-              f"ones, the processor). "
-              f"{census.get('backfilled', 0)} of the blocks were filled in afterwards for runs made before records "
-              f"carried one (`--backfill-provenance`: torch version and code commit unknown, the commit that first "
-              f"recorded the run instead); {census.get('sft_verified', 0)} runs carry their SFT checkpoint's weights "
-              f"hash, checked for the older ones by re-scoring the retrained checkpoint's step 0 exactly. "
-              f"Test-file reads over all of them: **{census['test_reads']}**. "
-              f"Confirmation-split reads: {census['confirmation_reads']} (one per final run"
-              + (f"; {census['superseded']} of them by runs superseded when a grid grew" if census.get("superseded")
-                 else "")
-              + (f"; both counts include the SFT model's {census['sft_reads']} reads, one per file that scores it"
-                 if census.get("sft_reads") else "") + ").", "",
-              "Readings (generated):", ""]
+    lines += [census_markdown(census), "", "Readings (generated):", ""]
     for r in rows:
         if not r["stat"]:
             lines.append(f"- {r['claim']} ({r['task']}): no records yet (`{r['sources'][0]}`).")
             continue
         st, d = r["stat"], r["diff"]
         floor = 2 / 2 ** st["n"]
+        c = checkpoints(r)
+        sft = "" if c["shared"] is not False else (
+            f" Its pairs ran from two SFT checkpoints ({r['cell']}: {', '.join(h[:8] + '…' for h in c['arm'])}; "
+            f"{r['base']}: {', '.join(h[:8] + '…' for h in c['base'])}).")
         lines.append(
             f"- {r['claim']} ({r['task']}, `{d['source']}`, {d['split']} split, seeds {d['seeds'][0]}–{d['seeds'][-1]}): "
-            f"{100 * st['mean']:+.2f} points [{100 * st['ci95'][0]:+.2f}, {100 * st['ci95'][1]:+.2f}], {st['positive']} of {st['n']} "
+            f"{100 * st['mean']:+.2f} points [{100 * st['ci95'][0]:+.2f}, {100 * st['ci95'][1]:+.2f}] (family-wise "
+            f"[{100 * st['ci_fw'][0]:+.2f}, {100 * st['ci_fw'][1]:+.2f}]), {st['positive']} of {st['n']} "
             f"seeds above, {st['negative']} below; d_z {st['d_z']:.2f} [{st['d_z_ci95'][0]:.2f}, {st['d_z_ci95'][1]:.2f}]. "
             f"Paired t p {_p(st['p_t'])} (Holm {_p(r['p_t_holm'])}); sign-flip p {_p(st['p_signflip'])} (Holm "
             f"{_p(r['p_signflip_holm'])}; its floor at {st['n']} seeds is {floor:.4f}); Wilcoxon p {_p(st['p_wilcoxon'])}. "
-            f"**{r['verdict'].capitalize()}.**" + (
+            f"**{_verdict_text(r)[0].upper() + _verdict_text(r)[1:]}.**" + look_note(r) + sft + (
                 f" Its confirmation is under way ({d['pending']['seeds']} of {d['pending']['need']} seeds in "
                 f"`{d['pending']['source']}`) and is read once complete." if d.get("pending") else ""))
     return "\n".join(lines) + "\n"
@@ -352,57 +424,6 @@ def grid_markdown(root: Path = OUT.parent) -> str:
             "the rate is a ladder end); each arm then runs at its own best point on 10 fresh seeds "
             "on the confirmation split (`--confirm`). The cached-rollout pair (`--confirm cache`) has no grid: both "
             "of its samplers run at the state base's best point.\n\n" + "\n".join(parts))
-
-
-def _pct(metrics: dict | None) -> str:
-    """A record's solved rate in percent, one decimal; '–' when there is none."""
-    return "–" if not metrics else f"{100 * metrics['accuracy']:.1f}"
-
-
-def _machines(recorded: dict, retrained: dict) -> str:
-    """Why two runs of one recipe and seed may differ in their last bits: the processors their records name
-    (' on another processor', ' on the same processor'), or that the older record names none."""
-    was, now = (r.get("provenance", {}).get("processor") for r in (recorded, retrained))
-    if not was:
-        return " (its record names no processor)"
-    return " on another processor" if was != now else " on the same processor"
-
-
-def test_markdown(root: Path = OUT.parent) -> str:
-    """The test-file reads recorded under ``root/test`` (``--test-final``): per task, family and arm, the
-    retrained seed's solved rate on the test file with its 95 % Wilson interval over the file's rows, its
-    confirmation score and whether that reproduces the confirmation record; the SFT model's read (``sft_test``)
-    first, beside its confirmation score."""
-    from maskrl.stats import wilson_interval
-
-    def row(task: str, family: str, arm: str, seed, test: dict, n: int, conf: dict | None, same: str) -> str:
-        lo, hi = wilson_interval(round(test["accuracy"] * n), n)
-        return (f"| {task} | {family} | {arm} | {seed} | {_pct(test)} [{100 * lo:.1f}, {100 * hi:.1f}] ({n} rows) | "
-                f"{_pct(conf)} | {same} |")
-
-    lines = []
-    for path in sorted((root / "test").glob("*.json")):
-        task, _, family = path.stem.partition("_")
-        data, cpath = load_results(path), root / "confirm" / path.name
-        cdata = load_results(cpath) if cpath.is_file() else {"runs": {}}
-        recorded = cdata["runs"]
-        for sft in data.get("sft_test", {}).values():  # the SFT model, read beside the family's arms
-            lines.append(row(task, family, "SFT model", "–", sft, sft["rows"],
-                             (cdata.get("sft_confirmation") or {}).get(task), "–"))
-        for key, r in sorted(data["runs"].items()):
-            same = "yes" if r.get("reproduces_confirmation") else "no" if key not in recorded else (
-                f"no: {_pct(recorded[key].get('confirmation'))} recorded{_machines(recorded[key], r)}")
-            lines.append(row(task, family, r["cell"], r["seed"], r["test"], r["provenance"]["splits"]["test"]["size"],
-                             r["confirmation"], same))
-    if not lines:
-        return ""
-    return ("### The test file (read once per headline cell)\n\nAfter every recipe was fixed, each arm's first "
-            "confirmation seed retrained at its selected point and scored once on the test file "
-            "(`--test-final`), and the SFT model once beside the family whose base is claimed over it; the "
-            "verdicts above do not read it.\n\n| task | family | arm | seed | test solved, % "
-            "[95 % Wilson] | confirmation solved, % | retrained model reproduces its confirmation record (bit for "
-            "bit only on the same processor, software and thread count) |\n"
-            "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(lines) + "\n")
 
 
 def reproduce_commands() -> str:
@@ -483,16 +504,19 @@ def readme_markdown(rows: list[dict]) -> str:
         r, st = by[key], by[key]["stat"]
         ours = f"{_pts(st['mean'])} [{_pts(st['ci95'][0])}, {_pts(st['ci95'][1])}]".replace("-", "−") if st else "not run yet"
         where = _where(r) if st else "–"
-        lines.append(f"| {r['claim']} | {r['task'].capitalize()} | {ours} | {r.get('verdict', '–')} | {where} |")
+        lines.append(f"| {r['claim']} | {r['task'].capitalize()} | {ours} | {_verdict_text(r) if st else '–'} | {where} |")
     credit = [r for r in rows if r["stat"] and r["base"] != "sft" and r["kind"] == "superior"]
-    count = {v: [r for r in credit if r["verdict"] == v] for v in ("reproduced", "not reproduced", "undecided")}
-    text = (f"Of the {len(credit)} credit-module comparisons with records, {len(count['reproduced'])} reproduced, "
-            f"{len(count['not reproduced'])} not reproduced, {len(count['undecided'])} undecided.")
+    count = {v: [r for r in credit if r["verdict"] == v] for v in VERDICTS["superior"]}
+    looked = [r for r in credit if r.get("after_look") and r["after_look"]["touched"]]
+    text = (f"Of the {len(credit)} credit-module comparisons with records, "
+            + "; ".join(f"{v}: {len(count[v])}" for v in VERDICTS["superior"]) + "."
+            + (f" {len(looked)} of them were {AFTER_LOOK} (their grid grew after the confirmation was read)."
+               if looked else ""))
     conf = [r for r in credit if r["diff"]["split"] == "confirmation"]
     if conf:
         text += " On the confirmation split: " + "; ".join(
             f"{r['claim']} ({r['task']}) {_pts(r['stat']['mean'])} ({r['stat']['positive']} of {r['stat']['n']} seeds "
-            f"above; Holm p {_p(r['p_t_holm'])} paired t, {_p(r['p_signflip_holm'])} sign-flip; {r['verdict']})"
+            f"above; Holm p {_p(r['p_t_holm'])} paired t, {_p(r['p_signflip_holm'])} sign-flip; {_verdict_text(r)})"
             for r in conf) + "."
     pending = [r for r in rows if r["stat"] and r["diff"]["split"] == "selection"]
     if pending:
@@ -500,6 +524,29 @@ def readme_markdown(rows: list[dict]) -> str:
         text += (f" {len(pending)} rows still read the selection split (their confirmation runs are not complete"
                  + (f"; {part} of them under way" if part else "") + "), so their p-values are optimistic.")
     return "\n".join(lines + ["", text]) + "\n"
+
+
+REF = re.compile(r"<!-- verdict:(?P<task>[a-z0-9_]+)/(?P<cell>[^ ]+) -->.*?<!-- /verdict -->", re.S)
+
+
+def fill_references(text: str, rows: list[dict]) -> str:
+    """Rewrite every inline verdict reference of ``text``, ``<!-- verdict:TASK/CELL -->…<!-- /verdict -->``,
+    with that verdict row's current words and numbers, so prose elsewhere on the page cites the table as it is.
+
+    Raises:
+        SystemExit: a reference naming no claim with records.
+    """
+    by = {(r["task"], r["cell"]): r for r in rows if r["stat"]}
+
+    def one(m: re.Match) -> str:
+        r = by.get((m["task"], m["cell"]))
+        if r is None:
+            raise SystemExit(f"error: verdict reference {m['task']}/{m['cell']} names no claim with records")
+        st = r["stat"]
+        return (f"<!-- verdict:{m['task']}/{m['cell']} -->**{_verdict_text(r)}**, {_pts(st['mean'])} "
+                f"{_interval(st, 'ci95')} ({r['diff']['split']} split, {st['n']} seeds)<!-- /verdict -->")
+
+    return REF.sub(one, text)
 
 
 def _replace_block(text: str, marks: tuple[str, str], block: str, where: str) -> str:
@@ -536,7 +583,7 @@ def write_verdicts(doc: Path, readme: Path | None = README) -> list[dict]:
     if begin not in text:  # the block opens the page, under its title
         head, _, rest = text.partition("\n")
         text = f"{head}\n\n{begin}\n{end}\n{rest}"
-    doc.write_text(_replace_block(text, VERDICT_MARKS, block, str(doc)))
+    doc.write_text(fill_references(_replace_block(text, VERDICT_MARKS, block, str(doc)), rows))
     print(f"[table] wrote the verdicts of {doc} and {', '.join(sorted(drawn))}", flush=True)
     if readme is not None:
         readme.write_text(_replace_block(readme.read_text(), README_MARKS, readme_markdown(rows), str(readme)))

@@ -504,16 +504,41 @@ def test_eval_cadence_follows_the_records(tmp_path):
 
 
 def test_verdict_rule_by_hand():
-    st = lambda m, lo, hi: {"mean": m, "ci95": [lo, hi]}  # noqa: E731
-    assert tv.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.02) == "reproduced"
-    assert tv.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.0625) == "undecided"  # 5 seeds: the sign-flip floor
+    """Each verdict word from hand-made statistics: the margin tests read the family-wise interval ``ci_fw``,
+    the gain test the Holm-corrected p-values."""
+    st = lambda m, lo, hi: {"mean": m, "ci_fw": [lo, hi]}  # noqa: E731
+    assert tv.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.02) == tv.GAIN == "gain shown"
+    assert tv.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.0625) == tv.UNDECIDED  # 5 seeds: the sign-flip floor
     assert tv.verdict(st(0.05, 0.02, 0.08), "superior", 0.06, 0.002) == "undecided"
-    assert tv.verdict(st(-0.01, -0.02, 0.009), "superior", 0.5, 0.5) == "not reproduced"  # below +1 point
-    assert tv.verdict(st(-0.05, -0.08, -0.02), "superior", 0.001, 0.002) == "not reproduced"
-    assert tv.verdict(st(0.0, -0.005, 0.011), "superior", 1.0, 1.0) == "undecided"
-    assert tv.verdict(st(0.0, -0.009, 0.011), "noninferior", 1.0, 1.0) == "reproduced"  # above -1 point
-    assert tv.verdict(st(-0.05, -0.08, -0.02), "noninferior", 0.001, 0.002) == "not reproduced"
+    assert tv.verdict(st(-0.01, -0.02, 0.009), "superior", 0.5, 0.5) == tv.NO_GAIN == "no gain of 1 point or more"
+    assert tv.verdict(st(-0.05, -0.08, -0.02), "superior", 0.001, 0.002) == "no gain of 1 point or more"
+    assert tv.verdict(st(0.0, -0.005, 0.011), "superior", 1.0, 1.0) == "undecided"  # the upper end reaches +1
+    # inside (0, +1 point): a gain, and below the margin -- whatever the p-values say
+    assert tv.verdict(st(0.004, 0.001, 0.008), "superior", 0.5, 0.5) == tv.SMALL_GAIN == "a gain below the 1-point margin"
+    assert tv.verdict(st(0.004, 0.001, 0.008), "superior", 0.001, 0.002) == "a gain below the 1-point margin"
+    assert tv.verdict(st(0.004, 0.0, 0.008), "superior", 0.5, 0.5) == "no gain of 1 point or more"  # 0 is not above 0
+    assert tv.verdict(st(0.0, -0.009, 0.011), "noninferior", 1.0, 1.0) == tv.WITHIN == "within 1 point"
+    assert tv.verdict(st(-0.05, -0.08, -0.02), "noninferior", 0.001, 0.002) == tv.WORSE == "worse"
     assert tv.verdict(st(-0.01, -0.03, 0.01), "noninferior", 0.3, 0.3) == "undecided"
+    assert set(tv.VERDICT_COLOURS) == {w for words in tv.VERDICTS.values() for w in words}
+
+
+@pytest.mark.numerics
+def test_familywise_interval_against_the_t_quantile():
+    """Bonferroni over m comparisons: mean ± t_{1 − 0.05/(2m), n−1} · sd/√n, with scipy's quantile by hand."""
+    from scipy import stats
+
+    d = [0.01, 0.03, -0.02, 0.04, 0.02]
+    n, m = len(d), 15
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    h = stats.t.ppf(1 - 0.05 / (2 * m), n - 1) * sd / math.sqrt(n)
+    eps = 16 * sys.float_info.epsilon
+    assert tv.familywise_interval(d, m) == pytest.approx([mean - h, mean + h], rel=eps, abs=eps)
+    h1 = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)  # a family of one: the 95 % interval
+    assert tv.familywise_interval(d, 1) == pytest.approx([mean - h1, mean + h1], rel=eps, abs=eps)
+    with pytest.raises(ValueError, match="m >= 1"):
+        tv.familywise_interval(d, 0)
 
 
 def _rec(task, cell, seed, final, sft, confirm=None):
@@ -572,12 +597,16 @@ def test_verdict_rows_correct_over_the_family(tmp_path):
         assert r["p_t_holm"] == pytest.approx(pt) and r["p_signflip_holm"] == pytest.approx(pf)
     assert rows[0]["verdict"] == "undecided"  # p_t tiny, but 5 seeds cannot give a sign-flip p under 0.0625 x 2
     assert rows[1]["verdict"] == "undecided" and rows[2]["stat"] is None and "verdict" not in rows[2]
+    for r, g in zip(rows, gains.values()):  # the family: the 2 claims with records
+        # the differences are read back from records (0.3 + g − 0.3): equal to g within a few ulps of 1
+        want = tv.familywise_interval(g, 2)
+        assert r["stat"]["ci_fw"] == pytest.approx(want, abs=64 * sys.float_info.epsilon) and r["after_look"] is None
     text = tv.verdict_markdown(rows, {"runs": 10, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "f.png")
     assert "| a | sudoku | p | +5.8 [" in text and "| none | sudoku | p | not run yet |" in text and "(f.png)" in text
     assert "confirmation" not in text.split("Readings")[1]  # nothing under way: no reading mentions it
     rows[1]["diff"]["pending"] = {"seeds": 4, "need": 10, "source": "results/confirm/x.json"}
     text = tv.verdict_markdown(rows, {"runs": 10, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "f.png")
-    assert "| **undecided** | selection, 5; confirmation 4 of 10 recorded |" in text
+    assert "| **undecided** | selection, 5; confirmation 4 of 10 recorded | ? |" in text  # no SFT hash recorded
     assert "Its confirmation is under way (4 of 10 seeds in `results/confirm/x.json`) and is read once complete." in text
 
 
@@ -587,8 +616,9 @@ def test_headline_page_is_generated_from_the_records():
     text = tp.DOC.read_text()
     block = text[text.index(tv.VERDICT_MARKS[0]):text.index(tv.VERDICT_MARKS[1])]
     gen = tv.verdict_markdown(rows, {"runs": 0, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "x")
-    table = [line for line in gen.splitlines() if line.startswith("| ")]
-    assert len(table) == len(tv.CLAIMS) + 2 and all(line in block for line in table)
+    tables = [part.splitlines() for part in gen.split("\n\n") if part.startswith("| ")]
+    assert tables[0][0].startswith("| claim | task | paper") and len(tables[0]) == len(tv.CLAIMS) + 2
+    assert all(line in block for table in tables for line in table)  # the verdicts and what they cover
     assert text.index(tv.VERDICT_MARKS[0]) < 200  # the page opens with it
     for fig in ("headline", "verdicts"):  # the curves behind the verdicts, and the verdicts as a picture
         assert f"]({tp.DOC.stem}_{fig}.png)" in block and (tp.DOC.parent / f"{tp.DOC.stem}_{fig}.png").is_file()
@@ -619,7 +649,7 @@ def test_verdict_figure_draws_only_claims_with_records(tmp_path):
     rows = [{"claim": "a", "task": "sudoku", "stat": None}]
     assert not tv.verdict_figure(rows, tmp_path / "v.png") and not (tmp_path / "v.png").exists()
     rows.append({"claim": "b", "task": "sudoku", "verdict": "undecided",
-                 "stat": {"mean": 0.01, "ci95": [-0.01, 0.03], "n": 3},
+                 "stat": {"mean": 0.01, "ci95": [-0.01, 0.03], "ci_fw": [-0.02, 0.04], "n": 3},
                  "diff": {"d": [0.0, 0.01, 0.02], "split": "confirmation", "pending": None}})
     assert tv.verdict_figure(rows, tmp_path / "v.png") and (tmp_path / "v.png").stat().st_size > 0
 
@@ -654,13 +684,19 @@ def test_readme_markdown_by_hand():
     rows = [{"task": t, "cell": c, "claim": f"claim {c}", "base": "sft" if c == "diffu_grpo_state" else "x",
              "kind": "superior", "stat": None} for t, c in tv.README_ROWS]
     by = {(r["task"], r["cell"]): r for r in rows}
-    by["sudoku", "dispo@spg"].update(stat=stat, verdict="reproduced", p_t_holm=0.001, p_signflip_holm=0.02,
+    by["sudoku", "dispo@spg"].update(stat=stat, verdict="gain shown", p_t_holm=0.001, p_signflip_holm=0.02,
                                      diff={"split": "confirmation"})
     md = tv.readme_markdown(rows)
-    assert "| claim dispo@spg | Sudoku | +5.0 [+2.0, +8.0] | reproduced | confirmation, 10 |" in md
+    assert "| claim dispo@spg | Sudoku | +5.0 [+2.0, +8.0] | gain shown | confirmation, 10 |" in md
     assert "| claim dtca@rldf | Sudoku | not run yet | – | – |" in md
-    assert "Of the 1 credit-module comparisons with records, 1 reproduced, 0 not reproduced, 0 undecided." in md
-    assert "claim dispo@spg (sudoku) +5.0 (10 of 10 seeds above; Holm p 0.001 paired t, 0.020 sign-flip; reproduced)" in md
+    assert ("Of the 1 credit-module comparisons with records, gain shown: 1; a gain below the 1-point margin: 0; "
+            "no gain of 1 point or more: 0; undecided: 0.") in md
+    assert "claim dispo@spg (sudoku) +5.0 (10 of 10 seeds above; Holm p 0.001 paired t, 0.020 sign-flip; gain shown)" in md
+    assert "chosen after a look" not in md
+    by["sudoku", "dispo@spg"]["after_look"] = {"touched": True}
+    assert "| claim dispo@spg | Sudoku | +5.0 [+2.0, +8.0] | gain shown (chosen after a look) |" in tv.readme_markdown(rows)
+    assert "1 of them were chosen after a look" in tv.readme_markdown(rows)
+    del by["sudoku", "dispo@spg"]["after_look"]
     assert "Holm over 1 comparisons" in md and "selection split" not in md
     by["sudoku", "dtca@rldf"].update(stat=stat | {"n": 5}, verdict="undecided", p_t_holm=0.2, p_signflip_holm=0.5,
                                      diff={"split": "selection", "pending": {"seeds": 2, "need": 10, "source": "c.json"}})
@@ -738,10 +774,15 @@ def test_test_table_says_when_a_retrained_run_differs_and_on_which_processor(tmp
         tp.grid_path(kind, "sudoku", "spg", tmp_path).parent.mkdir(parents=True)
     cases = [(rec(0.25), "no: 25.0 recorded (its record names no processor)"),
              (rec(0.25, "AMD family 25"), "no: 25.0 recorded on another processor"),
-             (rec(0.25, "Intel family 6"), "no: 25.0 recorded on the same processor")]
+             (rec(0.25, "Intel family 6"), "no: 25.0 recorded on the same processor"),
+             (rec(0.25) | {"sft_hash": "a" * 64}, f"no: 25.0 recorded (its SFT weights differ: `{'a' * 8}…` recorded, "
+                                                  f"`{'b' * 8}…` retrained; its record names no processor)")]
     for recorded, want in cases:
+        if "sft_hash" in recorded:  # the SFT checkpoint changed between the two runs
+            recorded["provenance"]["sft"] = {"sha256": recorded.pop("sft_hash")}
         tp.grid_path("confirm", "sudoku", "spg", tmp_path).write_text(json.dumps({"runs": {key: recorded}}))
         retrained = {**rec(0.5, "Intel family 6"), "test": {"accuracy": 0.75}, "reproduces_confirmation": False}
+        retrained["provenance"]["sft"] = {"sha256": "b" * 64}
         tp.grid_path("test", "sudoku", "spg", tmp_path).write_text(json.dumps({"runs": {key: retrained}}))
         row = tv.test_markdown(tmp_path).splitlines()[-1]
         assert row == f"| sudoku | spg | spg | 10 | 75.0 [30.1, 95.4] (4 rows) | 50.0 | {want} |"
