@@ -1,7 +1,9 @@
-"""The headline page (``--verdicts``): for each headline claim the paired difference on the confirmation
-split (else the selection records, marked) with its exact t-interval, paired-t and sign-flip p-values
-Holm-corrected over the family, and a verdict; the tuning-grid and test-file tables, the commands that
-reproduce every record file, and the README's results block -- all generated from the committed records."""
+"""The headline page (``--verdicts``): for each headline claim the difference over seeds on the confirmation
+split (else the selection records, marked) with its exact t-interval and family-wise interval, paired-t and
+sign-flip p-values Holm-corrected over the family, and a verdict in words that say what was shown; the
+figure, the readings, the README's results block and the page's inline verdict references; with the
+protocol notes of :mod:`table_audit` and the appendix of :mod:`table_reproduce` -- all generated from the
+committed records."""
 from __future__ import annotations
 
 import math
@@ -12,8 +14,8 @@ from ablation_runs import ROOT, load_results
 from table_audit import (after_look, census_markdown, checkpoint_note, checkpoints, coverage_markdown, fresh_seeds,
                          record_census, test_markdown)
 from table_pages import headline_figure
-from table_protocol import (CELLS, CONFIRM_SEEDS, GRID_FAMILIES, OUT, R3, best_points, family_lrs, grid_path,
-                            grid_points, point_lr)
+from table_reproduce import grid_markdown, reproduce_commands
+from table_protocol import CONFIRM_SEEDS, OUT, R3, grid_path
 
 
 #: the smallest gain worth the name (solved rate): the margin of the verdicts' interval tests
@@ -362,118 +364,6 @@ def verdict_markdown(rows: list[dict], census: dict, figure: str, forest: str = 
                 f" Its confirmation is under way ({d['pending']['seeds']} of {d['pending']['need']} seeds in "
                 f"`{d['pending']['source']}`) and is read once complete." if d.get("pending") else ""))
     return "\n".join(lines) + "\n"
-
-
-def _wrap(words: list[str], width: int = 104) -> str:
-    """One shell command from ``words``, continued with `` \\`` past ``width`` characters."""
-    lines, cur = [], ""
-    for w in words:
-        if cur and len(cur) + 1 + len(w) > width:
-            lines.append(cur + " \\")
-            cur = "  " + w
-        else:
-            cur = f"{cur} {w}" if cur else w
-    return "\n".join(lines + [cur])
-
-
-def grid_markdown(root: Path = OUT.parent) -> str:
-    """The tuning grids recorded under ``root/grid``: per task and family, each arm's seed-mean final
-    selection-split solved rate (%) and seeds at each grid point, and the point it would run at now
-    (:func:`best_points` over the seeds every point has; a point at the lowest or highest learning rate is
-    marked *grid edge*: the optimum may lie outside the grid), then each task's bases ranked by their best
-    point ('' when no grid is recorded)."""
-    parts, bases = [], {}
-    for path in sorted((root / "grid").glob("*.json")):
-        task, _, family = path.stem.partition("_")
-        if family not in GRID_FAMILIES:
-            continue
-        runs = load_results(path)["runs"]
-        lrs = family_lrs({"runs": runs}, task, family)
-        labels = [lab for lab, _ in grid_points(family, lrs)]
-        sft = sorted({round(100 * r["val_curve"][0][1]["accuracy"], 1) for r in runs.values()})
-        lines = [f"`{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}` ({task}, {family}): seed-mean final "
-                 f"solved rate on the selection split, % (seeds); the SFT model: {', '.join(map(str, sft))} %", "",
-                 "| arm | " + " | ".join(labels) + " | best so far |", "| --- " * (len(labels) + 2) + "|"]
-        for arm in GRID_FAMILIES[family]["arms"]:
-            cells, complete = [], {}
-            for lab in labels:
-                rs = [r for r in runs.values() if r["cell"] == arm and r.get("grid_point") == lab and r["task"] == task]
-                if rs:
-                    cells.append(f"{100 * sum(r['val']['accuracy'] for r in rs) / len(rs):.1f} ({len(rs)})")
-                    complete[lab] = {r["seed"] for r in rs}
-                else:
-                    cells.append("–")
-            shared = set.intersection(*complete.values()) if complete else set()
-            best = "–"
-            if shared:
-                b = best_points({"runs": runs}, task, family, sorted(shared), arms=[arm])[arm]
-                edge = ", *grid edge*" if point_lr(b["point"]) in (min(lrs), max(lrs)) else ""
-                best = f"{b['point']} ({100 * b['val_mean']:.1f}, seeds {','.join(map(str, b['seeds']))}{edge})"
-                if arm == GRID_FAMILIES[family]["arms"][0]:
-                    bases.setdefault(task, []).append((b["val_mean"], arm, b["point"], len(b["seeds"])))
-            lines.append(f"| {arm} | " + " | ".join(cells) + f" | {best} |")
-        parts.append("\n".join(lines) + "\n")
-    if not parts:
-        return ""
-    for task, ranked in bases.items():
-        parts.append(f"The {task} bases by their best grid point: " + ", ".join(
-            f"{arm} {100 * m:.1f} ({point}, {n} seeds)" for m, arm, point, n in sorted(ranked, reverse=True)) + ".\n")
-    return ("### Tuning grid (selection split)\n\nThe same learning-rate grid (and β where the base has one) for each "
-            "base and its credit arms, seeds 0 and 1, extended by one rate of the ladder 1e-5 … 1e-3 (`LR_LADDER`) "
-            "while an arm's best point lies at the grid's edge (*grid edge* below: an extension is pending, or "
-            "the rate is a ladder end); each arm then runs at its own best point on 10 fresh seeds "
-            "on the confirmation split (`--confirm`). The cached-rollout pair (`--confirm cache`) has no grid: both "
-            "of its samplers run at the state base's best point.\n\n" + "\n".join(parts))
-
-
-def reproduce_commands() -> str:
-    """The commands that regenerate the page and resume every record file, read from the records
-    themselves (cells, seeds, ``--eval-every`` and ``--set`` overrides per task), as a shell block."""
-    import shlex
-
-    py = ["python", "benchmarks/controlled_table.py"]
-    out = ["# this block, the verdicts and the figures", "python benchmarks/controlled_table.py --verdicts",
-           "# the first table (each task resumes at the cadence its records were made with)",
-           "python benchmarks/controlled_table.py --tasks sudoku,countdown --seeds 0,1,2,3,4",
-           "python benchmarks/controlled_table.py --summary"]
-    if R3.is_file():
-        out.append("# the third-round table, one command per task")
-        runs = load_results(R3)["runs"].values()
-        for task in sorted({r["task"] for r in runs}, key=lambda t: (t != "sudoku", t)):
-            rs = [r for r in runs if r["task"] == task]
-            cells = sorted({r["cell"] for r in rs}, key=lambda c: list(CELLS).index(c) if c in CELLS else 99)
-            (every,) = {r["eval_every"] for r in rs}
-            (over,) = {tuple(r["overrides"]) for r in rs}
-            words = py + ["--tasks", task, "--cells", ",".join(cells), "--seeds", ",".join(map(str, sorted({r["seed"] for r in rs}))),
-                          "--eval-every", str(every), "--out", str(R3.relative_to(ROOT)), "--runs-dir", "runs/table_r3"]
-            for o in over:
-                words += ["--set", o]
-            out.append(_wrap(words))
-        out.append(f"python benchmarks/controlled_table.py --summary --out {R3.relative_to(ROOT)}")
-    out += ["# the tuning grid on the selection split, then each arm at its best point on the confirmation split",
-            "python benchmarks/controlled_table.py --tasks sudoku --grid spg --confirm spg",
-            "python benchmarks/controlled_table.py --tasks sudoku --grid state,rldf,wd1,mf --confirm state,rldf,wd1,mf",
-            "# the cached-rollout pair at the best point of the state base (no grid of its own)",
-            "python benchmarks/controlled_table.py --tasks sudoku --confirm cache",
-            "python benchmarks/controlled_table.py --tasks countdown --grid state,wd1 --confirm state,wd1",
-            "# the test file, once every recipe is fixed (one retrained model per arm)",
-            "python benchmarks/controlled_table.py --tasks sudoku --test-final state,rldf,wd1,mf,spg,cache",
-            "python benchmarks/controlled_table.py --tasks countdown --test-final state,wd1",
-            "# the testbed pilots, grouped by the seeds and cadence their records were made with"]
-    groups: dict[tuple, list[str]] = {}
-    for path in sorted((OUT.parent / "testbed_search").glob("*.json")):
-        rs = list(load_results(path)["runs"].values())
-        if rs:
-            every = {r["eval_every"] for r in rs}
-            key = (",".join(map(str, sorted(r["seed"] for r in rs))), every.pop() if len(every) == 1 else None)
-            groups.setdefault(key, []).append(path.stem)
-    for (seeds, every), names in groups.items():
-        if every is not None:
-            out.append(_wrap(["python", "benchmarks/testbed_search.py", "--run", ",".join(names), "--seeds", seeds,
-                              "--eval-every", str(every)]))
-    out.append("python benchmarks/testbed_search.py --summary")
-    assert all(shlex.split(c.replace("\\\n", " ")) for c in out)
-    return "```bash\n" + "\n".join(out) + "\n```\n"
 
 
 VERDICT_MARKS = ("<!-- verdicts:begin -->", "<!-- verdicts:end -->")

@@ -20,6 +20,8 @@ import table_protocol as tp  # noqa: E402
 import table_provenance as tprov  # noqa: E402
 import table_runs as tr  # noqa: E402
 import table_verdicts as tv  # noqa: E402
+import table_audit as ta  # noqa: E402
+import table_reproduce as trp  # noqa: E402
 
 
 def test_curve_area_and_mean_curve_by_hand():
@@ -268,13 +270,14 @@ def test_grid_and_confirm_modes_smoke(tmp_path, monkeypatch):
         assert r["overrides"] == conf["runs"][key]["overrides"] and "accuracy" in r["test"], key
     n_test = next(iter(test["runs"].values()))["provenance"]["splits"]["test"]["size"]
     assert test["sft_test"]["sudoku"]["test_reads"] == 1 and test["sft_test"]["sudoku"]["rows"] == n_test
-    md = tv.test_markdown(tmp_path)
+    md = ta.test_markdown(tmp_path)
     assert md.startswith("### The test file") and md.count("\n| sudoku | spg | ") == 4 and "| yes |" in md
     sft_row = f"| sudoku | spg | SFT model | – | {100 * test['sft_test']['sudoku']['accuracy']:.1f} ["
     assert sft_row in md and f"({n_test} rows) | {100 * conf['sft_confirmation']['sudoku']['accuracy']:.1f} | – |" in md
-    census = tv.record_census([tp.grid_path(k, "sudoku", "spg", tmp_path) for k in ("grid", "confirm", "test")])
-    assert (census["test_reads"], census["sft_reads"]) == (4, 2)  # 3 arms + the SFT model; its 2 split reads
-    assert tv.test_markdown(tmp_path / "none") == ""
+    census = ta.record_census([tp.grid_path(k, "sudoku", "spg", tmp_path) for k in ("grid", "confirm", "test")])
+    # 3 arms + the SFT model on the test file; the SFT model read each split once (confirmation, test)
+    assert (census["test_reads"], census["sft_confirmation"], census["sft_test"]) == (4, 1, 1)
+    assert ta.test_markdown(tmp_path / "none") == ""
     with pytest.raises(SystemExit, match="has no confirmation run sudoku/spg/seed7"):
         ct.main(["--smoke", "--test-final", "spg", "--confirm-seeds", "7", "--out", str(out), "--runs-dir",
                  str(tmp_path / "runs")])
@@ -370,7 +373,7 @@ def test_tuned_by_family_confirms_at_the_source_arms_point(tmp_path):
     for arm in tp.GRID_FAMILIES["cache"]["arms"]:
         assert new["selected"][arm]["point"] == "lr=0.0001,beta=0.04"
         assert new["runs"][tp.run_key("sudoku", arm, 3)]["overrides"][-2:] == ["train.lr=0.0001", "objective.beta=0.04"]
-    census = tv.record_census([tp.grid_path("confirm", "sudoku", "cache", tmp_path)])
+    census = ta.record_census([tp.grid_path("confirm", "sudoku", "cache", tmp_path)])
     assert census["confirmation_reads"] == 5 and census["superseded"] == 2  # 4 runs and the SFT model
 
 
@@ -674,7 +677,7 @@ def test_test_markdown_by_hand(tmp_path):
     r = {"cell": "spg", "seed": 10, "test": {"accuracy": 0.5}, "confirmation": {"accuracy": 0.25},
          "reproduces_confirmation": False, "provenance": {"splits": {"test": {"size": 8}}}}
     ablation_runs.save_results(tmp_path / "test" / "sudoku_spg.json", {"runs": {"sudoku/spg/seed10": r}})
-    assert "| sudoku | spg | spg | 10 | 50.0 [21.5, 78.5] (8 rows) | 25.0 | no |" in tv.test_markdown(tmp_path)
+    assert "| sudoku | spg | spg | 10 | 50.0 [21.5, 78.5] (8 rows) | 25.0 | no |" in ta.test_markdown(tmp_path)
 
 
 def test_readme_markdown_by_hand():
@@ -748,7 +751,7 @@ def test_grid_markdown_by_hand(tmp_path):
             for s, a in ((0, 0.30), (1, 0.34))}
     runs[tp.run_key("sudoku", "spg", 0, "lr=5e-05")] = _rec("sudoku", "spg", 0, 0.40, 0.32) | {"grid_point": "lr=5e-05"}
     ablation_runs.save_results(tmp_path / "grid" / "sudoku_spg.json", {"runs": runs})
-    text = tv.grid_markdown(tmp_path)
+    text = trp.grid_markdown(tmp_path)
     row = next(line for line in text.splitlines() if line.startswith("| spg |"))
     # 2e-05 over seeds 0, 1: 32.0; 5e-05 on seed 0 only; the best over the seeds both share (0): 5e-05
     assert row == "| spg | 32.0 (2) | 40.0 (1) | – | – | lr=5e-05 (40.0, seeds 0) |"
@@ -757,9 +760,9 @@ def test_grid_markdown_by_hand(tmp_path):
     # the best point at the lowest learning rate of the grid is marked: the optimum may lie below it
     runs[tp.run_key("sudoku", "spg", 0, "lr=2e-05")]["val"]["accuracy"] = 0.5
     ablation_runs.save_results(tmp_path / "grid" / "sudoku_spg.json", {"runs": runs})
-    row = next(line for line in tv.grid_markdown(tmp_path).splitlines() if line.startswith("| spg |"))
+    row = next(line for line in trp.grid_markdown(tmp_path).splitlines() if line.startswith("| spg |"))
     assert row == "| spg | 42.0 (2) | 40.0 (1) | – | – | lr=2e-05 (50.0, seeds 0, *grid edge*) |"
-    assert tv.grid_markdown(tmp_path / "none") == ""
+    assert trp.grid_markdown(tmp_path / "none") == ""
 
 
 def test_test_table_says_when_a_retrained_run_differs_and_on_which_processor(tmp_path):
@@ -784,5 +787,5 @@ def test_test_table_says_when_a_retrained_run_differs_and_on_which_processor(tmp
         retrained = {**rec(0.5, "Intel family 6"), "test": {"accuracy": 0.75}, "reproduces_confirmation": False}
         retrained["provenance"]["sft"] = {"sha256": "b" * 64}
         tp.grid_path("test", "sudoku", "spg", tmp_path).write_text(json.dumps({"runs": {key: retrained}}))
-        row = tv.test_markdown(tmp_path).splitlines()[-1]
+        row = ta.test_markdown(tmp_path).splitlines()[-1]
         assert row == f"| sudoku | spg | spg | 10 | 75.0 [30.1, 95.4] (4 rows) | 50.0 | {want} |"
