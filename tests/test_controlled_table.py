@@ -1,4 +1,4 @@
-"""The controlled table (benchmarks/controlled_table.py, issue 22): every cell builds and runs one
+"""The controlled table (benchmarks/table/controlled_table.py, issue 22): every cell builds and runs one
 step (smoke; no accuracy asserted), cells replace exactly their sections, and the summary's
 statistics against hand values."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "table"))
 
 import controlled_table as ct  # noqa: E402
 import ablation_runs  # noqa: E402
@@ -467,33 +467,35 @@ def _check_resume(argv: list[str], where: str) -> int:
 
 
 def test_every_documented_command_parses_and_resumes_against_the_records(monkeypatch):
-    """Each command of docs/results.md runs through its script's argument parser; a table or pilot command
-    whose runs are recorded would skip them (same overrides, split size and --eval-every), not stop."""
-    import testbed_search as ts
-
+    """Each command of docs/results.md names a script that exists, or a retired one (``RETIRED``) in a
+    block that says at which commit its code was last present; each table command runs through the
+    table's argument parser, and one whose runs are recorded would skip them (same overrides, split size
+    and --eval-every), not stop."""
     monkeypatch.chdir(ablation_runs.ROOT)
-    cmds = documented_commands(tp.DOC.read_text())
+    text = tp.DOC.read_text()
+    cmds = documented_commands(text)
     assert len(cmds) >= 8
-    scripts = {c[0] for c in cmds}
-    assert {"benchmarks/controlled_table.py", "benchmarks/testbed_search.py"} <= scripts
+    assert "benchmarks/table/controlled_table.py" in {c[0] for c in cmds}
     total = 0
     for argv in cmds:
         where = " ".join(argv)
+        if argv[0] in trp.RETIRED:
+            assert f"run at commit {trp.RETIRED_AT}" in text, where
+            continue
         assert (ablation_runs.ROOT / argv[0]).is_file(), where
-        if argv[0] == "benchmarks/controlled_table.py":
+        if argv[0] == "benchmarks/table/controlled_table.py":
             total += _check_resume(argv[1:], where)
-        elif argv[0] == "benchmarks/testbed_search.py":
-            args = ts.parser().parse_args(argv[1:])
-            for name in [n for n in args.run.split(",") if n]:
-                total += _check_resume(ts.table_argv(name, args.seeds, args.eval_every), where)
-    assert total >= 300  # table 1 (220 runs) and the third-round table (60) resume from their records
+    assert total >= 280  # table 1 (220 runs) and the third-round table (60) resume from their records
+    # the retired pilots' commands stay on the page as comments, under the commit that had their code
+    assert trp.RETIRED["benchmarks/testbed_search.py"] in text and "# python benchmarks/testbed_search.py --run" in text
 
 
 def test_documented_commands_extraction():
-    text = ("text\n\n    python benchmarks/controlled_table.py --tasks a \\\n      --seeds 0  # note\n\n"
-            "```bash\npython benchmarks/testbed_search.py --summary\n```\npython benchmarks/not_code.py\n")
-    assert documented_commands(text) == [["benchmarks/controlled_table.py", "--tasks", "a", "--seeds", "0"],
-                                         ["benchmarks/testbed_search.py", "--summary"]]
+    text = ("text\n\n    python benchmarks/table/controlled_table.py --tasks a \\\n      --seeds 0  # note\n\n"
+            "```bash\npython benchmarks/speed/gpu_check.py --scale tiny\n# python benchmarks/old.py\n```\n"
+            "python benchmarks/not_code.py\n")
+    assert documented_commands(text) == [["benchmarks/table/controlled_table.py", "--tasks", "a", "--seeds", "0"],
+                                         ["benchmarks/speed/gpu_check.py", "--scale", "tiny"]]
 
 
 def test_eval_cadence_follows_the_records(tmp_path):

@@ -1,4 +1,4 @@
-"""What the headline page says about its own protocol (benchmarks/table_audit.py, issue 51): choices made
+"""What the headline page says about its own protocol (benchmarks/table/table_audit.py, issue 51): choices made
 after a confirmation was read, SFT checkpoints per verdict row, what the intervals cover, the census and the
 inline verdict references -- each from hand-made records."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "table"))
 
 import ablation_runs  # noqa: E402
 import table_audit as ta  # noqa: E402

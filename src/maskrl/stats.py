@@ -167,7 +167,7 @@ def paired_comparison(first_correct: Sequence[bool], second_correct: Sequence[bo
             "bootstrap": {"resamples": resamples, "seed": seed, "method": "percentile, pairs resampled"}}
 
 
-# -- statistics over seeds (paired runs): the verdicts of benchmarks/controlled_table.py -----------------
+# -- statistics over seeds (paired runs): the verdicts of benchmarks/table/controlled_table.py -----------------
 # Every function takes the per-seed paired differences ``d`` (e.g. cell − base, one float per seed) or
 # p-values, as plain Python sequences; scipy supplies the distributions (exact t quantiles, the exact
 # permutation and signed-rank nulls, the noncentral t), never a hard-coded table.
