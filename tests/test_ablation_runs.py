@@ -1,5 +1,5 @@
-"""The ablation benchmarks' shared arithmetic (benchmarks/ablation_runs.py, dispo_ablation.py,
-dtca_ablation.py): intervals, pooling of per-step counts, result files."""
+"""What the controlled table's runs share (benchmarks/table/ablation_runs.py): intervals, resumable record
+files, the task setup's splits and provenance hashes."""
 from __future__ import annotations
 
 import math
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "table"))
 
-from ablation_runs import already_recorded, load_results, save_results, summary_rows, t_interval, update_results  # noqa: E402
+from ablation_runs import already_recorded, load_results, save_results, t_interval, update_results  # noqa: E402
 
 
 def test_t_interval_by_hand():
@@ -20,66 +20,20 @@ def test_t_interval_by_hand():
     assert all(math.isnan(x) for x in t_interval([0.5, float("nan")]))  # a field some records lack
 
 
-def test_summary_and_resumable_file(tmp_path):
+def test_resumable_file(tmp_path):
     runs = {f"t/c/seed{s}/steps5": {"task": "t", "cell": "c", "seed": s, "steps": 5,
                                     "val": {"accuracy": a, "mean_reward": a}} for s, a in enumerate([0.2, 0.4])}
     out = tmp_path / "r.json"
     save_results(out, {"runs": runs})
     assert load_results(out)["runs"] == runs and load_results(tmp_path / "none.json") == {"runs": {}}
-    (row,) = summary_rows(load_results(out))
-    assert row["seeds"] == [0, 1] and row["val"]["accuracy_mean"] == pytest.approx(0.3)
-    assert row["val"]["accuracy_ci95"][1] == pytest.approx(0.3 + math.tan(0.475 * math.pi) * math.sqrt(0.02) / math.sqrt(2))
-
-
-def test_dispo_bins_pool_counts_not_ratios():
-    from dispo_ablation import bin_counts
-
-    steps = [{"credit/dispo/states_late": 10.0, "credit/dispo/kept_late": 1.0},
-             {"credit/dispo/states_late": 2.0, "credit/dispo/kept_late": 2.0, "credit/dispo/states_mid": 1.0}]
-    b = bin_counts(steps, "credit/dispo/")
-    assert b["late"] == {"states": 12.0, "kept": 3.0, "frac": 0.25}  # not the mean of 0.1 and 1.0
-    assert b["mid"]["frac"] == 0.0 and b["early"]["frac"] is None
-
-
-def test_dtca_long_generation_overrides():
-    from dtca_ablation import length_overrides
-
-    assert sorted(length_overrides(64)) == sorted(f"{s}.{k}=64" for s in ("rollout", "eval")
-                                                  for k in ("gen_length", "block_length", "steps"))
 
 
 def test_bad_result_files_are_clear_errors(tmp_path):
-    from ablation_runs import merge_results, require_runs
-
     (tmp_path / "empty.json").write_text("")
     (tmp_path / "obj.json").write_text("{}")
     for name, msg in (("empty.json", "not JSON"), ("obj.json", "no 'runs'")):
         with pytest.raises(SystemExit, match=msg):
             load_results(tmp_path / name)
-    with pytest.raises(SystemExit, match="no results file"):
-        merge_results({"runs": {}}, str(tmp_path / "typo.json"))
-    with pytest.raises(SystemExit, match="nothing to summarise"):
-        require_runs({"runs": {}}, tmp_path / "out.json")
-    save_results(tmp_path / "a.json", {"runs": {"k": {"x": 1}}, "probe": {"t": 1}})
-    data = merge_results({"runs": {}}, str(tmp_path / "a.json"), ("probe",))
-    assert data == {"runs": {"k": {"x": 1}}, "probe": {"t": 1}}
-
-
-def test_resume_skips_only_runs_with_the_same_settings(tmp_path):
-    """A finished run is skipped when the overrides and validation size match; with other settings
-    the resume stops with an error instead of silently mixing them (nothing is trained here)."""
-    from types import SimpleNamespace
-
-    from ablation_runs import run_cell
-
-    out = tmp_path / "r.json"
-    data = {"runs": {"t/c/seed0/steps5": {"overrides": ["sft.steps=5"], "val_size": 2}}}
-    setup = SimpleNamespace(val=[1, 2])
-    assert run_cell(setup, data, out, "t", "c", tmp_path / "x.yaml", ["sft.steps=5"], 5, 0, False) is None
-    with pytest.raises(SystemExit, match="other settings"):
-        run_cell(setup, data, out, "t", "c", tmp_path / "x.yaml", ["sft.steps=6"], 5, 0, False)
-    with pytest.raises(SystemExit, match="other settings"):
-        run_cell(SimpleNamespace(val=[1]), data, out, "t", "c", tmp_path / "x.yaml", ["sft.steps=5"], 5, 0, False)
 
 
 def test_task_setup_holds_validation_out_of_a_fixed_data_set():

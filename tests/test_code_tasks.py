@@ -234,7 +234,7 @@ def _perturb_mbpp(code: str, tests: list[str]) -> str:
 
 
 # correctness, not speed: a generous clock, so that a loaded machine cannot fail a slow reference
-# (MBPP 123 needs about 3.5 CPU seconds; benchmarks/code_reference.py times the default limits)
+# (MBPP 123 needs about 3.5 CPU seconds; benchmarks/references/code_reference.py times the default limits)
 GOLDEN_LIMITS = Limits(timeout_s=60.0)
 
 
@@ -294,14 +294,14 @@ def test_humaneval_golden_sample_passes():
 
 
 full_set = pytest.mark.skipif(not os.environ.get("MASKRL_FULL_REFERENCE"),
-                              reason="full reference set: set MASKRL_FULL_REFERENCE=1 (or run benchmarks/code_reference.py)")
+                              reason="full reference set: set MASKRL_FULL_REFERENCE=1 (or run benchmarks/references/code_reference.py)")
 
 
 @pytest.mark.slow
 @full_set
 @needs_mbpp
 def test_mbpp_golden_reference_solutions_all_pass():
-    """All 427 (slow: about 30-45 s on 2 shared cores; benchmarks/code_reference.py times it)."""
+    """All 427 (slow: about 30-45 s on 2 shared cores; benchmarks/references/code_reference.py times it)."""
     ex = MBPP().load()
     start = time.monotonic()
     _mbpp_golden(ex)

@@ -1,4 +1,4 @@
-"""The controlled table (benchmarks/controlled_table.py, issue 22): every cell builds and runs one
+"""The controlled table (benchmarks/table/controlled_table.py, issue 22): every cell builds and runs one
 step (smoke; no accuracy asserted), cells replace exactly their sections, and the summary's
 statistics against hand values."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "table"))
 
 import controlled_table as ct  # noqa: E402
 import ablation_runs  # noqa: E402
@@ -20,6 +20,8 @@ import table_protocol as tp  # noqa: E402
 import table_provenance as tprov  # noqa: E402
 import table_runs as tr  # noqa: E402
 import table_verdicts as tv  # noqa: E402
+import table_audit as ta  # noqa: E402
+import table_reproduce as trp  # noqa: E402
 
 
 def test_curve_area_and_mean_curve_by_hand():
@@ -268,13 +270,14 @@ def test_grid_and_confirm_modes_smoke(tmp_path, monkeypatch):
         assert r["overrides"] == conf["runs"][key]["overrides"] and "accuracy" in r["test"], key
     n_test = next(iter(test["runs"].values()))["provenance"]["splits"]["test"]["size"]
     assert test["sft_test"]["sudoku"]["test_reads"] == 1 and test["sft_test"]["sudoku"]["rows"] == n_test
-    md = tv.test_markdown(tmp_path)
+    md = ta.test_markdown(tmp_path)
     assert md.startswith("### The test file") and md.count("\n| sudoku | spg | ") == 4 and "| yes |" in md
     sft_row = f"| sudoku | spg | SFT model | – | {100 * test['sft_test']['sudoku']['accuracy']:.1f} ["
     assert sft_row in md and f"({n_test} rows) | {100 * conf['sft_confirmation']['sudoku']['accuracy']:.1f} | – |" in md
-    census = tv.record_census([tp.grid_path(k, "sudoku", "spg", tmp_path) for k in ("grid", "confirm", "test")])
-    assert (census["test_reads"], census["sft_reads"]) == (4, 2)  # 3 arms + the SFT model; its 2 split reads
-    assert tv.test_markdown(tmp_path / "none") == ""
+    census = ta.record_census([tp.grid_path(k, "sudoku", "spg", tmp_path) for k in ("grid", "confirm", "test")])
+    # 3 arms + the SFT model on the test file; the SFT model read each split once (confirmation, test)
+    assert (census["test_reads"], census["sft_confirmation"], census["sft_test"]) == (4, 1, 1)
+    assert ta.test_markdown(tmp_path / "none") == ""
     with pytest.raises(SystemExit, match="has no confirmation run sudoku/spg/seed7"):
         ct.main(["--smoke", "--test-final", "spg", "--confirm-seeds", "7", "--out", str(out), "--runs-dir",
                  str(tmp_path / "runs")])
@@ -370,7 +373,7 @@ def test_tuned_by_family_confirms_at_the_source_arms_point(tmp_path):
     for arm in tp.GRID_FAMILIES["cache"]["arms"]:
         assert new["selected"][arm]["point"] == "lr=0.0001,beta=0.04"
         assert new["runs"][tp.run_key("sudoku", arm, 3)]["overrides"][-2:] == ["train.lr=0.0001", "objective.beta=0.04"]
-    census = tv.record_census([tp.grid_path("confirm", "sudoku", "cache", tmp_path)])
+    census = ta.record_census([tp.grid_path("confirm", "sudoku", "cache", tmp_path)])
     assert census["confirmation_reads"] == 5 and census["superseded"] == 2  # 4 runs and the SFT model
 
 
@@ -464,33 +467,35 @@ def _check_resume(argv: list[str], where: str) -> int:
 
 
 def test_every_documented_command_parses_and_resumes_against_the_records(monkeypatch):
-    """Each command of docs/results.md runs through its script's argument parser; a table or pilot command
-    whose runs are recorded would skip them (same overrides, split size and --eval-every), not stop."""
-    import testbed_search as ts
-
+    """Each command of docs/results.md names a script that exists, or a retired one (``RETIRED``) in a
+    block that says at which commit its code was last present; each table command runs through the
+    table's argument parser, and one whose runs are recorded would skip them (same overrides, split size
+    and --eval-every), not stop."""
     monkeypatch.chdir(ablation_runs.ROOT)
-    cmds = documented_commands(tp.DOC.read_text())
+    text = tp.DOC.read_text()
+    cmds = documented_commands(text)
     assert len(cmds) >= 8
-    scripts = {c[0] for c in cmds}
-    assert {"benchmarks/controlled_table.py", "benchmarks/testbed_search.py"} <= scripts
+    assert "benchmarks/table/controlled_table.py" in {c[0] for c in cmds}
     total = 0
     for argv in cmds:
         where = " ".join(argv)
+        if argv[0] in trp.RETIRED:
+            assert f"run at commit {trp.RETIRED_AT}" in text, where
+            continue
         assert (ablation_runs.ROOT / argv[0]).is_file(), where
-        if argv[0] == "benchmarks/controlled_table.py":
+        if argv[0] == "benchmarks/table/controlled_table.py":
             total += _check_resume(argv[1:], where)
-        elif argv[0] == "benchmarks/testbed_search.py":
-            args = ts.parser().parse_args(argv[1:])
-            for name in [n for n in args.run.split(",") if n]:
-                total += _check_resume(ts.table_argv(name, args.seeds, args.eval_every), where)
-    assert total >= 300  # table 1 (220 runs) and the third-round table (60) resume from their records
+    assert total >= 280  # table 1 (220 runs) and the third-round table (60) resume from their records
+    # the retired pilots' commands stay on the page as comments, under the commit that had their code
+    assert trp.RETIRED["benchmarks/testbed_search.py"] in text and "# python benchmarks/testbed_search.py --run" in text
 
 
 def test_documented_commands_extraction():
-    text = ("text\n\n    python benchmarks/controlled_table.py --tasks a \\\n      --seeds 0  # note\n\n"
-            "```bash\npython benchmarks/testbed_search.py --summary\n```\npython benchmarks/not_code.py\n")
-    assert documented_commands(text) == [["benchmarks/controlled_table.py", "--tasks", "a", "--seeds", "0"],
-                                         ["benchmarks/testbed_search.py", "--summary"]]
+    text = ("text\n\n    python benchmarks/table/controlled_table.py --tasks a \\\n      --seeds 0  # note\n\n"
+            "```bash\npython benchmarks/speed/gpu_check.py --scale tiny\n# python benchmarks/old.py\n```\n"
+            "python benchmarks/not_code.py\n")
+    assert documented_commands(text) == [["benchmarks/table/controlled_table.py", "--tasks", "a", "--seeds", "0"],
+                                         ["benchmarks/speed/gpu_check.py", "--scale", "tiny"]]
 
 
 def test_eval_cadence_follows_the_records(tmp_path):
@@ -504,16 +509,41 @@ def test_eval_cadence_follows_the_records(tmp_path):
 
 
 def test_verdict_rule_by_hand():
-    st = lambda m, lo, hi: {"mean": m, "ci95": [lo, hi]}  # noqa: E731
-    assert tv.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.02) == "reproduced"
-    assert tv.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.0625) == "undecided"  # 5 seeds: the sign-flip floor
+    """Each verdict word from hand-made statistics: the margin tests read the family-wise interval ``ci_fw``,
+    the gain test the Holm-corrected p-values."""
+    st = lambda m, lo, hi: {"mean": m, "ci_fw": [lo, hi]}  # noqa: E731
+    assert tv.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.02) == tv.GAIN == "gain shown"
+    assert tv.verdict(st(0.05, 0.02, 0.08), "superior", 0.01, 0.0625) == tv.UNDECIDED  # 5 seeds: the sign-flip floor
     assert tv.verdict(st(0.05, 0.02, 0.08), "superior", 0.06, 0.002) == "undecided"
-    assert tv.verdict(st(-0.01, -0.02, 0.009), "superior", 0.5, 0.5) == "not reproduced"  # below +1 point
-    assert tv.verdict(st(-0.05, -0.08, -0.02), "superior", 0.001, 0.002) == "not reproduced"
-    assert tv.verdict(st(0.0, -0.005, 0.011), "superior", 1.0, 1.0) == "undecided"
-    assert tv.verdict(st(0.0, -0.009, 0.011), "noninferior", 1.0, 1.0) == "reproduced"  # above -1 point
-    assert tv.verdict(st(-0.05, -0.08, -0.02), "noninferior", 0.001, 0.002) == "not reproduced"
+    assert tv.verdict(st(-0.01, -0.02, 0.009), "superior", 0.5, 0.5) == tv.NO_GAIN == "no gain of 1 point or more"
+    assert tv.verdict(st(-0.05, -0.08, -0.02), "superior", 0.001, 0.002) == "no gain of 1 point or more"
+    assert tv.verdict(st(0.0, -0.005, 0.011), "superior", 1.0, 1.0) == "undecided"  # the upper end reaches +1
+    # inside (0, +1 point): a gain, and below the margin -- whatever the p-values say
+    assert tv.verdict(st(0.004, 0.001, 0.008), "superior", 0.5, 0.5) == tv.SMALL_GAIN == "a gain below the 1-point margin"
+    assert tv.verdict(st(0.004, 0.001, 0.008), "superior", 0.001, 0.002) == "a gain below the 1-point margin"
+    assert tv.verdict(st(0.004, 0.0, 0.008), "superior", 0.5, 0.5) == "no gain of 1 point or more"  # 0 is not above 0
+    assert tv.verdict(st(0.0, -0.009, 0.011), "noninferior", 1.0, 1.0) == tv.WITHIN == "within 1 point"
+    assert tv.verdict(st(-0.05, -0.08, -0.02), "noninferior", 0.001, 0.002) == tv.WORSE == "worse"
     assert tv.verdict(st(-0.01, -0.03, 0.01), "noninferior", 0.3, 0.3) == "undecided"
+    assert set(tv.VERDICT_COLOURS) == {w for words in tv.VERDICTS.values() for w in words}
+
+
+@pytest.mark.numerics
+def test_familywise_interval_against_the_t_quantile():
+    """Bonferroni over m comparisons: mean ± t_{1 − 0.05/(2m), n−1} · sd/√n, with scipy's quantile by hand."""
+    from scipy import stats
+
+    d = [0.01, 0.03, -0.02, 0.04, 0.02]
+    n, m = len(d), 15
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    h = stats.t.ppf(1 - 0.05 / (2 * m), n - 1) * sd / math.sqrt(n)
+    eps = 16 * sys.float_info.epsilon
+    assert tv.familywise_interval(d, m) == pytest.approx([mean - h, mean + h], rel=eps, abs=eps)
+    h1 = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)  # a family of one: the 95 % interval
+    assert tv.familywise_interval(d, 1) == pytest.approx([mean - h1, mean + h1], rel=eps, abs=eps)
+    with pytest.raises(ValueError, match="m >= 1"):
+        tv.familywise_interval(d, 0)
 
 
 def _rec(task, cell, seed, final, sft, confirm=None):
@@ -572,12 +602,16 @@ def test_verdict_rows_correct_over_the_family(tmp_path):
         assert r["p_t_holm"] == pytest.approx(pt) and r["p_signflip_holm"] == pytest.approx(pf)
     assert rows[0]["verdict"] == "undecided"  # p_t tiny, but 5 seeds cannot give a sign-flip p under 0.0625 x 2
     assert rows[1]["verdict"] == "undecided" and rows[2]["stat"] is None and "verdict" not in rows[2]
+    for r, g in zip(rows, gains.values()):  # the family: the 2 claims with records
+        # the differences are read back from records (0.3 + g − 0.3): equal to g within a few ulps of 1
+        want = tv.familywise_interval(g, 2)
+        assert r["stat"]["ci_fw"] == pytest.approx(want, abs=64 * sys.float_info.epsilon) and r["after_look"] is None
     text = tv.verdict_markdown(rows, {"runs": 10, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "f.png")
     assert "| a | sudoku | p | +5.8 [" in text and "| none | sudoku | p | not run yet |" in text and "(f.png)" in text
     assert "confirmation" not in text.split("Readings")[1]  # nothing under way: no reading mentions it
     rows[1]["diff"]["pending"] = {"seeds": 4, "need": 10, "source": "results/confirm/x.json"}
     text = tv.verdict_markdown(rows, {"runs": 10, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "f.png")
-    assert "| **undecided** | selection, 5; confirmation 4 of 10 recorded |" in text
+    assert "| **undecided** | selection, 5; confirmation 4 of 10 recorded | ? |" in text  # no SFT hash recorded
     assert "Its confirmation is under way (4 of 10 seeds in `results/confirm/x.json`) and is read once complete." in text
 
 
@@ -587,8 +621,9 @@ def test_headline_page_is_generated_from_the_records():
     text = tp.DOC.read_text()
     block = text[text.index(tv.VERDICT_MARKS[0]):text.index(tv.VERDICT_MARKS[1])]
     gen = tv.verdict_markdown(rows, {"runs": 0, "with_provenance": 0, "test_reads": 0, "confirmation_reads": 0}, "x")
-    table = [line for line in gen.splitlines() if line.startswith("| ")]
-    assert len(table) == len(tv.CLAIMS) + 2 and all(line in block for line in table)
+    tables = [part.splitlines() for part in gen.split("\n\n") if part.startswith("| ")]
+    assert tables[0][0].startswith("| claim | task | paper") and len(tables[0]) == len(tv.CLAIMS) + 2
+    assert all(line in block for table in tables for line in table)  # the verdicts and what they cover
     assert text.index(tv.VERDICT_MARKS[0]) < 200  # the page opens with it
     for fig in ("headline", "verdicts"):  # the curves behind the verdicts, and the verdicts as a picture
         assert f"]({tp.DOC.stem}_{fig}.png)" in block and (tp.DOC.parent / f"{tp.DOC.stem}_{fig}.png").is_file()
@@ -619,7 +654,7 @@ def test_verdict_figure_draws_only_claims_with_records(tmp_path):
     rows = [{"claim": "a", "task": "sudoku", "stat": None}]
     assert not tv.verdict_figure(rows, tmp_path / "v.png") and not (tmp_path / "v.png").exists()
     rows.append({"claim": "b", "task": "sudoku", "verdict": "undecided",
-                 "stat": {"mean": 0.01, "ci95": [-0.01, 0.03], "n": 3},
+                 "stat": {"mean": 0.01, "ci95": [-0.01, 0.03], "ci_fw": [-0.02, 0.04], "n": 3},
                  "diff": {"d": [0.0, 0.01, 0.02], "split": "confirmation", "pending": None}})
     assert tv.verdict_figure(rows, tmp_path / "v.png") and (tmp_path / "v.png").stat().st_size > 0
 
@@ -644,7 +679,7 @@ def test_test_markdown_by_hand(tmp_path):
     r = {"cell": "spg", "seed": 10, "test": {"accuracy": 0.5}, "confirmation": {"accuracy": 0.25},
          "reproduces_confirmation": False, "provenance": {"splits": {"test": {"size": 8}}}}
     ablation_runs.save_results(tmp_path / "test" / "sudoku_spg.json", {"runs": {"sudoku/spg/seed10": r}})
-    assert "| sudoku | spg | spg | 10 | 50.0 [21.5, 78.5] (8 rows) | 25.0 | no |" in tv.test_markdown(tmp_path)
+    assert "| sudoku | spg | spg | 10 | 50.0 [21.5, 78.5] (8 rows) | 25.0 | no |" in ta.test_markdown(tmp_path)
 
 
 def test_readme_markdown_by_hand():
@@ -654,13 +689,19 @@ def test_readme_markdown_by_hand():
     rows = [{"task": t, "cell": c, "claim": f"claim {c}", "base": "sft" if c == "diffu_grpo_state" else "x",
              "kind": "superior", "stat": None} for t, c in tv.README_ROWS]
     by = {(r["task"], r["cell"]): r for r in rows}
-    by["sudoku", "dispo@spg"].update(stat=stat, verdict="reproduced", p_t_holm=0.001, p_signflip_holm=0.02,
+    by["sudoku", "dispo@spg"].update(stat=stat, verdict="gain shown", p_t_holm=0.001, p_signflip_holm=0.02,
                                      diff={"split": "confirmation"})
     md = tv.readme_markdown(rows)
-    assert "| claim dispo@spg | Sudoku | +5.0 [+2.0, +8.0] | reproduced | confirmation, 10 |" in md
+    assert "| claim dispo@spg | Sudoku | +5.0 [+2.0, +8.0] | gain shown | confirmation, 10 |" in md
     assert "| claim dtca@rldf | Sudoku | not run yet | – | – |" in md
-    assert "Of the 1 credit-module comparisons with records, 1 reproduced, 0 not reproduced, 0 undecided." in md
-    assert "claim dispo@spg (sudoku) +5.0 (10 of 10 seeds above; Holm p 0.001 paired t, 0.020 sign-flip; reproduced)" in md
+    assert ("Of the 1 credit-module comparisons with records, gain shown: 1; a gain below the 1-point margin: 0; "
+            "no gain of 1 point or more: 0; undecided: 0.") in md
+    assert "claim dispo@spg (sudoku) +5.0 (10 of 10 seeds above; Holm p 0.001 paired t, 0.020 sign-flip; gain shown)" in md
+    assert "chosen after a look" not in md
+    by["sudoku", "dispo@spg"]["after_look"] = {"touched": True}
+    assert "| claim dispo@spg | Sudoku | +5.0 [+2.0, +8.0] | gain shown (chosen after a look) |" in tv.readme_markdown(rows)
+    assert "1 of them were chosen after a look" in tv.readme_markdown(rows)
+    del by["sudoku", "dispo@spg"]["after_look"]
     assert "Holm over 1 comparisons" in md and "selection split" not in md
     by["sudoku", "dtca@rldf"].update(stat=stat | {"n": 5}, verdict="undecided", p_t_holm=0.2, p_signflip_holm=0.5,
                                      diff={"split": "selection", "pending": {"seeds": 2, "need": 10, "source": "c.json"}})
@@ -712,7 +753,7 @@ def test_grid_markdown_by_hand(tmp_path):
             for s, a in ((0, 0.30), (1, 0.34))}
     runs[tp.run_key("sudoku", "spg", 0, "lr=5e-05")] = _rec("sudoku", "spg", 0, 0.40, 0.32) | {"grid_point": "lr=5e-05"}
     ablation_runs.save_results(tmp_path / "grid" / "sudoku_spg.json", {"runs": runs})
-    text = tv.grid_markdown(tmp_path)
+    text = trp.grid_markdown(tmp_path)
     row = next(line for line in text.splitlines() if line.startswith("| spg |"))
     # 2e-05 over seeds 0, 1: 32.0; 5e-05 on seed 0 only; the best over the seeds both share (0): 5e-05
     assert row == "| spg | 32.0 (2) | 40.0 (1) | – | – | lr=5e-05 (40.0, seeds 0) |"
@@ -721,9 +762,9 @@ def test_grid_markdown_by_hand(tmp_path):
     # the best point at the lowest learning rate of the grid is marked: the optimum may lie below it
     runs[tp.run_key("sudoku", "spg", 0, "lr=2e-05")]["val"]["accuracy"] = 0.5
     ablation_runs.save_results(tmp_path / "grid" / "sudoku_spg.json", {"runs": runs})
-    row = next(line for line in tv.grid_markdown(tmp_path).splitlines() if line.startswith("| spg |"))
+    row = next(line for line in trp.grid_markdown(tmp_path).splitlines() if line.startswith("| spg |"))
     assert row == "| spg | 42.0 (2) | 40.0 (1) | – | – | lr=2e-05 (50.0, seeds 0, *grid edge*) |"
-    assert tv.grid_markdown(tmp_path / "none") == ""
+    assert trp.grid_markdown(tmp_path / "none") == ""
 
 
 def test_test_table_says_when_a_retrained_run_differs_and_on_which_processor(tmp_path):
@@ -738,10 +779,15 @@ def test_test_table_says_when_a_retrained_run_differs_and_on_which_processor(tmp
         tp.grid_path(kind, "sudoku", "spg", tmp_path).parent.mkdir(parents=True)
     cases = [(rec(0.25), "no: 25.0 recorded (its record names no processor)"),
              (rec(0.25, "AMD family 25"), "no: 25.0 recorded on another processor"),
-             (rec(0.25, "Intel family 6"), "no: 25.0 recorded on the same processor")]
+             (rec(0.25, "Intel family 6"), "no: 25.0 recorded on the same processor"),
+             (rec(0.25) | {"sft_hash": "a" * 64}, f"no: 25.0 recorded (its SFT weights differ: `{'a' * 8}…` recorded, "
+                                                  f"`{'b' * 8}…` retrained; its record names no processor)")]
     for recorded, want in cases:
+        if "sft_hash" in recorded:  # the SFT checkpoint changed between the two runs
+            recorded["provenance"]["sft"] = {"sha256": recorded.pop("sft_hash")}
         tp.grid_path("confirm", "sudoku", "spg", tmp_path).write_text(json.dumps({"runs": {key: recorded}}))
         retrained = {**rec(0.5, "Intel family 6"), "test": {"accuracy": 0.75}, "reproduces_confirmation": False}
+        retrained["provenance"]["sft"] = {"sha256": "b" * 64}
         tp.grid_path("test", "sudoku", "spg", tmp_path).write_text(json.dumps({"runs": {key: retrained}}))
-        row = tv.test_markdown(tmp_path).splitlines()[-1]
+        row = ta.test_markdown(tmp_path).splitlines()[-1]
         assert row == f"| sudoku | spg | spg | 10 | 75.0 [30.1, 95.4] (4 rows) | 50.0 | {want} |"

@@ -1,4 +1,4 @@
-"""maskrl's Dream rule against Dream's own code (``benchmarks/dream_reference.py``; docs/sampler.md,
+"""maskrl's Dream rule against Dream's own code (``benchmarks/references/dream_reference.py``; docs/sampler.md,
 "Dream's rule").
 
 ``tests/golden/dream_reference.json`` holds the tokens Dream's ``diffusion_generate`` and Fast-dLLM's
@@ -26,7 +26,7 @@ FIXTURE = ROOT / "tests" / "golden" / "dream_reference.json"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("dream_reference", ROOT / "benchmarks" / "dream_reference.py")
+    spec = importlib.util.spec_from_file_location("dream_reference", ROOT / "benchmarks" / "references" / "dream_reference.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["dream_reference"] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)

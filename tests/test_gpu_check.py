@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_check.py --scale tiny`` runs the GPU check's code path on CPU and writes its JSON."""
+"""``benchmarks/speed/gpu_check.py --scale tiny`` runs the GPU check's code path on CPU and writes its JSON."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+SCRIPT = ROOT / "benchmarks" / "speed" / "gpu_check.py"
 
 
 def test_gpu_check_tiny_on_cpu(tmp_path):

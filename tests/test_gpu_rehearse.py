@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_rehearse.py`` (the one-GPU 8B rehearsal, issue 32) runs end to end on the CPU at a
+"""``benchmarks/rehearsal/gpu_rehearse.py`` (the one-GPU 8B rehearsal, issue 32) runs end to end on the CPU at a
 narrow width, so the script a lent device runs is one that works."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_gpu_rehearse_runs_on_cpu_and_its_files_match_the_plan(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "rehearsal"))
     try:
         import gpu_rehearse
     finally:

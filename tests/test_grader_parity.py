@@ -1,4 +1,4 @@
-"""benchmarks/grader_parity.py on the puzzle tasks (fast; the math tasks need math-verify workers and
+"""benchmarks/references/grader_parity.py on the puzzle tasks (fast; the math tasks need math-verify workers and
 run in the benchmark itself): every d1 generation is matched to a data row, d1's rules as
 re-implemented give d1's published numbers, and maskrl's rewards meet issue 15's targets."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(DATA is None or not (DATA / "d1-generations").is
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("grader_parity", ROOT / "benchmarks" / "grader_parity.py")
+    spec = importlib.util.spec_from_file_location("grader_parity", ROOT / "benchmarks" / "references" / "grader_parity.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -1,4 +1,4 @@
-"""Real-width stand-ins (``maskrl.models.standins``) and the 8B rehearsal harness (``benchmarks/rehearse_8b.py``).
+"""Real-width stand-ins (``maskrl.models.standins``) and the 8B rehearsal harness (``benchmarks/rehearsal/rehearse_8b.py``).
 
 The published shapes are checked without allocating a weight (tensor shapes and parameter counts against
 the plan's meta-device model and the published LLaDA-8B count); folders are written at a reduced width
@@ -161,13 +161,15 @@ def test_the_layout_reader_reads_maskrls_exports(folders, family, tmp_path):
 # ------------------------------------------------------------------------------------------------
 # the harness
 # ------------------------------------------------------------------------------------------------
-def _bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+def _bench(part: str = "rehearse_8b"):
+    """The rehearsal script (``rehearse_8b``) or one of its parts (``rehearse_children``, ...) as a module."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "rehearsal"))
     try:
-        import rehearse_8b
+        return importlib.import_module(part)
     finally:
         sys.path.pop(0)
-    return rehearse_8b
 
 
 def test_every_shipped_8b_recipe_is_rehearsed_and_its_overrides_validate(tmp_path):
@@ -220,7 +222,7 @@ def test_plan_vs_measured_and_the_hashed_reward():
     assert out["checkpoint_size"]["error"] == pytest.approx(0.1) and out["checkpoint_size"]["within_15pct"]
     assert out["export_size"]["error"] == pytest.approx(0.0)
     assert out["export_host_rank0_extra"] == {"plan_gib": 4.5, "measured_gib": 5.0}
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "rehearsal"))
     try:
         import rehearse_plugin
     finally:
@@ -235,7 +237,7 @@ def test_rehearsal_smoke_one_recipe_one_step(tmp_path):
     """``rehearse_8b.py --smoke``: the LLaDA diffu-GRPO recipe for one step on 2 gloo processes through
     ``accelerate launch``, at width / 16 and 1 block, then ``maskrl eval`` and the checks of the export."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rehearse_8b.py"), "--smoke", "--width-divisor", "16",
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rehearsal" / "rehearse_8b.py"), "--smoke", "--width-divisor", "16",
                         "--layers", "1", "--out-dir", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
                        capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -287,7 +289,7 @@ def test_completion_faults_tell_bf16_ties_from_a_wrong_export():
 def test_weight_digests_see_one_flipped_bit():
     import torch
 
-    bench = _bench()
+    bench = _bench("rehearse_children")
     m = torch.nn.Linear(4, 3).to(torch.bfloat16)
     a = bench.weight_digests(m)
     with torch.no_grad():
@@ -298,9 +300,9 @@ def test_weight_digests_see_one_flipped_bit():
 
 
 def test_rehearsal_table_in_the_docs_is_the_records():
-    """docs/scaling.md's rehearsal table is what ``benchmarks/rehearse_summary.py`` makes of the committed
+    """docs/scaling.md's rehearsal table is what ``benchmarks/rehearsal/rehearse_summary.py`` makes of the committed
     records (re-run it after adding a record)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks" / "rehearsal"))
     try:
         import rehearse_summary
     finally:
@@ -308,7 +310,7 @@ def test_rehearsal_table_in_the_docs_is_the_records():
     recs = rehearse_summary.records()
     text = (ROOT / "docs" / "scaling.md").read_text()
     block = text[text.index(rehearse_summary.BEGIN):text.index(rehearse_summary.END) + len(rehearse_summary.END)]
-    assert block == rehearse_summary.table(recs), "run python benchmarks/rehearse_summary.py"
+    assert block == rehearse_summary.table(recs), "run python benchmarks/rehearsal/rehearse_summary.py"
     assert all(r["_file"] == f"{r['recipe']}_L{r['layers']}.json" for r in recs)
 
 

@@ -236,13 +236,17 @@ def test_sign_test_by_hand():
 
 
 def _wilcoxon_reference(d):
-    """Exact two-sided signed-rank p by enumerating which ranks are positive (no ties, no zeros)."""
-    ranks = {v: r for r, v in enumerate(sorted(abs(x) for x in d), start=1)}
-    w_plus = sum(ranks[abs(x)] for x in d if x > 0)
-    n = len(d)
-    dist = [sum(r for r, s in zip(range(1, n + 1), signs) if s) for signs in itertools.product((0, 1), repeat=n)]
-    lo = sum(w <= w_plus for w in dist) / len(dist)
-    hi = sum(w >= w_plus for w in dist) / len(dist)
+    """Exact two-sided signed-rank p by enumerating which of the non-zero differences are positive: zeros
+    dropped, tied magnitudes at their mid-rank (the slow, obvious reference)."""
+    nz = [x for x in d if x != 0]
+    mags = sorted(abs(x) for x in nz)
+    rank = {v: sum(i + 1 for i, m in enumerate(mags) if m == v) / mags.count(v) for v in mags}
+    ranks = [rank[abs(x)] for x in nz]
+    w_plus = sum(r for r, x in zip(ranks, nz) if x > 0)
+    dist = [sum(r for r, s in zip(ranks, signs) if s) for signs in itertools.product((0, 1), repeat=len(nz))]
+    eps = 1e-9
+    lo = sum(w <= w_plus + eps for w in dist) / len(dist)
+    hi = sum(w >= w_plus - eps for w in dist) / len(dist)
     return min(1.0, 2 * min(lo, hi))
 
 
@@ -251,10 +255,20 @@ def test_wilcoxon_by_hand_and_against_enumeration():
     assert wilcoxon_test([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2 / 32)
     # W- = 3 (rank of -3): subsets of {1..5} with sum <= 3 are {}, {1}, {2}, {3}, {1,2}: p = 2 * 5/32
     assert wilcoxon_test([1.0, 2.0, -3.0, 4.0, 5.0]) == pytest.approx(10 / 32)
+    # ties by hand: |d| = 1, 1, 2 -> mid-ranks 1.5, 1.5, 3; W+ = 1.5 + 3 = 4.5; the 8 sign assignments give
+    # W+ in {0, 1.5, 1.5, 3, 3, 4.5, 4.5, 6}: P(W+ >= 4.5) = 3/8, so p = 2 * 3/8
+    assert wilcoxon_test([1.0, -1.0, 2.0]) == pytest.approx(_wilcoxon_reference([1.0, -1.0, 2.0]))
+    assert wilcoxon_test([1.0, -1.0, 2.0]) == pytest.approx(6 / 8)
     g = torch.Generator().manual_seed(1)
     for n in (5, 7, 10):
         d = (torch.randn(n, generator=g, dtype=torch.float64) + 0.3).tolist()
         assert wilcoxon_test(d) == pytest.approx(_wilcoxon_reference(d), abs=1e-12), d
+    for n in (6, 9, 10):  # scores on 500 rows: differences are multiples of 1/500, with ties and zeros
+        a = torch.randint(150, 180, (n,), generator=g).tolist()
+        b = torch.randint(145, 175, (n,), generator=g).tolist()
+        d = [x / 500 - y / 500 for x, y in zip(a, b)]
+        exact = _wilcoxon_reference([x - y for x, y in zip(a, b)])  # integers: ties are exact
+        assert wilcoxon_test(d) == pytest.approx(exact, abs=1e-12), d
     assert wilcoxon_test([0.0, 0.0, 0.0]) == 1.0
 
 

@@ -167,7 +167,7 @@ def paired_comparison(first_correct: Sequence[bool], second_correct: Sequence[bo
             "bootstrap": {"resamples": resamples, "seed": seed, "method": "percentile, pairs resampled"}}
 
 
-# -- statistics over seeds (paired runs): the verdicts of benchmarks/controlled_table.py -----------------
+# -- statistics over seeds (paired runs): the verdicts of benchmarks/table/controlled_table.py -----------------
 # Every function takes the per-seed paired differences ``d`` (e.g. cell − base, one float per seed) or
 # p-values, as plain Python sequences; scipy supplies the distributions (exact t quantiles, the exact
 # permutation and signed-rank nulls, the noncentral t), never a hard-coded table.
@@ -305,20 +305,30 @@ def sign_test(d: Sequence[float]) -> float:
     return float(stats.binomtest(pos, pos + neg, 0.5).pvalue)
 
 
-def wilcoxon_test(d: Sequence[float]) -> float:
-    """Two-sided Wilcoxon signed-rank test of a zero median difference (``scipy.stats.wilcoxon``, exact
-    null where scipy offers it: no ties and no zeros; zeros dropped, "wilcox" rule). 1.0 when every
+def wilcoxon_test(d: Sequence[float], decimals: int = 12) -> float:
+    """Two-sided Wilcoxon signed-rank test of a zero median difference with its exact null, ties included:
+    zeros are dropped ("wilcox" rule), tied magnitudes get their mid-rank, and the p-value is the share of
+    the ``2^n`` sign assignments of those ranks whose ``W+`` lies at least as far out as the observed one
+    on either side (``scipy.stats.wilcoxon`` with ``method=PermutationMethod(n_resamples=inf)``: every
+    assignment enumerated). Differences are rounded to ``decimals`` first, so that equal differences of
+    scores on the same rows (``k/n − j/n``) count as ties whatever their last float bits. 1.0 when every
     difference is zero.
 
     Raises:
-        ValueError: no differences or a non-finite one.
+        ValueError: no differences, a non-finite one, or more than 24 non-zero ones (2^24 assignments).
     """
+    import numpy as np
     from scipy import stats
 
-    vals = _floats(d)
-    if all(v == 0 for v in vals):
+    vals = [round(v, decimals) for v in _floats(d)]
+    nonzero = sum(v != 0 for v in vals)
+    if nonzero == 0:
         return 1.0
-    return float(stats.wilcoxon(vals, zero_method="wilcox", alternative="two-sided").pvalue)
+    if nonzero > 24:
+        raise ValueError(f"wilcoxon_test enumerates 2^n sign assignments; n={nonzero} non-zero differences > 24")
+    res = stats.wilcoxon(np.asarray(vals, dtype=np.float64), zero_method="wilcox", alternative="two-sided",
+                         method=stats.PermutationMethod(n_resamples=np.inf))
+    return float(min(1.0, res.pvalue))
 
 
 def standardized_effect(d: Sequence[float], level: float = 0.95) -> dict:

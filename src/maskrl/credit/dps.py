@@ -112,7 +112,7 @@ class DPSObserver:
     under a key/value cache the sampler gives every step's view exact logits (one extra full forward
     per cached step, :attr:`maskrl.sampling.SamplerConfig.observer_logits`) or refuses; DPS never
     mixes cached and exact logits (issue 19: cached logits moved δ by up to 0.2 nats on the
-    sharpened tiny model, ``benchmarks/fidelity_sml_dps.py``).
+    sharpened tiny model, ``benchmarks/fidelity/fidelity_sml_dps.py``).
     """
 
     exact_logits = True

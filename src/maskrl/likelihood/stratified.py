@@ -6,7 +6,7 @@ most one -- or ``stride``: position i in stratum i mod K). For stratum s the inp
 and shows every other completion token, *the tokens after the completion's first stop token
 included* (SPEC §2.2: on LLaDA that end-of-text tail is most of a 256-token completion; hiding it,
 as this estimator did before issue 19, moved per-token log-probs by up to 0.21 nats on the tiny
-model and 10 nats on its 40×-sharpened copy, ``benchmarks/fidelity_sml_dps.py``); the prompt is masked as in mean-field (one draw
+model and 10 nats on its 40×-sharpened copy, ``benchmarks/fidelity/fidelity_sml_dps.py``); the prompt is masked as in mean-field (one draw
 per sequence, shared by its rows). ``ℓ^SML_i = log p_θ(o_i | q^m, o_{¬Π_s})`` for i ∈ Π_s: every
 valid position is scored exactly once. Positions past the end belong to no stratum and are never
 hidden; when asked for (the trainer asks only in its padding forwards, whose values it drops) they

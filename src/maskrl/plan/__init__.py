@@ -38,7 +38,7 @@ How each number is obtained -- counted on the library's own code, not from hand 
   none) and in the layer count, and affine in R and M; the fit is exact for that structure and is
   evaluated at the full width and depth.
 
-The CPU check (``benchmarks/plan_check.py``) compares this plan with the peak resident memory of real
+The CPU check (``benchmarks/rehearsal/plan_check.py``) compares this plan with the peak resident memory of real
 trainer steps in fresh processes and with ``FlopCounterMode`` on the same steps.
 """
 from maskrl.plan.shapes import (GIB, KNOWN_MODELS, STRATEGIES, Hardware, ModelShape, PlanError, model_shape,

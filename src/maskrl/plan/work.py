@@ -162,7 +162,7 @@ def synthetic_trainer(cfg, prompt_length: int, seed: int = 0, on_reward=None, lo
     ``train.prompts_per_step`` prompts of ``prompt_length`` random characters (the built-in character
     tokenizer: one token each, bos included), random 0/1 rewards with both values in every group
     (:func:`spread_rewards`, a generator seeded with ``seed``), and no early stop (the adapter's eos id
-    is set to -1, so every completion is L tokens long). The plan's stand-in and the CPU check (``benchmarks/plan_check.py``) run their steps on it; nothing is
+    is set to -1, so every completion is L tokens long). The plan's stand-in and the CPU check (``benchmarks/rehearsal/plan_check.py``) run their steps on it; nothing is
     written to disk. ``on_reward``: called with no arguments before each reward call (the plan's
     recorder marks there where the sampler's forwards end and the credit modules' begin).
     ``logits_width``: the policy's :attr:`~maskrl.models.adapter.ModelAdapter.logits_width` (the plan

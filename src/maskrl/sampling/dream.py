@@ -5,7 +5,7 @@ one sampler calls when :attr:`SamplerConfig.dream_rule` holds.
 Each piece does what Dream's code does, in its order, with the same torch operations on tensors of
 the same layout, so that with a generator seeded like torch's global one (Dream draws from the global
 generator) the numbers drawn are the same, and the tokens are Dream's token for token
-(``benchmarks/dream_reference.py`` checks it against Dream's and Fast-dLLM's code):
+(``benchmarks/references/dream_reference.py`` checks it against Dream's and Fast-dLLM's code):
 
 - **schedule** (``schedule="dream"``): with ``T_b = steps / (L/b)`` steps per block and
   ``t_0..t_{T_b} = linspace(1, eps=1e-3, T_b + 1)``, step ``j`` of a block commits

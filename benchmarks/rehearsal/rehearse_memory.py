@@ -1,0 +1,98 @@
+"""Memory of processes from ``/proc`` for the 8B rehearsal (:mod:`rehearse_8b`): a process's ``VmHWM`` /
+``VmRSS``, resetting its peak (``clear_refs``), and a monitor thread that reads each training worker's peak
+per step window."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    """``VmHWM`` and ``VmRSS`` of a process in bytes (``{}`` when it is gone)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(("VmHWM:", "VmRSS:")):
+                    out[line.split(":")[0]] = int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return out
+
+
+def reset_peak(pid: int | str = "self") -> bool:
+    """Reset a process's peak resident set (``VmHWM``) to its current one (Linux >= 4.0)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class WorkerMonitor(threading.Thread):
+    """Peak resident memory per worker process and per window between ``metrics.jsonl`` lines.
+
+    Workers are the descendants of ``root`` whose environment has ``RANK`` (torchrun's); each window's
+    peak is the worker's ``VmHWM`` at the window's end, after which it is reset. ``windows`` is a list of
+    ``{"name", "seconds", "peak_bytes": {rank: bytes}}``.
+    """
+
+    def __init__(self, root: int, metrics: Path, interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.root, self.metrics, self.interval = root, metrics, interval
+        self.stop = threading.Event()
+        self.windows: list[dict] = []
+        self.max_rss: dict[int, int] = {}
+        self.start_time = time.time()
+
+    def _workers(self) -> dict[int, int]:
+        import psutil
+
+        found = {}
+        try:
+            for p in psutil.Process(self.root).children(recursive=True):
+                try:
+                    env = p.environ()
+                except (psutil.Error, OSError):
+                    continue
+                if "RANK" in env and "maskrl.cli" in " ".join(p.cmdline()):
+                    found[int(env["RANK"])] = p.pid
+        except psutil.Error:
+            pass
+        return found
+
+    def _lines(self) -> int:
+        try:
+            return sum(1 for line in self.metrics.read_text().splitlines() if line.strip())
+        except FileNotFoundError:
+            return 0
+
+    def run(self) -> None:
+        workers: dict[int, int] = {}
+        last: dict[int, int] = {}
+        seen = self._lines()  # a resumed run's file keeps the earlier steps' lines
+        t0 = time.time()
+        name = f"start_to_step_{seen + 1}"
+        while not self.stop.is_set():
+            if len(workers) < 2:
+                workers.update(self._workers())
+            for rank, pid in workers.items():
+                st = proc_status(pid)
+                if st:
+                    last[rank] = st.get("VmHWM", 0)
+                    self.max_rss[rank] = max(self.max_rss.get(rank, 0), st.get("VmRSS", 0))
+            n = self._lines()
+            if n > seen:
+                now = time.time()
+                peaks = {}
+                for rank, pid in workers.items():
+                    peaks[rank] = proc_status(pid).get("VmHWM", last.get(rank, 0))
+                    reset_peak(pid)
+                    last[rank] = 0
+                self.windows.append({"name": name, "seconds": now - t0, "peak_bytes": peaks})
+                seen, t0 = n, now
+                name = f"step_{seen + 1}"
+            time.sleep(self.interval)
+        self.windows.append({"name": "last_step_to_exit", "seconds": time.time() - t0, "peak_bytes": dict(last)})
