@@ -3,7 +3,7 @@ Qwen2, their logits against the family's own forward, their exports in the famil
 added from outside ``src/``.
 
 ``tests/data/sdar_tiny`` is a tiny checkpoint in SDAR's layout with the logits of SDAR's own
-``SDARForCausalLM`` under ``generate.py``'s block mask (``benchmarks/sdar_reference.py``, JetAstra/SDAR
+``SDARForCausalLM`` under ``generate.py``'s block mask (``benchmarks/references/sdar_reference.py``, JetAstra/SDAR
 c2041a8). Fast-dLLM v2's own code could not be run here (docs/models.md): its reference is the slow
 re-statement of ``tests/block_reference.py``, which is itself checked against SDAR's recorded logits.
 """

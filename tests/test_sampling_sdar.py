@@ -1,4 +1,4 @@
-"""maskrl's block decoding against SDAR's ``block_diffusion_generate`` (``benchmarks/sdar_generate_reference.py``;
+"""maskrl's block decoding against SDAR's ``block_diffusion_generate`` (``benchmarks/references/sdar_generate_reference.py``;
 docs/sampler.md, "Block-diffusion models").
 
 ``tests/golden/sdar_reference.json`` holds the tokens SDAR's own function produced (JetAstra/SDAR
@@ -23,7 +23,7 @@ RECORD = json.loads((ROOT / "tests" / "golden" / "sdar_reference.json").read_tex
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("sdar_reference", ROOT / "benchmarks" / "sdar_generate_reference.py")
+    spec = importlib.util.spec_from_file_location("sdar_reference", ROOT / "benchmarks" / "references" / "sdar_generate_reference.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["sdar_reference"] = mod
     spec.loader.exec_module(mod)

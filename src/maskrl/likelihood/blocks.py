@@ -26,7 +26,7 @@ which :func:`score_rows` then runs instead.
 
 Cost: a doubled row holds ``P + L`` context columns and ``L`` plus at most ``block_size − 1`` noisy ones,
 about 2× the FLOPs of a plain row (dense attention over ``T2²``), in place of one forward per block
-(``benchmarks/block_elbo.py``). ``train.max_forward_rows`` and the estimators' ``rows()`` count a doubled
+(``benchmarks/speed/block_elbo.py``). ``train.max_forward_rows`` and the estimators' ``rows()`` count a doubled
 row as one row.
 
 Sources: SDAR (JetAstra/SDAR, training), dLLM-RL ``train/rl_trado.py`` (``make_basic_block_attention``;

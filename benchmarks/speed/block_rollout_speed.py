@@ -19,7 +19,7 @@ median of ``--repeats`` timed runs after one warm-up:
 trainer gets them all), ``valid_tok_per_s`` the positions up to and including each row's first stop,
 ``query_tokens`` the decoder forwards' query positions (the work).
 
-    PYTHONPATH=src python benchmarks/block_rollout_speed.py --out benchmarks/block_rollout_speed.json
+    PYTHONPATH=src python benchmarks/speed/block_rollout_speed.py --out benchmarks/speed/block_rollout_speed.json
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["a", "ab", "abc", "abcd", "x + y = 3", "the cat sat on", "12 * 7", "hello world!"]
 
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eos-bias", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--with-none", action="store_true")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "block_rollout_speed.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "speed" / "block_rollout_speed.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from maskrl.sampling import SamplerConfig
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     models = {bs: model(bs, args.eos_bias) for bs in (None, 32, 4)}
     ids, mask = encode_prompts(models[None].tokenizer, PROMPTS)
-    record = {"command": "PYTHONPATH=src python benchmarks/block_rollout_speed.py", "args": vars(args) | {"out": args.out.name},
+    record = {"command": "PYTHONPATH=src python benchmarks/speed/block_rollout_speed.py", "args": vars(args) | {"out": args.out.name},
               "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "threads": 1,
               "rows": len(PROMPTS), "prompt_columns": ids.shape[1], "results": {}}
     for name, bs, fields in cases(args.gen_length, args.tokens_per_step, args.with_none):

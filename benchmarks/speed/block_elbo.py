@@ -19,7 +19,7 @@ forward + backward on ``--threads`` CPU threads (``--slow-repeats`` for the two 
 this record was made on was shared, so times are noisier than FLOPs). ``max_abs_diff`` checks that both sides score the same
 numbers. Writes JSON::
 
-    PYTHONPATH=src python benchmarks/block_elbo.py --out benchmarks/block_elbo.json
+    PYTHONPATH=src python benchmarks/speed/block_elbo.py --out benchmarks/speed/block_elbo.json
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ runs under transformers 4.52.4 put first on ``PYTHONPATH`` (with ``tokenizers`` 
 < 1.0 and ``einops``; torch from the project's environment)::
 
     pip install --target /tmp/tf452 --no-deps transformers==4.52.4 "tokenizers<0.22" "huggingface-hub<1.0" einops
-    PYTHONPATH=/tmp/tf452 python benchmarks/sdar_reference.py --sdar /path/to/SDAR --out tests/data/sdar_tiny
+    PYTHONPATH=/tmp/tf452 python benchmarks/references/sdar_reference.py --sdar /path/to/SDAR --out tests/data/sdar_tiny
 
 Three imports of their module are stubbed, because they need CUDA kernels (what each stub does is all it
 does):

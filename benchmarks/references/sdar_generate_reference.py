@@ -27,7 +27,7 @@ SDAR's ``entropy_bounded`` branch is not run: at this commit it uses ``transfer_
 it on a block's first step (an UnboundLocalError) and sums ``x0_p`` over the block instead of entropies
 over the vocabulary; maskrl's ``entropy_bounded`` is the EB-sampler rule (docs/sampler.md).
 
-    PYTHONPATH=src python benchmarks/sdar_generate_reference.py --sdar-repo /path/to/JetAstra/SDAR \\
+    PYTHONPATH=src python benchmarks/references/sdar_generate_reference.py --sdar-repo /path/to/JetAstra/SDAR \\
         --out tests/golden/sdar_reference.json
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "c2041a8333333d685f6e15122c84f60f51f85ebd"
 PROMPTS = ["a", "ab", "abc", "abcd", "x + y = 3", "the cat sat on", "12 * 7", "hello world!"]
 #: name -> (remasking, steps per block, threshold, eos logit bias, output-layer scale, gen_length)
