@@ -16,7 +16,7 @@ the numbers depend only on the shape, not on the weights:
    CUDA warm-up (kernel selection, allocator growth). Peak GPU memory covers all steps, weights included.
 
 Shapes (``--scale``): ``full`` = LLaDA-8B (Llama blocks, hidden 4096, 32 layers, 32 heads, MLP 12288,
-vocab 126464; the loader's own LLaDA -> Llama conversion, :func:`maskrl.models.loading.llada_config`),
+vocab 126464; the loader's own LLaDA -> Llama conversion, :func:`maskrl.models.families.llada.llada_config`),
 sampler L 256, block 32, 128 steps, batch 8; ``tiny`` = hidden 64, 2 layers, 4 heads, MLP 192,
 vocab 512, L 32, block 8, 16 steps, batch 2. The model is built directly on the target device in
 the target dtype (``torch.device`` context + ``from_config(dtype=...)``): no float32 CPU copy.
@@ -45,7 +45,7 @@ import torch
 from maskrl.config import RunConfig, TrainConfig
 from maskrl.objectives import DiffuGRPO
 from maskrl.models import ModelAdapter, apply_lora, enable_gradient_checkpointing
-from maskrl.models.loading import llada_config
+from maskrl.models.families.llada import llada_config
 from maskrl.sampling import SamplerConfig, generate
 from maskrl.tasks.base import Example, Task
 from maskrl.trainer import Batch, RLTrainer

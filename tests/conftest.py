@@ -40,10 +40,11 @@ def _threads():
 def _registries():
     from maskrl.credit import CREDITS
     from maskrl.likelihood import LIKELIHOODS
+    from maskrl.models.families import FAMILIES
     from maskrl.objectives import OBJECTIVES
     from maskrl.tasks import TASKS
 
-    return (CREDITS, LIKELIHOODS, OBJECTIVES, TASKS)
+    return (CREDITS, LIKELIHOODS, OBJECTIVES, TASKS, FAMILIES)
 
 
 @contextlib.contextmanager

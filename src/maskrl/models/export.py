@@ -1,6 +1,7 @@
-"""Write a trained policy in the checkpoint layout its family's own loaders read (SPEC §1.1; issue 23).
+"""Write a trained policy in the checkpoint layout its family's own loaders read (SPEC §1.1; issues 23, 48).
 
-:func:`save_model` picks the layout from the adapter's ``family``:
+:func:`save_model` asks the adapter's family (:data:`maskrl.models.families.FAMILIES`, by
+``adapter.family``) for the layout (:meth:`~maskrl.models.families.Family.save`):
 
 ``llada`` -> LLaDA's published layout (``GSAI-ML/LLaDA-8B-Instruct``)
     ``config.json`` with ``model_type: "llada"``, ``architectures: ["LLaDAModelLM"]``, the OLMo-style
@@ -9,20 +10,26 @@
     an ``auto_map`` naming LLaDA's own modelling code on the Hub (``GSAI-ML/LLaDA-8B-Instruct--
     modeling_llada.LLaDAModelLM``), so ``AutoModel.from_pretrained(folder, trust_remote_code=True)``
     runs LLaDA's code on these weights. Tensors carry LLaDA's names (``model.transformer.blocks.{i}
-    .ff_proj.weight`` ...; the inverse of :func:`maskrl.models.loading.llada_to_native`).
+    .ff_proj.weight`` ...; the inverse of :func:`maskrl.models.names.llada_to_native`).
 ``dream`` -> Dream's published layout (``Dream-org/Dream-v0-Instruct-7B``)
     Qwen2 keys with ``model_type: "Dream"``, ``architectures: ["DreamModel"]``, ``rope_scaling:
     null`` and an ``auto_map`` naming Dream's code on the Hub; Qwen2 tensor names.
-``tiny`` (the built-in model) -> maskrl's own layout
-    transformers' Llama weights with ``model_type: "maskrl_tiny"`` and ``architectures:
+``sdar`` / ``sdar_moe`` -> SDAR's layout (``JetAstra/SDAR-*-Chat``): Qwen3 (Qwen3-MoE) keys and tensor
+    names with ``model_type: "sdar"`` (``"sdar_moe"``), ``block_size``, ``mask_token_id``, and the
+    source's ``architectures`` / ``auto_map`` when it had them (:mod:`maskrl.models.families.sdar`).
+``fast_dllm_v2`` -> Fast-dLLM v2's layout: Qwen2 keys and names, ``model_type: "Fast_dLLM_Qwen"``,
+    ``bd_size`` (:mod:`maskrl.models.families.fast_dllm`).
+``tiny`` (the built-in model), and any model not in its family's native class -> maskrl's own layout
+    transformers' weights with ``model_type: "maskrl_tiny"`` and ``architectures:
     ["MaskrlTinyDiffusionLM"]``, which transformers maps to no class: a plain
     ``AutoModelForCausalLM.from_pretrained`` raises (naming the model type ``maskrl_tiny``) instead
     of silently building a *causal* Llama (whose logits differ from the bidirectional model's).
-    The native class is kept under ``maskrl_native_model_type``; :func:`maskrl.models.load` reads it.
+    The native class is kept under ``maskrl_native_model_type``; :func:`maskrl.models.load` reads it
+    (:func:`maskrl.models.families.save_maskrl_layout`).
 ``masked_lm`` -> transformers' own layout of that class (it is bidirectional by construction).
 
-Every layout also carries the adapter's facts as ``maskrl_*`` keys (stop ids, shift, attention) and
-``mask_token_id``, and the tokenizer files (``tokenizer.json``, ``tokenizer_config.json``,
+Every layout also carries the adapter's facts as ``maskrl_*`` keys (stop ids, shift, attention, block
+size) and ``mask_token_id``, and the tokenizer files (``tokenizer.json``, ``tokenizer_config.json``,
 ``special_tokens_map.json`` via ``save_pretrained``).
 
 LoRA (peft) runs
@@ -54,10 +61,6 @@ import torch
 from maskrl.models.adapter import ModelAdapter
 from maskrl.files import usual_file_modes
 
-#: where each family's own modelling code lives (the ``auto_map`` of an export points there)
-FAMILY_CODE = {"llada": "GSAI-ML/LLaDA-8B-Instruct", "dream": "Dream-org/Dream-v0-Instruct-7B"}
-TINY_MODEL_TYPE = "maskrl_tiny"
-TINY_ARCHITECTURE = "MaskrlTinyDiffusionLM"
 ADAPTER_DIR = "adapter"
 
 
@@ -93,8 +96,8 @@ def save_model(adapter: ModelAdapter, path: str | os.PathLike, merge_lora: bool 
         LossyMergeError: ``merged_dtype`` cannot hold the update (the measured error and fraction of
             unchanged entries are named; nothing is written but the adapter files).
         ValueError: an unknown ``merged_dtype``.
-        NotImplementedError: an LLaDA/Dream-family model with a setting the family's config cannot
-            express (the setting is named).
+        NotImplementedError: a model in its family's native class with a setting the family's
+            config cannot express (the setting is named).
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -109,19 +112,7 @@ def save_model(adapter: ModelAdapter, path: str | os.PathLike, merge_lora: bool 
             return path
         model, lora_facts = merge_lora_copy(model, merged_dtype, max_update_error)
     facts = _facts(adapter) | ({"maskrl_lora": lora_facts} if lora_facts else {})
-    if adapter.family in ("llada", "dream") and type(model).__name__ in ("LlamaForCausalLM", "Qwen2ForCausalLM"):
-        to_cfg = llada_export_config if adapter.family == "llada" else dream_export_config
-        cfg = to_cfg(model, adapter) | facts
-        _write_weights(_state_dict(model, adapter.family), path)
-    else:
-        model.save_pretrained(path)
-        cfg = json.loads((path / "config.json").read_text())
-        cfg |= facts | {"maskrl_family": adapter.family}
-        if adapter.attention == "4d":  # a decoder class made bidirectional: refuse a plain causal load
-            cfg["maskrl_native_model_type"] = cfg["model_type"]
-            cfg["maskrl_native_architectures"] = cfg.get("architectures")
-            cfg["model_type"], cfg["architectures"] = TINY_MODEL_TYPE, [TINY_ARCHITECTURE]
-            cfg["maskrl_loader"] = "maskrl.models.load"
+    cfg = family_named(adapter.family).save(model, adapter, path, facts)
     (path / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     if adapter.tokenizer is not None:
         adapter.tokenizer.save_pretrained(path)
@@ -325,114 +316,12 @@ def _facts(adapter: ModelAdapter) -> dict:
         {} if adapter.block_size is None else {"maskrl_block_size": int(adapter.block_size)})
 
 
-def _check(cond: bool, family: str, what: str) -> None:
-    if not cond:
-        raise NotImplementedError(f"save_model: this {family} model has {what}, which the {family} "
-                                  f"checkpoint layout cannot express")
+def family_named(name: str):
+    """The registered family called ``name`` (:data:`maskrl.models.families.FAMILIES`), or the base
+    :class:`~maskrl.models.families.Family` (maskrl's own layout) for a name no family has."""
+    from maskrl.models.families import FAMILIES, Family
 
-
-def _rope_theta(c) -> float:
-    params = getattr(c, "rope_parameters", None) or {}
-    _check(params.get("rope_type", "default") == "default", "model", f"rope_type {params.get('rope_type')!r}")
-    return float(params.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
-
-
-def _tied(c) -> bool:
-    return bool(getattr(c, "tie_word_embeddings", False))
-
-
-def llada_export_config(model, adapter: ModelAdapter) -> dict:
-    """LLaDA ``config.json`` dict of a native ``LlamaForCausalLM`` (inverse of
-    :func:`maskrl.models.loading.llada_config`; keys of the published LLaDA-8B-Instruct config).
-
-    Raises:
-        NotImplementedError: biases, a head dim other than ``d_model / n_heads``, a non-SiLU
-            activation or a scaled RoPE (LLaDA's Llama block has none of them).
-    """
-    c = model.config
-    d, heads = int(c.hidden_size), int(c.num_attention_heads)
-    _check(not getattr(c, "attention_bias", False) and not getattr(c, "mlp_bias", False), "llada", "biases")
-    _check(getattr(c, "head_dim", None) in (None, d // heads), "llada", f"head_dim {getattr(c, 'head_dim', None)}")
-    _check(c.hidden_act == "silu", "llada", f"hidden_act {c.hidden_act!r}")
-    vocab = int(model.get_input_embeddings().weight.shape[0])
-    repo = FAMILY_CODE["llada"]
-    return {
-        "architectures": ["LLaDAModelLM"], "model_type": "llada",
-        "auto_map": {"AutoConfig": f"{repo}--configuration_llada.LLaDAConfig",
-                     "AutoModelForCausalLM": f"{repo}--modeling_llada.LLaDAModelLM",
-                     "AutoModel": f"{repo}--modeling_llada.LLaDAModelLM"},
-        "d_model": d, "n_heads": heads, "n_kv_heads": int(c.num_key_value_heads), "n_layers": int(c.num_hidden_layers),
-        "mlp_hidden_size": int(c.intermediate_size), "mlp_ratio": max(1, int(c.intermediate_size) // d),
-        "embedding_size": vocab, "vocab_size": vocab, "rope_theta": _rope_theta(c), "rms_norm_eps": float(c.rms_norm_eps),
-        "max_sequence_length": int(c.max_position_embeddings), "weight_tying": _tied(c),
-        "activation_type": "silu", "block_type": "llama", "layer_norm_type": "rms", "layer_norm_with_affine": True,
-        "bias_for_layer_norm": False, "include_bias": False, "include_qkv_bias": False, "attention_layer_norm": False,
-        "attention_layer_norm_with_affine": True, "alibi": False, "alibi_bias_max": 8.0, "rope": True,
-        "rope_full_precision": True, "input_emb_norm": False, "scale_logits": False, "multi_query_attention": None,
-        "block_group_size": 1, "flash_attention": False, "attention_dropout": float(getattr(c, "attention_dropout", 0.0)),
-        "residual_dropout": 0.0, "embedding_dropout": 0.0, "init_device": "meta", "init_fn": "mitchell",
-        "init_std": 0.02, "init_cutoff_factor": None, "use_cache": False, "precision": "amp_bf16",
-        "mask_token_id": int(adapter.mask_id), "eos_token_id": int(adapter.eos_id), "pad_token_id": int(adapter.pad_id),
-        **({} if getattr(c, "bos_token_id", None) is None else {"bos_token_id": int(c.bos_token_id)}),
-    }
-
-
-def dream_export_config(model, adapter: ModelAdapter) -> dict:
-    """Dream ``config.json`` dict of a native ``Qwen2ForCausalLM`` (Qwen2 keys, ``model_type: "Dream"``,
-    keys of the published Dream-v0-Instruct-7B config).
-
-    Raises:
-        NotImplementedError: sliding-window attention or a scaled RoPE.
-    """
-    c = model.config
-    _check(not getattr(c, "use_sliding_window", False), "dream", "sliding-window attention")
-    _check(c.hidden_act == "silu", "dream", f"hidden_act {c.hidden_act!r}")
-    repo = FAMILY_CODE["dream"]
-    out = {
-        "architectures": ["DreamModel"], "model_type": "Dream",
-        "auto_map": {"AutoConfig": f"{repo}--configuration_dream.DreamConfig",
-                     "AutoModel": f"{repo}--modeling_dream.DreamModel"},
-        "hidden_act": "silu", "hidden_size": int(c.hidden_size), "intermediate_size": int(c.intermediate_size),
-        "num_hidden_layers": int(c.num_hidden_layers), "num_attention_heads": int(c.num_attention_heads),
-        "num_key_value_heads": int(c.num_key_value_heads), "max_position_embeddings": int(c.max_position_embeddings),
-        "max_window_layers": int(getattr(c, "max_window_layers", None) or c.num_hidden_layers),
-        "rms_norm_eps": float(c.rms_norm_eps), "rope_theta": _rope_theta(c), "rope_scaling": None,
-        "sliding_window": None, "use_sliding_window": False, "tie_word_embeddings": _tied(c),
-        "vocab_size": int(model.get_input_embeddings().weight.shape[0]), "attention_dropout": 0.0,
-        "initializer_range": 0.02, "use_cache": False, "torch_dtype": str(model.dtype).removeprefix("torch."),
-        "mask_token_id": int(adapter.mask_id), "eos_token_id": int(adapter.eos_id), "pad_token_id": int(adapter.pad_id),
-        "bos_token_id": int(c.bos_token_id if getattr(c, "bos_token_id", None) is not None else adapter.eos_id),
-    }
-    head_dim = getattr(c, "head_dim", None)
-    if head_dim not in (None, c.hidden_size // c.num_attention_heads):
-        out["head_dim"] = int(head_dim)
-    return out
-
-
-def _state_dict(model, family: str) -> dict[str, torch.Tensor]:
-    """The model's tensors under the family's checkpoint names (tied output layer left out)."""
-    from maskrl.models.names import llada_to_checkpoint
-
-    state = model.state_dict()
-    if _tied(model.config):
-        state.pop("lm_head.weight", None)
-    rename = llada_to_checkpoint if family == "llada" else (lambda n: n)
-    out = {}
-    for name, t in state.items():
-        new = rename(name)
-        if family == "llada" and new == name:
-            raise NotImplementedError(f"save_model: tensor {name!r} has no name in the LLaDA layout")
-        out[new] = t.detach().contiguous()
-    return out
-
-
-def _write_weights(state: dict[str, torch.Tensor], path: Path, max_shard_size: str = "5GB") -> None:
-    """safetensors shards (+ ``model.safetensors.index.json`` when more than one) through
-    ``huggingface_hub.save_torch_state_dict``."""
-    from huggingface_hub import save_torch_state_dict
-
-    save_torch_state_dict({k: v.cpu() for k, v in state.items()}, path, max_shard_size=max_shard_size,
-                          metadata={"format": "pt"})
+    return FAMILIES.get(name)() if name in FAMILIES else Family()
 
 
 MODEL_CARD = "README.md"
@@ -451,7 +340,7 @@ def write_model_card(folder: str | os.PathLike, *, base_model: str, task: str, r
         steps: what training ran (e.g. ``"SFT 600 steps"``, ``"RL 60 steps"``).
         evaluation: ``[(name, metrics)]`` rows of the run's evaluation table (numbers only are shown);
             ``None`` or empty: "not evaluated during this run".
-        family: ``llada`` | ``dream`` | ``tiny`` | ``masked_lm`` (how to load it).
+        family: the adapter's family (``llada``, ``dream``, ``sdar``, ...; how to load it).
 
     Returns:
         The path of the card.
@@ -459,12 +348,9 @@ def write_model_card(folder: str | os.PathLike, *, base_model: str, task: str, r
     import yaml
 
     folder = Path(folder)
-    loaders = {"llada": "LLaDA's own code (`AutoModel.from_pretrained(folder, trust_remote_code=True)`, "
-                        f"code from `{FAMILY_CODE['llada']}`) or `maskrl.models.load(folder)`",
-               "dream": "Dream's own code (`AutoModel.from_pretrained(folder, trust_remote_code=True)`, "
-                        f"code from `{FAMILY_CODE['dream']}`) or `maskrl.models.load(folder)`"}
-    how = loaders.get(family or "", "`maskrl.models.load(folder)` only: this is a bidirectional masked-diffusion "
-                                    "model, and a plain `AutoModelForCausalLM` load is refused on purpose")
+    how = family_named(family or "").how_to_load() or (
+        "`maskrl.models.load(folder)` only: this is a bidirectional masked-diffusion "
+        "model, and a plain `AutoModelForCausalLM` load is refused on purpose")
     lines = ["---", "library_name: maskrl", "tags: [masked-diffusion, dllm, maskrl]", "---", "",
              f"# {folder.name}: {task}", "",
              f"- **base model**: {base_model}", f"- **task**: {task}", f"- **data**: {data}",

@@ -1,18 +1,18 @@
 """Tensor names of the published checkpoint layouts against transformers' native classes (SPEC §1.1).
 
-One table per family, read by both directions: :func:`maskrl.models.load` renames a checkpoint's
-tensors into the native class (``to_native``) and :func:`maskrl.models.save_model` writes the native
-tensors back under the family's names (``to_checkpoint``).
+LLaDA's table, read by both directions (:class:`maskrl.models.families.llada.LLaDA`):
+:func:`maskrl.models.load` renames a checkpoint's tensors into the native class (:func:`llada_to_native`)
+and :func:`maskrl.models.save_model` writes the native tensors back under LLaDA's names
+(:func:`llada_to_checkpoint`). The other families' names are their native classes' own.
 
 ``llada``: LLaDA's OLMo-style names (``GSAI-ML/LLaDA-8B-Instruct``) against
-:class:`~transformers.LlamaForCausalLM`'s; the table is in :mod:`maskrl.models.loading`'s docstring
+:class:`~transformers.LlamaForCausalLM`'s; the table is in :mod:`maskrl.models.families.llada`'s docstring
 (``ff_proj`` is the gate, the block's ``ff_out`` the down projection, the model-level ``ff_out`` the
-output layer). ``dream``: Qwen2's own names (``Dream-org/Dream-v0-Instruct-7B``), unchanged.
+output layer).
 """
 from __future__ import annotations
 
 import re
-from typing import Callable
 
 LLADA_TOP = {"model.transformer.wte.weight": "model.embed_tokens.weight",
              "model.transformer.ln_f.weight": "model.norm.weight",
@@ -42,15 +42,3 @@ def llada_to_checkpoint(native: str) -> str:
     if m and m.group(2) in _LLADA_BLOCK_INV:
         return f"model.transformer.blocks.{m.group(1)}.{_LLADA_BLOCK_INV[m.group(2)]}.weight"
     return native
-
-
-def same_name(name: str) -> str:
-    """Dream's names are Qwen2's: the identity in both directions."""
-    return name
-
-
-#: family -> (checkpoint name -> native name or None, native name -> checkpoint name)
-NAME_MAPS: dict[str, tuple[Callable[[str], str | None], Callable[[str], str]]] = {
-    "llada": (llada_to_native, llada_to_checkpoint),
-    "dream": (same_name, same_name),
-}
