@@ -25,7 +25,8 @@ mask ``tril(ones(nb, nb))`` repeated to the block size (4 here), positions ``0 .
 ``--out``: ``config.json`` (their keys), ``model.safetensors`` (their tensor names), and
 ``reference.safetensors``: ``input_ids [N, T]``, their ``logits [N, T, V]`` in float32, and the same forward
 of the weights in bfloat16 as ``from_pretrained`` would build it (``logits_bf16``, :func:`as_loaded_in_bf16`); plus ``generate.json``: the tokens of their
-``generate()`` at temperature 0 (their argmax path) for two prompts.
+``generate()`` at temperature 0 (their argmax path), block 4, 4 steps per block, threshold 0.3, for
+eight prompts of 2 to 9 tokens.
 
     PYTHONPATH=src python benchmarks/llada2_reference.py --dllm /path/to/ZHZisZZ-dllm-checkout --out tests/data/llada2_tiny
 """
@@ -147,7 +148,7 @@ def main() -> None:
         logits_bf16 = bf16(ids, attention_mask=block_mask(ids.shape[1], BLOCK), position_ids=pos).logits
         forward = model.forward
         model.forward = lambda x, attention_mask=None, **kw: forward(x, attention_mask=attention_mask.float(), **kw)
-        prompts = [torch.randint(0, 93, (1, n), generator=g) for n in (5, 8)]
+        prompts = [torch.randint(0, 93, (1, n), generator=g) for n in (5, 8, 3, 6, 4, 7, 9, 2)]
         gens = [model.generate(inputs=q, temperature=0.0, block_length=BLOCK, gen_length=12, steps=BLOCK,
                                threshold=0.3, eos_id=EOS_ID, mask_id=MASK_ID, eos_early_stop=False)[0].tolist()
                 for q in prompts]
