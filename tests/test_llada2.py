@@ -150,3 +150,71 @@ def test_expert_bias_is_a_buffer_and_gradient_checkpointing_gives_the_same_gradi
     assert plain.keys() == ckpt.keys() and len(plain) > 10
     for n in plain:
         assert torch.allclose(plain[n], ckpt[n], rtol=0, atol=_tol(plain[n], torch.float32)), n
+
+
+def test_lora_defaults_to_attention_dense_and_shared_mlps_experts_on_request():
+    from maskrl.models import apply_lora
+
+    def adapted(experts: bool) -> set[str]:
+        lora = apply_lora(load(DATA), rank=2, experts=experts)
+        return {n.split(".lora_A")[0].removeprefix("base_model.model.") for n, _ in lora.model.named_parameters()
+                if ".lora_A" in n}
+
+    plain = adapted(False)
+    assert "model.layers.0.attention.query_key_value" in plain and "model.layers.1.attention.dense" in plain
+    assert "model.layers.0.mlp.gate_proj" in plain  # the dense first layer
+    assert "model.layers.1.mlp.shared_experts.down_proj" in plain
+    assert not any(".experts.0." in n or n.startswith("lm_head") for n in plain)
+    with_experts = adapted(True)
+    assert with_experts - plain == {f"model.layers.1.mlp.experts.{e}.{p}" for e in range(8)
+                                    for p in ("gate_proj", "up_proj", "down_proj")}
+    lora = apply_lora(load(DATA), rank=2)
+    trainable = [n for n, p in lora.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)  # router weight and expert bias stay frozen
+
+
+#: LLaDA2.0-mini's config.json shape (dFactory configs/model_configs/llada2_mini)
+MINI = dict(num_hidden_layers=20, hidden_size=2048, intermediate_size=5120, first_k_dense_replace=1,
+            moe_intermediate_size=512, num_experts_per_tok=8, num_attention_heads=16, num_experts=256,
+            num_key_value_heads=4, rope_theta=600000, use_bias=False, head_dim=128, num_shared_experts=1,
+            vocab_size=157184, routed_scaling_factor=2.5, n_group=8, topk_group=4, pad_token_id=156892)
+
+
+def test_mini_parameter_counts_resident_active_and_lora_choices():
+    """On the meta device: the mini has ~16.3B resident and ~1.43B active parameters per token (the family's
+    "16B-A1B"); :func:`parameter_counts` equals the module's own count; LoRA r 16 on attention, the dense layer
+    and the shared experts trains 5.63M parameters, with the routed experts 603M (hand counts below)."""
+    from maskrl.models import ModelAdapter, apply_lora
+    from maskrl.models.llada2_moe import LLaDA2MoeConfig, LLaDA2MoeModelLM, parameter_counts
+
+    cfg = LLaDA2MoeConfig(**MINI)
+    with torch.device("meta"):
+        model = LLaDA2MoeModelLM(cfg)
+    counts = parameter_counts(cfg)
+    assert counts["total"] == sum(p.numel() for p in model.parameters()) == 16_255_638_528
+    assert counts["routed_experts"] == sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
+    assert counts["active_per_token"] == counts["total"] - counts["routed_experts"] + 19 * 8 * 3 * 2048 * 512
+    assert counts["active_per_token"] == 1_432_968_192
+    # LoRA A and B of r 16 on a linear layer in -> out: 16 (in + out) parameters; checked on a 3-layer,
+    # 16-expert cut of the mini (peft on the mini's 4,864 expert layers takes minutes), stated for the mini
+    def lora(layers: int, experts: int, with_experts: bool) -> int:
+        attention = layers * 16 * ((2048 + 24 * 128) + (2048 + 2048))
+        dense, expert = 16 * 3 * (2048 + 5120), 16 * 3 * (2048 + 512)
+        return attention + dense + (layers - 1) * expert * (1 + experts * with_experts)
+
+    cut = LLaDA2MoeConfig(**(MINI | {"num_hidden_layers": 3, "num_experts": 16}))
+    for experts in (False, True):
+        with torch.device("meta"):
+            m = LLaDA2MoeModelLM(cut)
+        ad = ModelAdapter(model=m, mask_id=156895, eos_id=156892, pad_id=156892, block_size=32)
+        trained = apply_lora(ad, rank=16, experts=experts, adapter_dtype=None)
+        assert sum(p.numel() for p in trained.model.parameters() if p.requires_grad) == lora(3, 16, experts)
+    assert (lora(20, 256, False), lora(20, 256, True)) == (5_627_904, 603_316_224)
+
+
+def test_maskrl_plan_refuses_an_moe_checkpoint_instead_of_planning_it_dense():
+    from maskrl.config import load_config
+    from maskrl.plan.shapes import PlanError, model_shape
+
+    with pytest.raises(PlanError, match="Mixture-of-Experts.*llada2_moe.*8 experts"):
+        model_shape(load_config([], [f"model.path={DATA}"]))

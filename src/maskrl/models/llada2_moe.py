@@ -266,3 +266,30 @@ class LLaDA2MoeModelLM(LLaDA2MoePreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs) -> CausalLMOutputWithPast:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
         return CausalLMOutputWithPast(logits=self.lm_head(out.last_hidden_state), past_key_values=out.past_key_values)
+
+
+def parameter_counts(config: LLaDA2MoeConfig) -> dict[str, int]:
+    """Resident and per-token active parameters of a :class:`LLaDA2MoeModelLM` of ``config``, from its shape
+    (what a planner needs; checked against the module's own count in ``tests/test_llada2.py``).
+
+    Returns:
+        ``{total, routed_experts, active_per_token, router}``: every parameter; those of the routed experts
+        (``num_experts`` per MoE layer); those one token runs through (everything but the routed experts, plus
+        ``num_experts_per_tok`` experts per MoE layer); the router weights (``num_experts × hidden`` per MoE
+        layer). The expert bias is a buffer and counts in none of them.
+    """
+    c = config
+    h, d, layers = c.hidden_size, c.head_dim, c.num_hidden_layers
+    attn = h * (c.num_attention_heads + 2 * c.num_key_value_heads) * d + c.num_attention_heads * d * h
+    attn += (c.num_attention_heads + 2 * c.num_key_value_heads) * d * bool(c.use_qkv_bias) + h * bool(c.use_bias)
+    attn += 2 * d * bool(c.use_qk_norm) + 2 * h  # QK-norm weights, the layer's two RMSNorms
+    moe_layers = 0 if c.num_experts is None else max(layers - c.first_k_dense_replace, 0)
+    expert = 3 * h * c.moe_intermediate_size
+    router = moe_layers * c.num_experts * h if moe_layers else 0
+    shared = moe_layers * expert * (c.num_shared_experts or 0)
+    dense = (layers - moe_layers) * 3 * h * c.intermediate_size
+    routed = moe_layers * c.num_experts * expert if moe_layers else 0
+    head = 0 if c.tie_word_embeddings else c.vocab_size * h
+    total = c.vocab_size * h + head + h + layers * attn + dense + shared + router + routed
+    active = total - routed + (moe_layers * c.num_experts_per_tok * expert if moe_layers else 0)
+    return {"total": total, "routed_experts": routed, "active_per_token": active, "router": router}
