@@ -19,7 +19,7 @@ the sum of Eq. 5 without a length normalisation (GDPO's ``ratio_norm: length`` i
 θ_old see the same masks (the likelihood's masks depend on the generator only), as Eq. 5 needs.
 
 What the report leaves open and is a **[choice]** here (docs/credit_methods.md, "EBPO"): the values of
-ε_low / ε_high (0.2 / 0.2, AReaL's PPO default; set ``clip_eps_high`` for a DAPO-style higher clip),
+ε_low / ε_high (0.2 / 0.2, the usual PPO value: the report gives none; ``clip_eps_high`` sets a higher clip),
 the advantage estimator (group z-score, ``normalize: mean_std``), no KL term (``beta: 0``), the loss
 averaged over sequences (a credit module's per-token advantages averaged over each sequence inside the
 min, as GDPO). DARE's open EBPO implementation (inclusionAI/DARE) was not reachable from this machine
