@@ -72,7 +72,7 @@ def load_policy(cfg: RunConfig, path: str | None = None) -> ModelAdapter:
         targets = mc.lora_target_modules
         modules = targets if targets == "all-linear" else [m.strip() for m in targets.split(",") if m.strip()]
         adapter = apply_lora(adapter, rank=mc.lora_rank, alpha=mc.lora_alpha, dropout=mc.lora_dropout,
-                             target_modules=modules, seed=cfg.train.seed)
+                             target_modules=modules, seed=cfg.train.seed, experts=mc.lora_experts)
     return adapter
 
 

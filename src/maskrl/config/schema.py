@@ -57,6 +57,8 @@ class ModelConfig:
         lora_alpha: LoRA scaling numerator.
         lora_dropout: dropout on the LoRA input.
         lora_target_modules: ``all-linear`` or a comma-separated list of module names.
+        lora_experts: with ``all-linear``, also put LoRA on the routed experts of an MoE model whose experts
+            are linear layers (LLaDA2); default off: attention, dense and shared-expert MLPs only.
         gradient_checkpointing: recompute activations in the backward pass (less memory, more time).
         chat_template: apply the tokenizer's chat template to prompts when it has one.
     """
@@ -68,6 +70,7 @@ class ModelConfig:
     lora_alpha: float = 32.0
     lora_dropout: float = 0.0
     lora_target_modules: str = "all-linear"
+    lora_experts: bool = False
     gradient_checkpointing: bool = False
     chat_template: bool = True
 

@@ -16,6 +16,7 @@ Precision policy (what we chose and why)
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Sequence
 
 import torch
@@ -25,7 +26,8 @@ from maskrl.models.adapter import ModelAdapter
 
 def apply_lora(adapter: ModelAdapter, rank: int = 16, alpha: float = 32.0, dropout: float = 0.0,
                target_modules: str | Sequence[str] = "all-linear",
-               adapter_dtype: torch.dtype | None = torch.float32, seed: int = 0) -> ModelAdapter:
+               adapter_dtype: torch.dtype | None = torch.float32, seed: int = 0,
+               experts: bool = False) -> ModelAdapter:
     """Wrap the adapter's model with LoRA adapters through ``peft.get_peft_model``.
 
     Only the LoRA matrices are trainable afterwards; every base parameter is frozen. The returned
@@ -40,9 +42,13 @@ def apply_lora(adapter: ModelAdapter, rank: int = 16, alpha: float = 32.0, dropo
         alpha: LoRA scaling numerator (the update is scaled by ``alpha / rank``).
         dropout: dropout on the LoRA branch's input.
         target_modules: module names to adapt, or ``"all-linear"`` (peft: every linear layer except
-            the output head): for Llama/Qwen2 that is ``q/k/v/o_proj`` and ``gate/up/down_proj``.
+            the output head): for Llama/Qwen2 that is ``q/k/v/o_proj`` and ``gate/up/down_proj``. On a
+            model with routed experts held as linear layers (LLaDA2's ``mlp.experts.{e}.*_proj``),
+            ``"all-linear"`` leaves those out unless ``experts`` (:func:`lora_linear_targets`).
         adapter_dtype: dtype of the trainable LoRA parameters (float32 master weights by default,
             also when the base is bf16); ``None`` leaves peft's choice.
+        experts: with ``"all-linear"``, also adapt the routed experts (default False: attention, dense and
+            shared-expert MLPs only; the router weight and expert bias are never linear layers).
         seed: seeds peft's random initialisation of the LoRA ``A`` matrices (through
             ``torch.random.fork_rng``, so the global RNG state is left untouched): the same seed gives
             the same adapter in every process and every run.
@@ -61,6 +67,8 @@ def apply_lora(adapter: ModelAdapter, rank: int = 16, alpha: float = 32.0, dropo
     if rank < 1:
         raise ValueError(f"apply_lora: rank must be >= 1, got {rank}")
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    if targets == "all-linear" and not experts:
+        targets = lora_linear_targets(adapter.model) or targets
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
     with torch.random.fork_rng(devices=[]):  # peft draws A from the global RNG: seed it, leave it as it was
         torch.manual_seed(seed)
@@ -70,6 +78,21 @@ def apply_lora(adapter: ModelAdapter, rank: int = 16, alpha: float = 32.0, dropo
             if param.requires_grad:
                 param.data = param.data.to(adapter_dtype)
     return dataclasses.replace(adapter, model=model)
+
+
+#: a routed expert's module path (``...mlp.experts.{e}...``): LLaDA2's experts are linear layers each
+ROUTED_EXPERT = re.compile(r"\.experts\.\d+\.")
+
+
+def lora_linear_targets(model: torch.nn.Module) -> list[str] | None:
+    """Full names of ``model``'s linear layers except the output layer and routed experts
+    (:data:`ROUTED_EXPERT`), or ``None`` when it has no routed expert held as a linear layer (then
+    ``"all-linear"`` means what peft says)."""
+    out_layer = model.get_output_embeddings() if callable(getattr(model, "get_output_embeddings", None)) else None
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not out_layer]
+    if not any(ROUTED_EXPERT.search(n) for n in names):
+        return None
+    return [n for n in names if not ROUTED_EXPERT.search(n)]
 
 
 def enable_gradient_checkpointing(adapter: ModelAdapter, use_reentrant: bool = False) -> ModelAdapter:

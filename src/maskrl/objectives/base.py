@@ -127,19 +127,22 @@ def ratio_clamped(log_ratio: torch.Tensor, bound: float = RATIO_LOG_BOUND) -> to
     return log_ratio.detach().abs() > bound
 
 
-def clip_binds(ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float) -> torch.Tensor:
-    """Bool tensor: True where the PPO clip of ``min(ρA, clip(ρ, 1−ε, 1+ε)A)`` takes effect, i.e. the
-    clipped term is the smaller one and the token's gradient is cut: ``ρ > 1 + ε`` with ``A > 0``, or
-    ``ρ < 1 − ε`` with ``A < 0`` (TRL's GRPO ``clip_ratio/region_mean``). A token outside
-    ``[1 − ε, 1 + ε]`` on the other side of its advantage keeps the unclipped term and is not counted.
+def clip_binds(ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float,
+               clip_eps_high: float | None = None) -> torch.Tensor:
+    """Bool tensor: True where the PPO clip of ``min(ρA, clip(ρ, 1−ε, 1+ε_high)A)`` takes effect, i.e.
+    the clipped term is the smaller one and the token's gradient is cut: ``ρ > 1 + ε_high`` with
+    ``A > 0``, or ``ρ < 1 − ε`` with ``A < 0`` (TRL's GRPO ``clip_ratio/region_mean``). A token outside
+    ``[1 − ε, 1 + ε_high]`` on the other side of its advantage keeps the unclipped term and is not counted.
 
     Args:
         ratio: ``[N, L]`` (or ``[N, 1]`` for a sequence ratio) float, ρ.
         advantages: ``[N, L]`` float, A (broadcast against ``ratio``).
-        clip_eps: ε.
+        clip_eps: ε (the lower side, and the upper one when ``clip_eps_high`` is ``None``).
+        clip_eps_high: ε_high of an asymmetric clip (EBPO's ``ϵ_high``); default ``clip_eps``.
     """
     ratio, advantages = ratio.detach(), advantages.detach()
-    return ((ratio > 1 + clip_eps) & (advantages > 0)) | ((ratio < 1 - clip_eps) & (advantages < 0))
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    return ((ratio > 1 + high) & (advantages > 0)) | ((ratio < 1 - clip_eps) & (advantages < 0))
 
 
 class Objective:

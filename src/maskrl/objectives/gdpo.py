@@ -46,6 +46,15 @@ class GDPO(Objective):
     def __post_init__(self) -> None:
         self.check_fields()
 
+    def clip_range(self) -> tuple[float, float]:
+        """``(ε_low, ε_high)`` of the sequence ratio's clip ``[1 − ε_low, 1 + ε_high]`` (GDPO: both ε)."""
+        return self.clip_eps, self.clip_eps
+
+    def sequence_log_ratio(self, e: torch.Tensor, e_old: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """``[N]`` log-ratio of each sequence from its ELBOs ``e``, ``e_old`` ``[N]`` and token counts
+        ``length`` ``[N]`` (GDPO: ``(E − E^old)/|o|``)."""
+        return (e - e_old) / length
+
     def __call__(self, logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None,
                  advantages: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> LossOutput:
         """Loss of one (micro-)batch.
@@ -72,15 +81,16 @@ class GDPO(Objective):
         length = m.sum(-1).clamp(min=1.0)  # [N]
         denom = normalizer if normalizer is not None else max(logp.shape[0], 1)
         e, e_old = (logp * m).sum(-1), (logp_old * m).sum(-1)  # [N]
-        log_ratio = (e - e_old) / length  # [N]
+        log_ratio = self.sequence_log_ratio(e, e_old, length)  # [N]
         ratio = importance_ratio(log_ratio)  # [N]
-        clipped = ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps)
+        eps_low, eps_high = self.clip_range()
+        clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
         per_tok = -torch.minimum(ratio[:, None] * advantages, clipped[:, None] * advantages)  # [N, L]
         per_seq = (per_tok * m).sum(-1) / length  # [N]
         policy_loss = per_seq.sum() / denom
         loss = policy_loss
         real = (m.sum(-1) > 0).float()
-        binds = clip_binds(ratio[:, None], advantages, self.clip_eps).float()  # [N, L]
+        binds = clip_binds(ratio[:, None], advantages, eps_low, eps_high).float()  # [N, L]
         metrics = {"policy_loss": policy_loss.item(),
                    "clip_frac": ((binds * m).sum(-1) / length).sum().item() / denom,
                    "ratio_mean": (ratio.detach() * real).sum().item() / denom,

@@ -72,7 +72,8 @@ def model_shape(cfg) -> ModelShape:
     (LLaDA or standard keys), or the built-in tiny model (``model.path`` empty).
 
     Raises:
-        PlanError: a path that is neither known nor a folder with a readable config.json.
+        PlanError: a path that is neither known nor a folder with a readable config.json, or a
+            Mixture-of-Experts config (``num_experts``), which the dense shapes here cannot express.
     """
     path = cfg.model.path
     if not path:
@@ -90,6 +91,10 @@ def model_shape(cfg) -> ModelShape:
         raise PlanError(f"model.path: {path!r} is neither a known Hub id ({', '.join(KNOWN_MODELS)}) nor a folder "
                         "with a config.json; download the config or pass a local folder")
     c = json.loads(f.read_text())
+    if c.get("num_experts"):  # a dense Llama/Qwen2 estimate of an MoE model would be wrong, not rough
+        raise PlanError(f"model.path: {path!r} is a Mixture-of-Experts checkpoint (model_type "
+                        f"{c.get('model_type')!r}, {c['num_experts']} experts); maskrl plan does not count MoE models "
+                        "yet (resident vs active experts, routing: issue 52 item 5)")
     if "d_model" in c:  # LLaDA's OLMo-style keys
         return ModelShape("llada", c["d_model"], c["n_layers"], c["n_heads"], c.get("n_kv_heads") or c["n_heads"],
                           c["mlp_hidden_size"], c.get("embedding_size") or c["vocab_size"], bool(c.get("weight_tying")),

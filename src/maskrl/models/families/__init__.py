@@ -3,6 +3,6 @@
 for what a family holds and how to add one from outside ``src/``."""
 from maskrl.models.families.base import FAMILIES, Family, detect, save_maskrl_layout
 from maskrl.models.families.native import NativeFamily
-from maskrl.models.families import dream, fast_dllm, llada, maskrl_layout, sdar  # noqa: F401  (registers them)
+from maskrl.models.families import dream, fast_dllm, llada, llada2, maskrl_layout, sdar  # noqa: F401  (registers them)
 
 __all__ = ["FAMILIES", "Family", "NativeFamily", "detect", "save_maskrl_layout"]
