@@ -236,7 +236,9 @@ def cmd_plan(args) -> int:
     from maskrl.plan import estimate_prompt_length
 
     prompt_length, how = (args.prompt_length, "--prompt-length") if args.prompt_length else estimate_prompt_length(cfg)
-    plan = make_plan(cfg, hw, prompt_length=prompt_length, search=not args.no_search)
+    from maskrl.plan.progress import Progress
+
+    plan = make_plan(cfg, hw, prompt_length=prompt_length, search=not args.no_search, progress=Progress(sys.stderr))
     plan["recipe"]["prompt_length_source"] = how
     print(f"prompt length {prompt_length} tokens ({how})")
     print(format_plan(plan))
