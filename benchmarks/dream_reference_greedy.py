@@ -134,7 +134,7 @@ class Watch:
         self.alg = alg
         self.states: list[torch.Tensor] = []  # x before each step
         self.cand_gaps: list[torch.Tensor] = []  # per sample_tokens row: (top-1 - top-2 logit) / max(1, |top-1|)
-        self.cut_gaps: list[list[float]] = []  # per step and row: (k-th - (k+1)-th confidence) / max(1, |k-th|)
+        self.cut_gaps: dict[int, list[float]] = {}  # step -> per row: (k-th - (k+1)-th confidence) / max(1, |k-th|)
         self.sampling = False
 
     def on_forward(self, module, args):
@@ -150,7 +150,7 @@ class Watch:
         for r in range(conf.shape[0]):
             finite = int(torch.isfinite(vals[r]).sum())
             row.append(float((vals[r, k - 1] - vals[r, k]) / vals[r, k - 1].abs().clamp(min=1)) if k < finite else -1.0)
-        self.cut_gaps.append(row)
+        self.cut_gaps[len(self.states) - 1] = row  # the step of the last forward (Dream ranks only when k > 0)
 
     def decisions(self, history: list[torch.Tensor], p_len: int, mask_id: int) -> dict:
         """Per position: the step that committed it (-1: never) and its candidate's gap at that step;
@@ -166,7 +166,7 @@ class Watch:
             full = torch.full((n, width), -1.0, dtype=torch.float64)
             full[where] = self.cand_gaps[i]
             gap[done] = full[done]
-        cuts = self.cut_gaps if self.alg != "origin" else [[-1.0] * n for _ in self.states]
+        cuts = [self.cut_gaps.get(i, [-1.0] * n) for i in range(len(self.states))]
         sig = lambda v: float(f"{v:.3g}")  # noqa: E731
         return dict(commit_step=step[:, p_len:].tolist(), candidate_gap=[[sig(v) for v in r] for r in gap[:, p_len:].tolist()],
                     cut_gap=[[sig(v) for v in r] for r in cuts])
