@@ -112,6 +112,49 @@ def test_known_8b_shapes():
     assert round(param_memory(dream, torch.bfloat16, None)["params"] / 1e9, 2) == 7.62
 
 
+def test_header_counts_base_and_adapter_apart_with_their_dtypes():
+    """LoRA rank 4 on q,v of the tiny bf16 model: the base keeps the no-LoRA count in bfloat16, the adapter
+    (fp32 master weights) is r x (in + out) per adapted matrix, 2 layers x (q: 32 -> 32, v: 32 -> 32)
+    = 2 x 2 x 4 x 64 = 1,024; the header names both with their dtypes, not one bf16 total."""
+    from maskrl.plan import format_plan
+
+    cfg = load_config([], TINY + ["model.dtype=bfloat16", "model.lora_rank=4", "model.lora_target_modules=q_proj,v_proj"])
+    shape = model_shape(cfg)
+    plain = param_memory(shape, torch.bfloat16, None)
+    pm = param_memory(shape, torch.bfloat16, {"rank": 4, "alpha": 8.0, "targets": ["q_proj", "v_proj"]})
+    assert pm["base_params"] == plain["params"] and pm["base_dtypes"] == ["bfloat16"]
+    assert pm["adapter_params"] == 2 * 2 * 4 * (32 + 32) and pm["adapter_dtypes"] == ["float32"]
+    assert pm["params"] == pm["base_params"] + pm["adapter_params"] and pm["trainable"] == pm["adapter_params"]
+    assert plain["adapter_params"] == 0 and plain["adapter_dtypes"] == []
+    plan = make_plan(cfg, Hardware(gpus=1, gpu_memory=80 * GIB), prompt_length=8, search=False)
+    head = format_plan(plan).splitlines()[0]
+    base = plain["params"] / 1e3
+    assert head.startswith(f"model: tiny {base:.2f} k base params (bfloat16) + LoRA rank 4 adapter 1.02 k params "
+                           "(float32), trainable 1.02 k"), head
+
+
+def test_plan_reports_each_phase_on_stderr():
+    """Every phase of a plan says when it starts and how many seconds it took, in order, on the stream
+    given (``maskrl plan`` gives stderr); the plans of ``what to change`` are marked with the change."""
+    import io
+
+    from maskrl.plan.progress import Progress
+
+    stream = io.StringIO()
+    cfg = load_config([], TINY)
+    make_plan(cfg, Hardware(gpus=1, gpu_memory=GIB // 4096), prompt_length=8, progress=Progress(stream))
+    lines = stream.getvalue().splitlines()
+    phases = ["the model's shape", "parameters and FLOP counter", "one RL step", "FLOPs of the step",
+              "activation peaks"]
+    starts = [next(i for i, ln in enumerate(lines) if ln.startswith(f"maskrl plan: {p}") and ln.endswith(" ..."))
+              for p in phases]
+    assert starts == sorted(starts)
+    for p in phases:
+        assert any(ln.startswith(f"maskrl plan: {p}") and ln.endswith(" s") for ln in lines), p
+    assert any("does not fit" in ln for ln in lines)
+    assert any(ln.startswith("maskrl plan [micro_batch_size=1]: one RL step") for ln in lines), lines
+
+
 def test_plan_options_are_checked(tmp_path):
     assert parse_bytes("80GB") == parse_bytes("80 GiB") == 80 * GIB
     with pytest.raises(PlanError, match="--gpu-memory"):
@@ -274,6 +317,7 @@ def test_maskrl_plan_prints_its_report_without_profiler_noise(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("prompt length 8 tokens (--prompt-length)\nmodel: tiny") and "PEAK" in run.stdout
+    assert "maskrl plan: activation peaks" in run.stderr  # the phases, on stderr (the report alone on stdout)
     from maskrl.plan.memory import PROFILER_LOG
 
     assert not [line for line in run.stderr.splitlines() if PROFILER_LOG.match(line)], run.stderr

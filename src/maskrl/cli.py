@@ -43,9 +43,9 @@ def _model_config(args):
 
 
 def cmd_sft(args) -> int:
+    cfg = _model_config(args)  # config errors answer before torch is imported
     from maskrl.pipeline import check_run_lengths, export_model, load_policy, sft_from_config, task_and_data, write_json
 
-    cfg = _model_config(args)
     out = Path(args.out or Path(cfg.output_dir) / "model")
     _open_model_dir(args, out)
     task, _, source, train = task_and_data(cfg)
@@ -62,12 +62,12 @@ def cmd_sft(args) -> int:
 
 
 def cmd_train(args) -> int:
+    cfg = _model_config(args)  # config errors answer before torch is imported
     from maskrl.pipeline import (check_run_lengths, drop_rows, export_model, load_policy, prompt_formatter, task_and_data,
                                  training_eval_fn, validation_examples)
     from maskrl.rundir import is_main_process, record_config
     from maskrl.trainer import RLTrainer, TrainingInterrupted
 
-    cfg = _model_config(args)
     run = _open_train_run(args, cfg)  # before any model is loaded
     task, held_out, source, train = task_and_data(cfg)
     val, val_source = validation_examples(cfg, task, held_out) if cfg.train.eval_every else ([], "")
@@ -229,17 +229,19 @@ def cmd_config(args) -> int:
 
 def cmd_plan(args) -> int:
     """Memory and time of a recipe per process before renting GPUs (:mod:`maskrl.plan`)."""
+    cfg = _model_config(args)  # config errors answer before torch is imported
     from maskrl.pipeline import write_json
     from maskrl.plan import Hardware, format_plan, make_plan, parse_bytes, strategy_from_accelerate
 
-    cfg = _model_config(args)
     strategy = args.strategy or strategy_from_accelerate(args.accelerate_config, args.gpus)
     hw = Hardware(gpus=args.gpus, gpu_memory=parse_bytes(args.gpu_memory), tflops=args.tflops, mfu=args.mfu,
                   bandwidth=args.bandwidth * 1e12, strategy=strategy)
     from maskrl.plan import estimate_prompt_length
 
     prompt_length, how = (args.prompt_length, "--prompt-length") if args.prompt_length else estimate_prompt_length(cfg)
-    plan = make_plan(cfg, hw, prompt_length=prompt_length, search=not args.no_search)
+    from maskrl.plan.progress import Progress
+
+    plan = make_plan(cfg, hw, prompt_length=prompt_length, search=not args.no_search, progress=Progress(sys.stderr))
     plan["recipe"]["prompt_length_source"] = how
     print(f"prompt length {prompt_length} tokens ({how})")
     print(format_plan(plan))

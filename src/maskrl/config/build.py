@@ -170,6 +170,18 @@ def _coerce(value: Any, typ: Any, key: str, default: Any = None) -> Any:
     return value
 
 
+class _Defaults:
+    """The default of each field of dataclass ``cls``, made when first read (a component's default
+    imports its module, and torch with it, only when the component is built)."""
+
+    def __init__(self, cls: type) -> None:
+        self._fields = {f.name: f for f in dataclasses.fields(cls)}
+
+    def __getattr__(self, name: str) -> Any:
+        f = self._fields[name]
+        return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
 def _build(cls: type, data: Mapping[str, Any], prefix: str = "", defaults: Any = None) -> Any:
     """``cls`` from ``data``; keys missing from ``data`` keep their value in ``defaults`` (the
     parent's default for this section, so partial sections keep the run's defaults)."""
@@ -177,10 +189,11 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "", defaults: Any =
     unknown = [k for k in data if k not in types]
     if unknown:
         raise _unknown_key_error(prefix + unknown[0], prefix + unknown[0], types, prefix.rstrip(".") or "the top level")
-    defaults = defaults if defaults is not None else cls()
     meta = {f.name: f.metadata for f in dataclasses.fields(cls)}
+    defaults = defaults if defaults is not None else _Defaults(cls)
     kwargs = {}
-    for name, typ in types.items():
+    # plain fields and sections first: their errors answer before a component's module (torch) is imported
+    for name, typ in sorted(types.items(), key=lambda item: meta[item[0]].get("component") is not None):
         kind = meta[name].get("component")
         if kind is None:
             raw = _resolve_path(data[name], meta[name]["path"]) if name in data and "path" in meta[name] else \

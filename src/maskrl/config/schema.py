@@ -7,7 +7,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from maskrl.sampling import SamplerConfig
+from maskrl.sampling.config import SamplerConfig
 
 
 class ConfigError(ValueError):

@@ -116,15 +116,21 @@ class FlopModel:
 
 def param_memory(shape: ModelShape, dtype: torch.dtype, lora: dict | None) -> dict:
     """Parameter bytes and counts of the model (meta device; accelerate's ``calculate_maximum_sizes``):
-    ``{total_bytes, largest_layer_bytes, params, trainable}``."""
+    ``{total_bytes, largest_layer_bytes, params, trainable, base_params, base_dtypes, adapter_params,
+    adapter_dtypes}``; ``params`` counts the base model and the LoRA adapter (peft's ``lora_`` parameters)
+    together, ``base_*`` / ``adapter_*`` each apart, with the dtypes they are held in (names, sorted)."""
     from accelerate.utils import calculate_maximum_sizes
 
     ad = build_adapter(shape, dtype, lora, False)
     total, largest = calculate_maximum_sizes(ad.model)
-    params = sum(p.numel() for p in ad.model.parameters())
-    trainable = sum(p.numel() for p in ad.model.parameters() if p.requires_grad)
-    return {"total_bytes": int(total), "largest_layer_bytes": int(largest[0]), "params": int(params),
-            "trainable": int(trainable)}
+    named = list(ad.model.named_parameters())
+    adapter = [p for n, p in named if "lora_" in n]
+    base = [p for n, p in named if "lora_" not in n]
+    dtypes = lambda ps: sorted({str(p.dtype).removeprefix("torch.") for p in ps})  # noqa: E731
+    return {"total_bytes": int(total), "largest_layer_bytes": int(largest[0]), "params": sum(p.numel() for _, p in named),
+            "trainable": sum(p.numel() for _, p in named if p.requires_grad),
+            "base_params": sum(p.numel() for p in base), "base_dtypes": dtypes(base),
+            "adapter_params": sum(p.numel() for p in adapter), "adapter_dtypes": dtypes(adapter)}
 
 
 def work_table(calls: list[Call], fm: FlopModel, checkpointing: bool) -> tuple[dict, int, int]:

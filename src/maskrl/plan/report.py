@@ -9,6 +9,7 @@ import torch
 
 from maskrl.plan.flops import FlopModel, _dtype, _lora, param_memory, work_table
 from maskrl.plan.memory import ActivationModel, files_gib, memory_gib
+from maskrl.plan.progress import QUIET, Progress
 from maskrl.plan.shapes import GIB, Hardware, ModelShape, model_shape
 from maskrl.plan.work import record_work
 
@@ -18,7 +19,7 @@ _CACHE: dict = {}
 
 def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search: bool = True,
               micro_batch_size: int | None = None, max_forward_rows: int | None = None, shape: ModelShape | None = None,
-              _cache: dict | None = None) -> dict:
+              _cache: dict | None = None, progress: Progress = QUIET) -> dict:
     """The plan of one recipe on ``hw`` (per process): memory, work, time, and what to change.
 
     Args:
@@ -29,6 +30,8 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         search: when the peak does not fit, try the changes listed under ``what_to_change``.
         micro_batch_size, max_forward_rows: override the recipe's.
         shape: the model's shape (default: :func:`model_shape` of ``cfg``).
+        progress: where each phase's start and seconds are reported (:class:`~maskrl.plan.progress.Progress`;
+            ``maskrl plan`` writes them to stderr; default: nothing).
 
     Returns:
         A JSON-able dict: ``model``, ``hardware``, ``memory_gib`` (static parts, per-phase peaks,
@@ -38,18 +41,25 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         ``what_to_change``.
     """
     cache = _cache if _cache is not None else _CACHE
-    shape = shape or model_shape(cfg)
+    with progress.phase("the model's shape"):
+        shape = shape or model_shape(cfg)
     dtype = _dtype(cfg.model.dtype)
     lora = _lora(cfg)
     ckpt = cfg.model.gradient_checkpointing
     needs_reference = cfg.objective.needs_reference or any(getattr(c, "needs_reference", False) for c in cfg.credit)
-    fm, am, pm = _models(cache, shape, dtype, lora, ckpt, cfg.rollout)
-    calls = _recorded_work(cache, cfg, prompt_length, seed, micro_batch_size, max_forward_rows, shape.vocab_size)
-    work, total_flops, forwards = work_table(calls, fm, ckpt)
-    memory = memory_gib(cfg, calls, shape, dtype, am, pm, hw, prompt_length, needs_reference)
+    with progress.phase("parameters and FLOP counter on the meta device"):
+        fm, am, pm = _models(cache, shape, dtype, lora, ckpt, cfg.rollout)
+    with progress.phase("one RL step of the recipe on the 1-layer stand-in (forwards, rows, scored positions)"):
+        calls = _recorded_work(cache, cfg, prompt_length, seed, micro_batch_size, max_forward_rows, shape.vocab_size)
+    with progress.phase(f"FLOPs of the step's {len(calls)} kinds of call (FlopCounterMode, meta device)"):
+        work, total_flops, forwards = work_table(calls, fm, ckpt)
+    with progress.phase("activation peaks (CPU profiler on narrow models of the architecture)"):
+        memory = memory_gib(cfg, calls, shape, dtype, am, pm, hw, prompt_length, needs_reference)
     plan = {
-        "model": {**dataclasses.asdict(shape), "dtype": str(dtype).removeprefix("torch."), "params": pm["params"],
-                  "trainable": pm["trainable"], "lora": lora, "gradient_checkpointing": ckpt},
+        "model": {**dataclasses.asdict(shape), "dtype": str(dtype).removeprefix("torch."),
+                  **{k: pm[k] for k in ("params", "trainable", "base_params", "base_dtypes", "adapter_params",
+                                        "adapter_dtypes")},
+                  "lora": lora, "gradient_checkpointing": ckpt},
         "hardware": dataclasses.asdict(hw) | {"gpu_memory": hw.gpu_memory / GIB},
         "recipe": _recipe(cfg, prompt_length, micro_batch_size, max_forward_rows),
         "memory_gib": memory,
@@ -62,7 +72,8 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         "notes": list(NOTES),
     }
     if search and not memory["fits"]:
-        plan["what_to_change"] = _search(cfg, hw, prompt_length, seed, cache, plan, shape)
+        progress.note(f"peak {memory['peak']:.2f} GiB does not fit {hw.gpu_memory / GIB:.3g} GiB: planning changes")
+        plan["what_to_change"] = _search(cfg, hw, prompt_length, seed, cache, plan, shape, progress)
     return plan
 
 
@@ -129,24 +140,28 @@ def _brief(p: dict, change: str) -> dict:
 
 
 def _search(cfg, hw: Hardware, prompt_length: int, seed: int, cache: dict, base: dict,
-            shape: ModelShape | None = None) -> list[dict]:
+            shape: ModelShape | None = None, progress: Progress = QUIET) -> list[dict]:
     """Changes that make the recipe fit, each with its new numbers (smallest row budget / micro-batch
     first, then checkpointing, LoRA, more processes)."""
     out = []
+
+    def plan_of(c, h, what: str, **k):  # one changed plan, its phases reported under the change tried
+        return make_plan(c, h, prompt_length, seed, False, shape=shape, _cache=cache, progress=progress.within(what), **k)
+
     n_seq = cfg.train.prompts_per_step * cfg.train.group_size
     theta_rows = max((v["rows"] // max(1, v["forwards"]) for k, v in base["work"]["by_phase_term"].items()
                       if k.startswith("theta/")), default=1)
     for mb in sorted({max(1, n_seq // d) for d in (2, 3, 4, 6, 8, 12, 16, 24, 48)} | {1}, reverse=True):
         if cfg.train.micro_batch_size and mb >= cfg.train.micro_batch_size:
             continue
-        p = make_plan(cfg, hw, prompt_length, seed, False, micro_batch_size=mb, shape=shape, _cache=cache)
+        p = plan_of(cfg, hw, f"micro_batch_size={mb}", micro_batch_size=mb)
         if p["memory_gib"]["fits"]:
             out.append(_brief(p, f"--set train.micro_batch_size={mb}"))
             break
     budget = theta_rows
     while budget > 1:
         budget = max(1, budget // 2)
-        p = make_plan(cfg, hw, prompt_length, seed, False, max_forward_rows=budget, shape=shape, _cache=cache)
+        p = plan_of(cfg, hw, f"max_forward_rows={budget}", max_forward_rows=budget)
         if p["memory_gib"]["fits"]:
             out.append(_brief(p, f"--set train.max_forward_rows={budget}"))
             break
@@ -161,27 +176,36 @@ def _search(cfg, hw: Hardware, prompt_length: int, seed: int, cache: dict, base:
     for text, edit in variants:
         c = copy.deepcopy(cfg)
         edit(c)
-        p = make_plan(c, hw, prompt_length, seed, False, shape=shape, _cache=cache)
+        p = plan_of(c, hw, text)
         out.append(_brief(p, text))
     for n in (2, 4, 8):
         if n > hw.gpus:
             h2 = dataclasses.replace(hw, gpus=n, strategy="fsdp")
-            p = make_plan(cfg, h2, prompt_length, seed, False, shape=shape, _cache=cache)
+            p = plan_of(cfg, h2, f"{n} GPUs, fsdp")
             out.append(_brief(p, f"{n} GPUs with FSDP (configs/accelerate/fsdp.yaml)"))
             if p["memory_gib"]["fits"]:
                 break
     return out
 
 
+def _count(n: int) -> str:
+    """``8.03 B`` / ``318.77 M`` / ``12.3 k``."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return str(n)
+
+
 def format_plan(p: dict) -> str:
     """A short text report of :func:`make_plan`'s dict."""
     m, t, w = p["memory_gib"], p["time"], p["work"]
     hw = p["hardware"]
-    n = p['model']['params']
-    lines = [f"model: {p['model']['family']} {n / 1e9:.2f} B params ({p['model']['dtype']}), " if n >= 1e9 else
-             f"model: {p['model']['family']} {n / 1e6:.2f} M params ({p['model']['dtype']}), "
-             f"trainable {p['model']['trainable'] / 1e6:.1f} M, LoRA {p['model']['lora']['rank'] if p['model']['lora'] else 'off'}, "
-             f"checkpointing {'on' if p['model']['gradient_checkpointing'] else 'off'}",
+    mo = p["model"]
+    adapter = (f" + LoRA rank {mo['lora']['rank']} adapter {_count(mo['adapter_params'])} params "
+               f"({', '.join(mo['adapter_dtypes'])})" if mo["lora"] else "")
+    lines = [f"model: {mo['family']} {_count(mo['base_params'])} base params ({', '.join(mo['base_dtypes'])})"
+             f"{adapter}, trainable {_count(mo['trainable'])}, "
+             f"checkpointing {'on' if mo['gradient_checkpointing'] else 'off'}",
              f"hardware: {hw['gpus']} x {hw['gpu_memory']:.3g} GiB, {hw['strategy']}, {hw['tflops']:g} TFLOP/s x MFU {hw['mfu']:g}",
              "memory per process (GiB):"]
     lines += [f"  {k:16s} {v:8.2f}" for k, v in m["static"].items()]

@@ -27,21 +27,41 @@ Modules, one job each:
 - :mod:`~maskrl.sampling.sampler`: :func:`generate`, a loop of named stages;
 - :mod:`~maskrl.sampling.mismatch`: :func:`rollout_mismatch`.
 """
-from maskrl.sampling.blockcache import BlockKVCache
-from maskrl.sampling.cache import (Forward, Hidden, KVCache, StepForwards, cached_forward_counts, full_logits, head_at,
-                                   plan_forwards, window_hidden)
-from maskrl.sampling.commit import (block_candidates, candidate_logits, commit_scores, gumbel_max, hold_stops,
-                                    propose, rank_positions, select_block, select_dynamic, select_entropy_bounded,
-                                    select_fixed, select_sequential, select_threshold)
-from maskrl.sampling.config import (BLOCK_FIRSTS, BLOCK_REMASKING, CACHES, DREAM_DTYPES, OBSERVER_LOGITS, REMASKING,
-                                    SCHEDULES, SamplerConfig)
-from maskrl.sampling.lockstep import RankLockstep, dummy_forwards
-from maskrl.sampling.mismatch import rollout_mismatch
-from maskrl.sampling.sampler import Denoising, generate
-from maskrl.sampling.view import (LOGIT_SCOPES, StepObserver, StepRecorder, StepRows, StepView, exact_observers,
-                                  observer_view, requested_positions)
+import importlib
 
-_propose = propose  # the name this function had before the package (kept for callers not yet moved)
+# Names resolved on first use (PEP 562), so that ``import maskrl.sampling`` -- and the config schema,
+# which needs only :class:`SamplerConfig` -- does not import torch: ``maskrl --help`` and config
+# errors answer without it.
+_HOMES = {
+    "maskrl.sampling.blockcache": ("BlockKVCache",),
+    "maskrl.sampling.cache": ("Forward", "Hidden", "KVCache", "StepForwards", "cached_forward_counts", "full_logits",
+                              "head_at", "plan_forwards", "window_hidden"),
+    "maskrl.sampling.commit": ("block_candidates", "candidate_logits", "commit_scores", "gumbel_max", "hold_stops",
+                               "propose", "rank_positions", "select_block", "select_dynamic", "select_entropy_bounded",
+                               "select_fixed", "select_sequential", "select_threshold"),
+    "maskrl.sampling.config": ("BLOCK_FIRSTS", "BLOCK_REMASKING", "CACHES", "DREAM_DTYPES", "OBSERVER_LOGITS", "REMASKING", "SCHEDULES",
+                               "SamplerConfig"),
+    "maskrl.sampling.lockstep": ("RankLockstep", "dummy_forwards"),
+    "maskrl.sampling.mismatch": ("rollout_mismatch",),
+    "maskrl.sampling.sampler": ("Denoising", "generate"),
+    "maskrl.sampling.view": ("LOGIT_SCOPES", "StepObserver", "StepRecorder", "StepRows", "StepView", "exact_observers",
+                             "observer_view", "requested_positions"),
+}
+_WHERE = {name: module for module, names in _HOMES.items() for name in names}
+_WHERE["_propose"] = "maskrl.sampling.commit"  # the name propose had before the package (kept for callers not yet moved)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'maskrl.sampling' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name.lstrip("_"))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
+
 
 __all__ = [
     "BLOCK_FIRSTS", "BLOCK_REMASKING", "BlockKVCache", "CACHES", "DREAM_DTYPES", "LOGIT_SCOPES", "OBSERVER_LOGITS", "REMASKING", "SCHEDULES",
