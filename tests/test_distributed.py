@@ -19,13 +19,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import WAIT_CAP_S
 from maskrl.models import ModelAdapter
 from maskrl.sampling import SamplerConfig, generate
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 WORLD = 2
-TIMEOUT_S = 150  # per launch; a hung run is killed (the workers' own collective timeout is 60 s)
+#: per launch, and the workers' own collective timeout ($MASKRL_TEST_DIST_TIMEOUT): the cap of every
+#: wait (conftest.WAIT_CAP_S), far above a real run, so that only a hang reaches it, however loaded
+#: the machine (a rank that starts late only makes the others wait)
+TIMEOUT_S = WAIT_CAP_S
 
 
 def _env(**extra: str) -> dict:
@@ -35,6 +39,7 @@ def _env(**extra: str) -> dict:
     env["OMP_NUM_THREADS"] = "1"  # the same GEMM reduction order in every process
     env["CUDA_VISIBLE_DEVICES"] = ""
     env["GLOO_SOCKET_IFNAME"] = "lo"  # single machine: loopback only, no hostname lookup
+    env["MASKRL_TEST_DIST_TIMEOUT"] = str(TIMEOUT_S)
     env.update(extra)
     return env
 
@@ -50,7 +55,7 @@ def _free_port() -> int:
 # launch is retried once with a new port; any other failure, or a second one, fails the test.
 # (The computation itself is deterministic: a real bug fails both attempts.)
 _RENDEZVOUS_ERRORS = ("EADDRINUSE", "address already in use", "DistNetworkError", "DistStoreError",
-                      "Connection refused", "Connection reset", "timed out", "Timed out", "[killed after")
+                      "Connection refused", "Connection reset", "timed out", "Timed out")
 
 
 def _run(procs: list[subprocess.Popen]) -> str | None:
@@ -62,7 +67,7 @@ def _run(procs: list[subprocess.Popen]) -> str | None:
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            outs.append(p.communicate()[0] + f"\n[killed after {TIMEOUT_S} s]")
+            outs.append(p.communicate()[0] + f"\n[killed after {TIMEOUT_S:.0f} s waiting for worker {p.args} to end: a hang]")
     outs += [p.communicate()[0] for p in procs[len(outs):]]
     if all(p.returncode == 0 for p in procs):
         return None
