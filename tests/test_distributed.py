@@ -30,6 +30,8 @@ WORLD = 2
 #: wait (conftest.WAIT_CAP_S), far above a real run, so that only a hang reaches it, however loaded
 #: the machine (a rank that starts late only makes the others wait)
 TIMEOUT_S = WAIT_CAP_S
+#: the tests of a 2-process launch (minutes of CPU each): CI's slow stage (``make test-slow``)
+SLOW = pytest.mark.slow
 
 
 def _env(**extra: str) -> dict:
@@ -127,6 +129,7 @@ def _load(path: Path):
     return torch.load(path, weights_only=False)
 
 
+@SLOW
 def test_two_process_optimize_equals_single_process(run):
     single = _load(run / "single.pt")
     ranks = [_load(run / f"multi{r}.pt") for r in range(WORLD)]
@@ -151,6 +154,7 @@ def test_two_process_optimize_equals_single_process(run):
             assert r["metrics"][k] == pytest.approx(v, rel=1e-4, abs=1e-7), k
 
 
+@SLOW
 def test_only_main_process_writes_logs_and_checkpoint_files(run):
     # each rank logged and checkpointed into its own folder (same code path, different paths)
     main, other = run / "rank0", run / f"rank{WORLD - 1}"
@@ -165,6 +169,7 @@ def test_only_main_process_writes_logs_and_checkpoint_files(run):
     assert written == [f"checkpoints/step_1/random_states_{WORLD - 1}.pkl"]
 
 
+@SLOW
 def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step(run):
     import signal
 
@@ -173,6 +178,7 @@ def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step(run):
     assert (run / "interrupt" / "checkpoints" / f"step_{got[0]['step']}" / "trainer_state.pt").is_file()
 
 
+@SLOW
 def test_sampler_rank_sync_same_result_same_forward_count(run):
     ranks = [_load(run / f"multi{r}.pt") for r in range(WORLD)]
     # without the hook the ranks need different numbers of forwards (2 vs 8) ...
@@ -188,6 +194,7 @@ def test_sampler_rank_sync_same_result_same_forward_count(run):
     assert calls[0] > 0 and len(set(calls)) == 1
 
 
+@SLOW
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_cached_sampler_rank_sync_same_result_same_forward_count(run, cache):
     """The KV-cached sampler on 2 gloo processes: unequal decoder forwards without ``ranks_max``, equal
@@ -202,6 +209,7 @@ def test_cached_sampler_rank_sync_same_result_same_forward_count(run, cache):
             assert torch.equal(getattr(a, field), getattr(b, field)), field
 
 
+@SLOW
 def test_fsdp2_optimize_equals_single_process(fsdp):
     """The trainer's model under FSDP2 (accelerate's ``fsdp2_prepare_model`` on 2 gloo processes: every
     decoder layer, the embedding, the tail and the root sharded): one ``optimize`` on each rank's half
@@ -221,6 +229,7 @@ def test_fsdp2_optimize_equals_single_process(fsdp):
         assert r["metrics"]["grad_norm"] == pytest.approx(single["metrics"]["grad_norm"], rel=1e-5)
 
 
+@SLOW
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_cached_sampler_under_fsdp2_runs_equal_forwards(fsdp, cache):
     """Issue 21 §4: the KV-cached sampler on the FSDP2-sharded model (each forward all-gathers the
@@ -237,6 +246,7 @@ def test_cached_sampler_under_fsdp2_runs_equal_forwards(fsdp, cache):
         torch.testing.assert_close(a.commit_prob, b.commit_prob, rtol=1e-5, atol=1e-6)  # float32 all-gathered weights
 
 
+@SLOW
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_cached_sampler_first_forward_of_a_sharded_lora_model(fsdp, cache):
     """A peft model as the 8B recipes build theirs (bf16 base, fp32 LoRA) under FSDP2, whose first forward
@@ -260,6 +270,7 @@ def test_cached_sampler_first_forward_of_a_sharded_lora_model(fsdp, cache):
         torch.testing.assert_close(g["plain"].commit_prob, g["synced"].commit_prob, rtol=0, atol=0)
 
 
+@SLOW
 def test_two_process_resume_equals_the_uninterrupted_run(resume):
     """3 steps on 2 processes, against 1 step, a checkpoint and a new trainer resuming for steps 2-3:
     on each rank the same prompts, completions and metrics, bit for bit, and the same weights."""
@@ -278,6 +289,7 @@ def test_two_process_resume_equals_the_uninterrupted_run(resume):
     assert main["resumed"]["metrics_jsonl"] == main["full"]["metrics_jsonl"]
 
 
+@SLOW
 def test_after_a_two_process_resume_each_rank_draws_its_own_prompts(resume):
     """Each rank's prompt and sampler streams are checkpointed as its own: after the resume the ranks
     do not draw the same prompts and completions (they did when every rank loaded process 0's)."""
@@ -293,6 +305,7 @@ def test_after_a_two_process_resume_each_rank_draws_its_own_prompts(resume):
     assert torch.equal(state["data_gen"], state["streams"][0]["data_gen"])  # process 0's, as earlier versions read
 
 
+@SLOW
 def test_a_checkpoint_without_streams_per_process_resumes_process_0_and_re_derives_the_others(resume):
     """The layout of earlier maskrl versions (process 0's streams only, no process count): process 0
     resumes its streams exactly; process 1 draws from a stream of its own, not process 0's."""
@@ -302,6 +315,7 @@ def test_a_checkpoint_without_streams_per_process_resumes_process_0_and_re_deriv
     assert ranks[1]["legacy_prompts"] != ranks[1]["full"]["prompts"][:1]  # nor its own first draw again
 
 
+@SLOW
 def test_resuming_on_another_process_count_is_refused_unless_forced(resume, tmp_path, caplog):
     """The 2-process checkpoint on 1 process: refused, naming both process counts and global batches;
     with ``force`` it resumes process 0's streams, with a warning."""

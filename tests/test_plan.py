@@ -262,6 +262,7 @@ def test_profiler_log_lines_are_held_back_and_other_output_kept(capfd):
     assert capfd.readouterr().err == "last words\nafter\n"
 
 
+@pytest.mark.slow  # minutes of CPU: CI's slow stage (make test-slow)
 def test_maskrl_plan_prints_its_report_without_profiler_noise(tmp_path):
     """``maskrl plan`` in a fresh process (where torch's profiler starts and logs): stdout is the
     report, stderr holds no profiler line -- while a bare ``torch.profiler.profile`` in the same kind
