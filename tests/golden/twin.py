@@ -30,8 +30,11 @@ import torch
 #: amplitude of the probe's logit noise in ulps of the logits' dtype, of the scale ``max(|z|, rms(row))``
 #: of each logit z: above the last-bit differences of other kernels. Measured on the tests' tiny
 #: models (logits of AVX-512 against the portable and the AVX2 kernels, 1 to 3 threads): float32 at
-#: most 3.5 eps of the row's largest |logit| (21 eps of a small logit's own size), bfloat16 2 ulps.
-NOISE_ULPS = {torch.float32: 16, torch.float64: 16, torch.bfloat16: 2, torch.float16: 2}
+#: most 3.5 eps of the row's largest |logit| and 21 eps of a small logit's own size, bfloat16 2 ulps.
+#: float32's 64 is larger still because the probe's noise is independent per logit, and a decision
+#: on a sum over the vocabulary (Dream's entropy confidence) averages it down: at 16, a row of Dream's
+#: block entropy setting that the portable kernels decode differently did not move in 8 probes; at 64 it did.
+NOISE_ULPS = {torch.float32: 64, torch.float64: 64, torch.bfloat16: 2, torch.float16: 2}
 #: independent noise draws per probe; a tie flips under each with probability about 1/2
 PROBES = 8
 #: at least this fraction of the recorded rows must be compared (not ties), or the twin proves
@@ -50,7 +53,7 @@ def logit_noise(model: torch.nn.Module, seed: int) -> Iterator[None]:
 
     def hook(_module, _inputs, out):
         z = out.double()
-        a = NOISE_ULPS.get(out.dtype, 16) * torch.finfo(out.dtype).eps
+        a = NOISE_ULPS.get(out.dtype, 64) * torch.finfo(out.dtype).eps
         fin = z.isfinite()
         rms = (z.where(fin, 0.0).square().sum(-1, keepdim=True) / fin.sum(-1, keepdim=True).clamp(min=1)).sqrt()
         u = torch.rand(out.shape, generator=gen, dtype=torch.float64) * 2 - 1
@@ -111,6 +114,7 @@ class Tally:
         self.compared = 0
         self.ties: list[str] = []
         self.failures: list[str] = []
+        self.not_run: list[str] = []  # settings this machine's torch cannot run (reported, with the reason)
 
     @property
     def total(self) -> int:
@@ -118,7 +122,8 @@ class Tally:
 
     def summary(self) -> str:
         return (f"{self.compared}/{self.total} rows compared, {len(self.ties)} ties reported"
-                + (f": {', '.join(self.ties[:12])}{' ...' if len(self.ties) > 12 else ''}" if self.ties else ""))
+                + (f": {', '.join(self.ties[:12])}{' ...' if len(self.ties) > 12 else ''}" if self.ties else "")
+                + (f"; not run here: {'; '.join(self.not_run)}" if self.not_run else ""))
 
     def check(self) -> None:
         """Fail on any failure, or when fewer than :data:`MIN_COMPARED` of the rows were compared."""
