@@ -181,3 +181,16 @@ def test_trainer_twin_holds_on_any_cpu():
     if tally.ties:
         warnings.warn(f"trainer twin: {tally.summary()}")
     tally.check()
+
+
+def test_float_key_override_stands_in_for_the_machine(monkeypatch):
+    """``$MASKRL_FLOAT_KEY`` replaces the machine key the pins are looked up by (to see what runs on a
+    processor that recorded nothing); unset, the key is maskrl.machine.float_key()."""
+    from maskrl.machine import float_key
+
+    monkeypatch.delenv("MASKRL_FLOAT_KEY", raising=False)
+    assert pin.machine_key() == float_key()
+    monkeypatch.setenv("MASKRL_FLOAT_KEY", "another-processor")
+    assert pin.machine_key() == "another-processor"
+    with pytest.raises(pytest.skip.Exception, match="another-processor.*test_sampler_twin_holds_on_any_cpu ran instead"):
+        test_sampler_outputs_equal_the_pinned_digests()
