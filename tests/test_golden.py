@@ -39,21 +39,14 @@ SAMPLER_ULPS, TRAINER_ULPS = 64, 2 ** 13
 METRIC_FLOOR = 1e-2
 
 
-def _recorded():
+def _recorded(twin_test: str):
+    """The digests of this machine key; elsewhere a skip that names the twin that runs instead."""
     data = json.loads(pin.DIGESTS.read_text())
     key = pin.machine_key()
     if key not in data:
         pytest.skip(f"no golden digests for {key} (recorded: {sorted(data)}); float kernels differ across CPUs. "
-                    f"The twin {TWIN_OF[_caller()]} ran instead (tests/golden/portable.json)")
+                    f"The twin {twin_test} ran instead (tests/golden/portable.json)")
     return data[key]
-
-
-TWIN_OF = {"test_sampler_outputs_equal_the_pinned_digests": "test_sampler_twin_holds_on_any_cpu",
-           "test_trainer_weights_and_metrics_equal_the_pinned_digests": "test_trainer_twin_holds_on_any_cpu"}
-
-
-def _caller() -> str:
-    return sys._getframe(2).f_code.co_name
 
 
 def _diff(want: dict, got: dict) -> list[str]:
@@ -62,14 +55,14 @@ def _diff(want: dict, got: dict) -> list[str]:
 
 
 def test_sampler_outputs_equal_the_pinned_digests():
-    want = _recorded()["sampler"]
+    want = _recorded("test_sampler_twin_holds_on_any_cpu")["sampler"]
     got = pin.sampler_digests()
     assert set(got) == set(want)
     assert not _diff(want, got), _diff(want, got)
 
 
 def test_trainer_weights_and_metrics_equal_the_pinned_digests():
-    want = _recorded()["trainer"]
+    want = _recorded("test_trainer_twin_holds_on_any_cpu")["trainer"]
     got = pin.trainer_digests()
     assert set(got) == set(want)
     assert not _diff(want, got), _diff(want, got)

@@ -60,8 +60,11 @@ def floats(ro) -> dict[str, torch.Tensor]:
     statistic (one of ``[N, T, L]``, as the entropy, summed over its positions: NaN where none)."""
     out = {"commit_prob": ro.commit_prob}
     for k, v in sorted(ro.step_stats.items()):
+        if isinstance(v, torch.Tensor) and v.dim() > 2:
+            flat = v.flatten(2)
+            v = flat.nansum(-1).where(~flat.isnan().all(-1), torch.nan)
         if isinstance(v, torch.Tensor):
-            out[f"step_stats.{k}"] = v if v.dim() <= 2 else v.flatten(2).nansum(-1).where(~v.flatten(2).isnan().all(-1), torch.nan)
+            out[f"step_stats.{k}"] = v
     return out
 
 
