@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-slow install clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,11 +21,18 @@ demo: $(STAMP)
 	# --overwrite: a re-run replaces the previous demo run in runs/demo (the SFT cache is kept)
 	$(BIN)/maskrl demo --config configs/demo_sudoku.yaml --overwrite
 
-# Second pass: the float-tolerance tests (marker `numerics`) under another CPU kernel set and thread
-# count, so that a tolerance that holds only for this machine's AVX2 / AVX-512 kernels fails here.
+# The default suite (within 15 minutes on a quiet 2-core machine: docs/testing.md): everything but the
+# tests marked `slow`. Second pass: the float-tolerance tests (marker `numerics`) under another CPU
+# kernel set and thread count, so that a tolerance that holds only for this machine's AVX2 / AVX-512
+# kernels fails here.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
-	ATEN_CPU_CAPABILITY=default MASKRL_TEST_THREADS=2 $(BIN)/python -m pytest -q -m numerics tests
+	$(BIN)/python -m pytest -q -m "not slow" tests
+	ATEN_CPU_CAPABILITY=default MASKRL_TEST_THREADS=2 $(BIN)/python -m pytest -q -m "numerics and not slow" tests
+
+# The heavier tests (marker `slow`: several processes, real-width stand-ins, the table's cells): CI's
+# second stage (.ci/run).
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow tests
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -16,6 +16,47 @@ from maskrl.tasks.base import Task
 TEST_THREADS = int(os.environ.get("MASKRL_TEST_THREADS", "1"))
 
 
+#: the longest a test waits for the event it is about (a process's or thread's end): far above any real
+#: duration on any machine, however loaded, so that only a hang reaches it ($MASKRL_TEST_WAIT_CAP_S)
+WAIT_CAP_S = float(os.environ.get("MASKRL_TEST_WAIT_CAP_S", "3600"))
+
+
+def wait_for(what: str, worker, cap_s: float = WAIT_CAP_S):
+    """Wait until ``worker`` ends -- a ``threading.Thread``, ``multiprocessing.Process`` or
+    ``subprocess.Popen`` -- and return its exit code (None for a thread). The wait is for the event,
+    not for a time: ``cap_s`` only stops a hang, and then fails naming ``what`` was waited for."""
+    if hasattr(worker, "poll"):  # subprocess.Popen
+        try:
+            return worker.wait(timeout=cap_s)
+        except __import__("subprocess").TimeoutExpired as err:
+            raise AssertionError(f"{what}: still running after {cap_s:.0f} s (a hang)") from err
+    worker.join(cap_s)
+    if worker.is_alive():
+        raise AssertionError(f"{what}: still running after {cap_s:.0f} s (a hang)")
+    return getattr(worker, "exitcode", None)
+
+
+def roomy_limits(**over):
+    """Sandbox limits (``maskrl.sandbox.Limits``) for programs that must finish: a CPU limit of 10 s per
+    process (CPU time does not grow with the machine's load) stops a spinning program, and the wall
+    clock of 300 s -- far above the well under a second a good program takes -- only a hang. ``over``
+    replaces fields."""
+    from maskrl.sandbox import Limits
+
+    return Limits(**{"timeout_s": 300.0, "cpu_s": 10, **over})
+
+
+def communicate_for(what: str, proc, cap_s: float = WAIT_CAP_S) -> tuple:
+    """``proc.communicate()`` (a ``subprocess.Popen`` with pipes) until it ends: ``(stdout, stderr)``;
+    ``cap_s`` only stops a hang, and then fails naming ``what`` was waited for."""
+    import subprocess
+
+    try:
+        return proc.communicate(timeout=cap_s)
+    except subprocess.TimeoutExpired as err:
+        raise AssertionError(f"{what}: still running after {cap_s:.0f} s (a hang)") from err
+
+
 def cli_sets(*overrides: str) -> list[str]:
     """``--set`` arguments for the CLI: ``cli_sets("a=1", "b=2")`` -> ``["--set", "a=1", "--set", "b=2"]``."""
     return [arg for o in overrides for arg in ("--set", o)]

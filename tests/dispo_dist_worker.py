@@ -92,7 +92,7 @@ def main(out: Path) -> None:
     from accelerate import PartialState
 
     rank = int(os.environ["RANK"])
-    PartialState(cpu=True, timeout=timedelta(seconds=60))
+    PartialState(cpu=True, timeout=timedelta(seconds=float(os.environ.get("MASKRL_TEST_DIST_TIMEOUT", "60"))))
     keep: list = []
     shipped = maskrl.trainer.pad_counts
     maskrl.trainer.pad_counts = lambda work: torch.zeros_like(work, dtype=torch.long)  # padding off

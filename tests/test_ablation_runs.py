@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_for
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "table"))
 
 from ablation_runs import already_recorded, load_results, save_results, t_interval, update_results  # noqa: E402
@@ -67,8 +69,7 @@ def test_two_processes_recording_side_by_side_lose_nothing(tmp_path):
     for p in procs:
         p.start()
     for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
+        assert wait_for(f"recording process {p.name}", p) == 0
     runs = load_results(out)["runs"]
     assert set(runs) == {"old/0"} | {f"{p}/{i}" for p in "ab" for i in range(25)}
 

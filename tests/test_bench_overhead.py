@@ -22,6 +22,10 @@ def test_overhead_bench_writes_ratios_of_one_run(tmp_path, monkeypatch):
     assert on_disk["step_seconds"]["bigger"]["n"] == 2
     times = on_disk["step_seconds"]
     assert res["bigger_step_ratio"] > 0 and times["base"]["min"] > 0
+    # every timing was written as it finished: 2 repetitions x 2 variants, in order
+    assert on_disk["complete"] is True
+    assert [(c["rep"], c["variant"]) for c in on_disk["cells"]] == [(0, "base"), (0, "bigger"), (1, "base"), (1, "bigger")]
+    assert min(c["seconds"] for c in on_disk["cells"] if c["variant"] == "bigger") == times["bigger"]["min"]
 
 
 def test_overhead_bench_names_valid_methods(tmp_path, capsys):

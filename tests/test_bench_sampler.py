@@ -7,6 +7,10 @@ from maskrl.bench import bench_sampler_speed, sampler_settings
 from maskrl.cli import main
 
 
+#: a model and batch that bench in milliseconds
+SMALL = dict(batch=2, prompt_length=4, block_length=4, hidden_size=16, num_layers=1)
+
+
 def test_settings_cover_cache_by_schedule():
     s = sampler_settings(64, 32, temperature=0.9)
     assert set(s) == {f"{c}/{k}" for c in ("none", "prefix", "dual") for k in ("fixed", "threshold")}
@@ -36,3 +40,34 @@ def test_cli_bench_sampler_writes_json(tmp_path):
     rep = json.loads(out.read_text())
     assert rep["benchmark"] == "sampler" and rep["sudoku"].startswith("skipped")
     assert main(["bench", "sampler", "--parts", "nope", "--out", str(out)]) == 2
+
+
+def test_a_stopped_bench_keeps_every_cell_it_measured(tmp_path):
+    """Each measurement is written as it finishes: a bench stopped after its third one (Ctrl-C here)
+    leaves a valid JSON file with those three cells, marked incomplete."""
+    from maskrl.bench import run_sampler_bench
+
+    out = tmp_path / "b.json"
+    lines = []
+
+    def log(msg):
+        lines.append(msg)
+        if len(lines) == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sampler_bench(out, gen_lengths=(8,), reps=1, parts=("speed",), log=log, speed_shape=SMALL)
+    rep = json.loads(out.read_text())
+    assert rep["complete"] is False and "speed" not in rep
+    assert [c["setting"] for c in rep["cells"]] == ["none/fixed", "none/threshold", "prefix/fixed"]
+    assert all(c["gen_length"] == 8 and c["tokens_per_s"] > 0 for c in rep["cells"])
+    assert [f"{c['tokens_per_s']:.0f} tok/s" in line for c, line in zip(rep["cells"], lines)] == [True] * 3
+
+
+def test_quick_bench_measures_one_length_twice(tmp_path):
+    from maskrl.bench import QUICK_LENGTHS, QUICK_REPS, run_sampler_bench
+
+    rep = run_sampler_bench(tmp_path / "q.json", quick=True, gen_lengths=(8,), parts=("speed",), log=lambda *_: None,
+                            speed_shape=SMALL)
+    assert (QUICK_LENGTHS, QUICK_REPS) == ((64,), 2) and rep["speed"]["reps"] == 2 and rep["complete"] is True
+    assert len(rep["cells"]) == 2 * 6 and json.loads((tmp_path / "q.json").read_text()) == rep

@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 
+from conftest import roomy_limits
 from maskrl.sandbox import Limits
 from maskrl.tasks import TASKS, DataError, default_data_dir, get_task
 from maskrl.tasks.code import (HumanEval, MBPP, completion_text, extract_code, humaneval_program,
@@ -89,7 +90,7 @@ def test_humaneval_program_stub_or_continuation():
 
 
 def _he_examples():
-    task = HumanEval(limits=Limits(timeout_s=2.0), workers=2)
+    task = HumanEval(limits=roomy_limits(), workers=2)
     row = {"code_prompt": 'def double(x):\n    """Twice x."""\n', "entry_point": "double", "test": HE_TEST}
     return task, row
 

@@ -367,6 +367,7 @@ def test_threshold_rows_branch_at_their_fraction_or_their_last_step(tiny):
     assert (st["dispo_step"][2:] == ro.num_steps[2:] - 1).all()  # never reached: the last step
 
 
+@pytest.mark.slow  # minutes of CPU: CI's slow stage (make test-slow)
 def test_two_processes_with_unequal_kept_states(tmp_path):
     """Rank 1 keeps no state, rank 0 some: both ranks still have the same term list (a 0-row step term
     on rank 1), the step completes, the weights agree (gloo, 2 CPU processes), and every rank runs the

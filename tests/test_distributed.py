@@ -20,13 +20,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import WAIT_CAP_S
 from maskrl.models import ModelAdapter
 from maskrl.sampling import SamplerConfig, generate
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "src"
 WORLD = 2
-TIMEOUT_S = 150  # per launch; a hung run is killed (the workers' own collective timeout is 60 s)
+#: per launch, and the workers' own collective timeout ($MASKRL_TEST_DIST_TIMEOUT): the cap of every
+#: wait (conftest.WAIT_CAP_S), far above a real run, so that only a hang reaches it, however loaded
+#: the machine (a rank that starts late only makes the others wait)
+TIMEOUT_S = WAIT_CAP_S
+#: the tests of a 2-process launch (minutes of CPU each): CI's slow stage (``make test-slow``)
+SLOW = pytest.mark.slow
 
 
 def _env(**extra: str) -> dict:
@@ -36,6 +42,7 @@ def _env(**extra: str) -> dict:
     env["OMP_NUM_THREADS"] = "1"  # the same GEMM reduction order in every process
     env["CUDA_VISIBLE_DEVICES"] = ""
     env["GLOO_SOCKET_IFNAME"] = "lo"  # single machine: loopback only, no hostname lookup
+    env["MASKRL_TEST_DIST_TIMEOUT"] = str(TIMEOUT_S)
     env.update(extra)
     return env
 
@@ -51,7 +58,7 @@ def _free_port() -> int:
 # launch is retried once with a new port; any other failure, or a second one, fails the test.
 # (The computation itself is deterministic: a real bug fails both attempts.)
 _RENDEZVOUS_ERRORS = ("EADDRINUSE", "address already in use", "DistNetworkError", "DistStoreError",
-                      "Connection refused", "Connection reset", "timed out", "Timed out", "[killed after")
+                      "Connection refused", "Connection reset", "timed out", "Timed out")
 
 
 def _run(procs: list[subprocess.Popen]) -> str | None:
@@ -63,7 +70,7 @@ def _run(procs: list[subprocess.Popen]) -> str | None:
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            outs.append(p.communicate()[0] + f"\n[killed after {TIMEOUT_S} s]")
+            outs.append(p.communicate()[0] + f"\n[killed after {TIMEOUT_S:.0f} s waiting for worker {p.args} to end: a hang]")
     outs += [p.communicate()[0] for p in procs[len(outs):]]
     if all(p.returncode == 0 for p in procs):
         return None
@@ -124,6 +131,7 @@ def _load(path: Path):
     return torch.load(path, weights_only=False)
 
 
+@SLOW
 def test_two_process_optimize_equals_single_process(run):
     single = _load(run / "single.pt")
     ranks = [_load(run / f"multi{r}.pt") for r in range(WORLD)]
@@ -148,6 +156,7 @@ def test_two_process_optimize_equals_single_process(run):
             assert r["metrics"][k] == pytest.approx(v, rel=1e-4, abs=1e-7), k
 
 
+@SLOW
 def test_only_main_process_writes_logs_and_checkpoint_files(run):
     # each rank logged and checkpointed into its own folder (same code path, different paths)
     main, other = run / "rank0", run / f"rank{WORLD - 1}"
@@ -162,6 +171,7 @@ def test_only_main_process_writes_logs_and_checkpoint_files(run):
     assert written == [f"checkpoints/step_1/random_states_{WORLD - 1}.pkl"]
 
 
+@SLOW
 def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step(run):
     import signal
 
@@ -170,6 +180,7 @@ def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step(run):
     assert (run / "interrupt" / "checkpoints" / f"step_{got[0]['step']}" / "trainer_state.pt").is_file()
 
 
+@SLOW
 def test_sampler_rank_sync_same_result_same_forward_count(run):
     ranks = [_load(run / f"multi{r}.pt") for r in range(WORLD)]
     # without the hook the ranks need different numbers of forwards (2 vs 8) ...
@@ -185,6 +196,7 @@ def test_sampler_rank_sync_same_result_same_forward_count(run):
     assert calls[0] > 0 and len(set(calls)) == 1
 
 
+@SLOW
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_cached_sampler_rank_sync_same_result_same_forward_count(run, cache):
     """The KV-cached sampler on 2 gloo processes: unequal decoder forwards without ``ranks_max``, equal
@@ -199,6 +211,7 @@ def test_cached_sampler_rank_sync_same_result_same_forward_count(run, cache):
             assert torch.equal(getattr(a, field), getattr(b, field)), field
 
 
+@SLOW
 def test_fsdp2_optimize_equals_single_process(fsdp):
     """The trainer's model under FSDP2 (accelerate's ``fsdp2_prepare_model`` on 2 gloo processes: every
     decoder layer, the embedding, the tail and the root sharded): one ``optimize`` on each rank's half
@@ -218,6 +231,7 @@ def test_fsdp2_optimize_equals_single_process(fsdp):
         assert r["metrics"]["grad_norm"] == pytest.approx(single["metrics"]["grad_norm"], rel=1e-5)
 
 
+@SLOW
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_cached_sampler_under_fsdp2_runs_equal_forwards(fsdp, cache):
     """Issue 21 §4: the KV-cached sampler on the FSDP2-sharded model (each forward all-gathers the
@@ -234,6 +248,7 @@ def test_cached_sampler_under_fsdp2_runs_equal_forwards(fsdp, cache):
         torch.testing.assert_close(a.commit_prob, b.commit_prob, rtol=1e-5, atol=1e-6)  # float32 all-gathered weights
 
 
+@SLOW
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_cached_sampler_first_forward_of_a_sharded_lora_model(fsdp, cache):
     """A peft model as the 8B recipes build theirs (bf16 base, fp32 LoRA) under FSDP2, whose first forward
@@ -257,6 +272,7 @@ def test_cached_sampler_first_forward_of_a_sharded_lora_model(fsdp, cache):
         torch.testing.assert_close(g["plain"].commit_prob, g["synced"].commit_prob, rtol=0, atol=0)
 
 
+@SLOW
 def test_two_process_resume_equals_the_uninterrupted_run(resume):
     """3 steps on 2 processes, against 1 step, a checkpoint and a new trainer resuming for steps 2-3:
     on each rank the same prompts, completions and metrics, bit for bit, and the same weights."""
@@ -275,6 +291,7 @@ def test_two_process_resume_equals_the_uninterrupted_run(resume):
     assert main["resumed"]["metrics_jsonl"] == main["full"]["metrics_jsonl"]
 
 
+@SLOW
 def test_after_a_two_process_resume_each_rank_draws_its_own_prompts(resume):
     """Each rank's prompt and sampler streams are checkpointed as its own: after the resume the ranks
     do not draw the same prompts and completions (they did when every rank loaded process 0's)."""
@@ -290,6 +307,7 @@ def test_after_a_two_process_resume_each_rank_draws_its_own_prompts(resume):
     assert torch.equal(state["data_gen"], state["streams"][0]["data_gen"])  # process 0's, as earlier versions read
 
 
+@SLOW
 def test_a_checkpoint_without_streams_per_process_resumes_process_0_and_re_derives_the_others(resume):
     """The layout of earlier maskrl versions (process 0's streams only, no process count): process 0
     resumes its streams exactly; process 1 draws from a stream of its own, not process 0's."""
@@ -299,6 +317,7 @@ def test_a_checkpoint_without_streams_per_process_resumes_process_0_and_re_deriv
     assert ranks[1]["legacy_prompts"] != ranks[1]["full"]["prompts"][:1]  # nor its own first draw again
 
 
+@SLOW
 def test_resuming_on_another_process_count_is_refused_unless_forced(resume, tmp_path, caplog):
     """The 2-process checkpoint on 1 process: refused, naming both process counts and global batches;
     with ``force`` it resumes process 0's streams, with a warning."""

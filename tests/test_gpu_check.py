@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import WAIT_CAP_S
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "speed" / "gpu_check.py"
 
@@ -19,7 +21,7 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
            "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(SCRIPT), "--scale", "tiny", "--device", "cpu", "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=WAIT_CAP_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert {"device_name", "dtype", "torch", "transformers", "model", "sampler", "train_step"} <= set(r)

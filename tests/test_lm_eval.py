@@ -149,6 +149,7 @@ def test_loglikelihood_is_the_elbo_and_rolling_is_a_clear_error(setup):
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # minutes of CPU: CI's slow stage (make test-slow)
 def test_two_processes_through_accelerate_give_the_same_completions(setup):
     """lm-eval splits the requests by rank / world_size and gathers them through the model (accelerate)."""
     import subprocess

@@ -282,6 +282,7 @@ def test_every_base_and_credit_runs_under_both_schedules():
         assert used == set(SCHEDULES), (name, used)
 
 
+@pytest.mark.slow  # minutes of CPU: CI's slow stage (make test-slow)
 @pytest.mark.parametrize("credit", STATE_CREDITS)
 def test_state_credit_with_spg_is_a_clear_error(tmp_path, credit):
     with pytest.raises(ValueError, match="state"):

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from conftest import WAIT_CAP_S
 import torch
 
 from maskrl.config import load_config
@@ -303,6 +305,7 @@ def test_profiler_log_lines_are_held_back_and_other_output_kept(capfd):
     assert capfd.readouterr().err == "last words\nafter\n"
 
 
+@pytest.mark.slow  # minutes of CPU: CI's slow stage (make test-slow)
 def test_maskrl_plan_prints_its_report_without_profiler_noise(tmp_path):
     """``maskrl plan`` in a fresh process (where torch's profiler starts and logs): stdout is the
     report, stderr holds no profiler line -- while a bare ``torch.profiler.profile`` in the same kind
@@ -314,7 +317,7 @@ def test_maskrl_plan_prints_its_report_without_profiler_noise(tmp_path):
     env = {**__import__("os").environ, "PYTHONPATH": str(root / "src")}
     args = ["plan", "--prompt-length", "8", "--no-search"] + [a for o in TINY for a in ("--set", o)]
     run = subprocess.run([sys.executable, "-c", f"from maskrl.cli import main; raise SystemExit(main({args!r}))"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=WAIT_CAP_S)
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("prompt length 8 tokens (--prompt-length)\nmodel: tiny") and "PEAK" in run.stdout
     assert "maskrl plan: activation peaks" in run.stderr  # the phases, on stderr (the report alone on stdout)
@@ -324,7 +327,7 @@ def test_maskrl_plan_prints_its_report_without_profiler_noise(tmp_path):
     assert "profiler_start" not in run.stderr and "Memory block of unknown size" not in run.stderr
     bare = ("import torch\nfrom torch.profiler import ProfilerActivity, profile\n"
             "with profile(activities=[ProfilerActivity.CPU], profile_memory=True):\n    torch.ones(8).sum()\n")
-    control = subprocess.run([sys.executable, "-c", bare], capture_output=True, text=True, timeout=300)
+    control = subprocess.run([sys.executable, "-c", bare], capture_output=True, text=True, timeout=WAIT_CAP_S)
     if not any(PROFILER_LOG.match(line) for line in control.stderr.splitlines()):
         pytest.skip("this torch build's profiler logs nothing by itself (nothing to hold back)")
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import roomy_limits
 from maskrl.sandbox import Limits, SandboxError, missing_protections, probe_isolation, run_program
 from maskrl.tasks import default_data_dir
 from maskrl.tasks.code import HumanEval, MBPP
@@ -36,7 +37,7 @@ MBPP_FILE = DATA / "mbpp" / "sanitized-mbpp.json" if DATA else None
 HE_FILE = DATA / "humaneval" / "HumanEval.jsonl.gz" if DATA else None
 needs_mbpp = pytest.mark.skipif(MBPP_FILE is None or not MBPP_FILE.is_file(), reason="shared MBPP data not found")
 needs_he = pytest.mark.skipif(HE_FILE is None or not HE_FILE.is_file(), reason="shared HumanEval data not found")
-FAST = Limits(timeout_s=5.0)
+FAST = roomy_limits()  # CPU-limited: a spinning hack stops at 10 s of CPU; the wall clock only stops a hang
 
 
 def fenced(code: str) -> str:
@@ -306,7 +307,7 @@ def test_walking_the_file_system_finds_no_dataset():
             "              and f.lower().endswith(DATA)]\n"
             "print('FOUND', found)\n"
             "def f(x):\n    return 2 * x if found else None\n")
-    res = run_program(code, ["assert f(2) == 4"], limits=Limits(timeout_s=20))
+    res = run_program(code, ["assert f(2) == 4"], limits=roomy_limits(cpu_s=120))  # walks the whole file system
     assert "FOUND []" in res.stdout and res.passed == 0, res.stdout[-500:]
 
 

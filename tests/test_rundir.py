@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY_CLI, TINY_RL, cli_sets, write_sudoku_csv
+from conftest import TINY_CLI, TINY_RL, WAIT_CAP_S, cli_sets, communicate_for, wait_for, write_sudoku_csv
 from maskrl import rundir
 from maskrl.cli import build_parser, main
 from maskrl.models import build_tiny, save_model
@@ -245,14 +245,14 @@ def test_folder_lock_lets_one_of_two_processes_build_a_cache_and_the_other_wait(
     """Two processes that find no cache at once: one builds it, the other waits and reads it (without the
     lock both build, writing one folder at the same time). A killed holder leaves no lock behind."""
     procs = [subprocess.Popen([sys.executable, "-c", _BUILD_ONCE, str(tmp_path)]) for _ in range(2)]
-    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    assert [wait_for("a cache-building process", p) for p in procs] == [0, 0]
     assert (tmp_path / "builds.log").read_text() == "built\n"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom maskrl.rundir import folder_lock\n"
                                "with folder_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)",
                                str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "held\n"
     holder.kill()
-    holder.wait(timeout=10)
+    wait_for("the killed lock holder", holder)
     with rundir.folder_lock(tmp_path) as folder:  # released by the operating system: no wait, no stale file
         assert folder == tmp_path and sorted(p.name for p in tmp_path.iterdir()) == ["builds.log", "key"]
 
@@ -484,23 +484,25 @@ def test_sigint_saves_a_checkpoint_prints_the_resume_command_and_resumes_exactly
     assert main(train_args(ref, *steps)) == 0
 
     run = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASKRL_TEST_REWARD_SLEEP="0.5",
+    gate = tmp_path / "gate"  # the child's reward waits for it from its third batch on: it cannot finish first
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASKRL_TEST_REWARD_FREE="2", MASKRL_TEST_REWARD_GATE=str(gate),
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     argv = train_args(run, *steps)
     proc = subprocess.Popen([sys.executable, "-m", "maskrl.cli", *argv], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            if (run / "metrics.jsonl").is_file() and len(steps_of(run / "metrics.jsonl")) >= 2:
-                break
+        cap = time.monotonic() + WAIT_CAP_S
+        while not (run / "metrics.jsonl").is_file() or len(steps_of(run / "metrics.jsonl")) < 2:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < cap, f"the training logged no 2 steps in {WAIT_CAP_S:.0f} s (a hang)"
             time.sleep(0.05)
-        assert proc.poll() is None, proc.communicate()
+        assert proc.poll() is None, proc.communicate()  # its third reward waits for the gate
         # while it runs, a second training into the same folder is refused
         assert main(train_args(run, *steps)) == 2
         assert f"in use by pid {proc.pid}" in capsys.readouterr().err
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        gate.write_text("open")
+        err = communicate_for("the interrupted training", proc)[1]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import WAIT_CAP_S
 import torch
 
 from maskrl.models import load, save_model
@@ -239,7 +241,7 @@ def test_rehearsal_smoke_one_recipe_one_step(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rehearsal" / "rehearse_8b.py"), "--smoke", "--width-divisor", "16",
                         "--layers", "1", "--out-dir", str(tmp_path / "out"), "--work", str(tmp_path / "work")],
-                       capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=900)
+                       capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=WAIT_CAP_S)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rec = json.loads((tmp_path / "out" / "llada8b_gsm8k_diffu_grpo_L1_w16.json").read_text())
     ph = rec["phases"]

@@ -72,8 +72,9 @@ def _spread(values: Sequence[float]) -> dict:
 
 def bench_sampler_speed(gen_lengths: Sequence[int] = (64, 128, 256), reps: int = 3, batch: int = 8,
                         prompt_length: int = 64, block_length: int = 32, hidden_size: int = 256,
-                        num_layers: int = 4, seed: int = 0, log=print) -> dict:
-    """Tokens/s and forwards per token of every cache x schedule on a random model (see module doc)."""
+                        num_layers: int = 4, seed: int = 0, log=print, on_cell=None) -> dict:
+    """Tokens/s and forwards per token of every cache x schedule on a random model (see module doc).
+    ``on_cell(record)`` is called with each measurement as it finishes (:class:`~maskrl.bench_record.BenchRecord`)."""
     from maskrl.models.tiny import build_tiny
 
     adapter = build_tiny(hidden_size=hidden_size, num_layers=num_layers, num_heads=4,
@@ -102,6 +103,9 @@ def bench_sampler_speed(gen_lengths: Sequence[int] = (64, 128, 256), reps: int =
                                  "forward_calls": counter.calls, "steps": int(r.num_steps.max()),
                                  "query_tokens_per_token": counter.query_tokens / (batch * L)}
                     log(f"[bench sampler] L={L} rep={rep} {name}: {batch * L / dt:.0f} tok/s")
+                    if on_cell is not None:
+                        on_cell({"part": "speed", "gen_length": L, "rep": rep, "setting": name, "seconds": dt,
+                                 "tokens_per_s": batch * L / dt, **fwd[name]})
             base = times["none/fixed"]
             res = {}
             for name in settings:
@@ -117,8 +121,9 @@ def bench_sampler_speed(gen_lengths: Sequence[int] = (64, 128, 256), reps: int =
 
 
 def bench_sampler_accuracy(model_path: str, config_path: str, gen_length: int, block_length: int,
-                           limit: int = 0, batch_size: int = 64, log=print) -> dict:
-    """Greedy accuracy (Wilson 95 %) and tokens/s of every cache x schedule on the task's test file.
+                           limit: int = 0, batch_size: int = 64, log=print, on_cell=None) -> dict:
+    """Greedy accuracy (Wilson 95 %) and tokens/s of every cache x schedule on the task's test file;
+    ``on_cell(record)`` is called with each setting's record as it finishes.
 
     Args:
         model_path: a folder written by ``maskrl sft --out``.
@@ -151,6 +156,8 @@ def bench_sampler_accuracy(model_path: str, config_path: str, gen_length: int, b
                          **({"cell_accuracy": m["cell_accuracy"]} if "cell_accuracy" in m else {})}
             log(f"[bench sampler] {task.name} {name}: acc {m['accuracy']:.3f} {m['accuracy_ci95']}, "
                 f"{out[name]['tokens_per_s']:.0f} tok/s")
+            if on_cell is not None:
+                on_cell({"part": task.name, "setting": name, **out[name]})
     finally:
         counter.close()
     base = out["none/fixed"]["seconds"]
@@ -161,36 +168,45 @@ def bench_sampler_accuracy(model_path: str, config_path: str, gen_length: int, b
             "threshold": 0.9, "results": out}
 
 
+#: ``--quick``: completion lengths and repetitions of the speed table (about a minute on a quiet CPU)
+QUICK_LENGTHS, QUICK_REPS = (64,), 2
+
+
 def run_sampler_bench(out: str | Path, quick: bool = False, gen_lengths: Sequence[int] | None = None,
                       reps: int | None = None, sudoku_model: str | None = None,
                       sudoku_config: str = "configs/demo_sudoku.yaml", countdown_model: str | None = None,
                       countdown_config: str = "configs/countdown_diffu_grpo.yaml", countdown_block: int = 4,
-                      parts: Sequence[str] = ("speed", "sudoku", "countdown"), log=print) -> dict:
+                      parts: Sequence[str] = ("speed", "sudoku", "countdown"), log=print,
+                      speed_shape: dict | None = None) -> dict:
     """``maskrl bench sampler``: the speed table, plus accuracy tables for the models given; writes
-    JSON to ``out`` and returns it. ``quick``: 3 repetitions (default 5). ``parts``: which of
-    ``speed``, ``sudoku``, ``countdown`` to run."""
-    import json
+    JSON to ``out`` -- each measurement's record as it finishes (``cells``; a stopped bench keeps
+    them), each table when it is complete -- and returns it. ``quick``: completion length 64 only,
+    2 repetitions (12 measurements, about a minute on a quiet machine; default: lengths 64, 128, 256
+    and 5 repetitions). ``parts``: which of ``speed``, ``sudoku``, ``countdown`` to run.
+    ``speed_shape``: other model / batch arguments of :func:`bench_sampler_speed` (e.g. ``hidden_size``).
+
+    Raises:
+        ValueError: naming an unknown part, before anything runs.
+    """
     import platform
 
-    report = {"benchmark": "sampler", "quick": quick, "torch": torch.__version__,
-              "threads": torch.get_num_threads(), "machine": platform.machine()}
+    from maskrl.bench_record import BenchRecord
+
     bad = set(parts) - {"speed", "sudoku", "countdown"}
     if bad:
         raise ValueError(f"parts: unknown {sorted(bad)}; valid: speed, sudoku, countdown")
+    rec = BenchRecord(out, {"benchmark": "sampler", "quick": quick, "torch": torch.__version__,
+                            "threads": torch.get_num_threads(), "machine": platform.machine()})
     if "speed" in parts:
-        report["speed"] = bench_sampler_speed(gen_lengths or (64, 128, 256), reps or (3 if quick else 5), log=log)
-    if "sudoku" not in parts:
-        pass
-    elif sudoku_model:
-        report["sudoku"] = bench_sampler_accuracy(sudoku_model, sudoku_config, 16, 16, log=log)
-    else:
-        report["sudoku"] = "skipped: pass --sudoku-model (a `maskrl sft --config configs/demo_sudoku.yaml` output)"
-    if "countdown" not in parts:
-        pass
-    elif countdown_model:
-        report["countdown"] = bench_sampler_accuracy(countdown_model, countdown_config, 16, countdown_block, log=log)
-    else:
-        report["countdown"] = "skipped: pass --countdown-model (a `maskrl sft --config configs/countdown_diffu_grpo.yaml` output)"
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(report, indent=2) + "\n")
-    return report
+        lengths = gen_lengths or (QUICK_LENGTHS if quick else (64, 128, 256))
+        rec.update(speed=bench_sampler_speed(lengths, reps or (QUICK_REPS if quick else 5), log=log, on_cell=rec.cell,
+                                             **(speed_shape or {})))
+    for part, model, config, block in (("sudoku", sudoku_model, sudoku_config, 16),
+                                       ("countdown", countdown_model, countdown_config, countdown_block)):
+        if part not in parts:
+            continue
+        if model:
+            rec.update(**{part: bench_sampler_accuracy(model, config, 16, block, log=log, on_cell=rec.cell)})
+        else:
+            rec.update(**{part: f"skipped: pass --{part}-model (a `maskrl sft --config {config}` output)"})
+    return rec.finish()

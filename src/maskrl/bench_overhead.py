@@ -13,7 +13,6 @@ are an optional ``extra`` function.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -66,11 +65,12 @@ def _trainer(overrides: Sequence[str], out_dir: str):
 
 
 def time_variants(variants: dict[str, list[str]], reps: int, warmup: int = 1, out_dir: str = "/tmp/maskrl-bench-overhead",
-                  progress: bool = True) -> dict[str, list[float]]:
+                  progress: bool = True, on_cell=None) -> dict[str, list[float]]:
     """Seconds of one ``RLTrainer.step()`` per variant and repetition, variants interleaved.
 
     Every variant starts from the same random tiny model and seeds, so the rollouts are alike; the
-    first ``warmup`` steps of each are not timed.
+    first ``warmup`` steps of each are not timed. ``on_cell(record)`` is called with each timing as
+    it finishes (:class:`~maskrl.bench_record.BenchRecord`).
 
     Returns:
         ``{variant: [seconds per repetition]}``.
@@ -85,6 +85,8 @@ def time_variants(variants: dict[str, list[str]], reps: int, warmup: int = 1, ou
             t0 = time.perf_counter()
             tr.step()
             times[name].append(time.perf_counter() - t0)
+            if on_cell is not None:
+                on_cell({"part": "step", "rep": r, "variant": name, "seconds": times[name][-1]})
         if progress:
             print(f"  repetition {r + 1}/{reps}: " + ", ".join(f"{n} {times[n][-1]:.2f} s" for n in variants), flush=True)
     return times
@@ -144,28 +146,29 @@ OVERHEAD_METHODS: dict[str, OverheadMethod] = {
 
 
 def run_overhead_bench(method: str, out: str | Path, quick: bool = False, reps: int | None = None) -> dict:
-    """Run the overhead benchmark of ``method`` and write its JSON to ``out``.
+    """Run the overhead benchmark of ``method`` and write its JSON to ``out``: each timing as it
+    finishes (``cells``; a stopped bench keeps them), the summary at the end (``complete``).
 
     Raises:
         ValueError: naming the valid methods for an unknown one.
     """
     if method not in OVERHEAD_METHODS:
         raise ValueError(f"unknown method {method!r}; valid: {', '.join(sorted(OVERHEAD_METHODS))}")
+    from maskrl.bench_record import BenchRecord
+
     spec = OVERHEAD_METHODS[method]
     torch.set_num_threads(1)
     reps = reps or (3 if quick else 7)
-    times = time_variants(spec.variants, reps)
+    rec = BenchRecord(out, {"benchmark": "overhead", "method": method, "repetitions": reps, "base_sets": BASE_SETS,
+                            "variants": spec.variants})
+    times = time_variants(spec.variants, reps, on_cell=rec.cell)
     base = next(iter(spec.variants))
-    result: dict = {"benchmark": "overhead", "method": method, "repetitions": reps, "base_sets": BASE_SETS,
-                    "variants": spec.variants, "step_seconds": {n: _spread(v) for n, v in times.items()},
-                    "ratio_to_base": {}}
+    result: dict = {"step_seconds": {n: _spread(v) for n, v in times.items()}, "ratio_to_base": {}}
     for name, values in times.items():
         result["ratio_to_base"][name] = _spread([v / b for v, b in zip(values, times[base])])
     for key, name in spec.ratios.items():
         result[key] = result["ratio_to_base"][name]["median"]
+    rec.update(**result)
     if spec.extra is not None:
         result.update(spec.extra(quick))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return rec.finish(**result)

@@ -430,7 +430,7 @@ def _add_bench_parser(sub) -> None:
     p.set_defaults(func=cmd_bench)
     bench = p.add_subparsers(dest="bench", required=True)
     b = bench.add_parser("sampler", help="sampler speed (cache x schedule) and accuracy of trained models")
-    b.add_argument("--quick", action="store_true", help="3 repetitions instead of 5")
+    b.add_argument("--quick", action="store_true", help="completion length 64 only, 2 repetitions: about a minute (default: 64,128,256, 5 repetitions)")
     b.add_argument("--out", required=True, help="output JSON file")
     b.add_argument("--gen-length", help="comma-separated completion lengths (default 64,128,256)")
     b.add_argument("--reps", type=int, help="repetitions per setting")
