@@ -126,9 +126,7 @@ def cmd_eval(args) -> int:
 def cmd_generate(args) -> int:
     from maskrl.evaluate import complete
     from maskrl.models import load
-    from maskrl.models.loading import parse_dtype
-    from maskrl.pipeline import check_lengths, prompt_formatter, read_prompt_card, resolve_device
-    from maskrl.sampling import SamplerConfig
+    from maskrl.pipeline import check_lengths, generate_settings, prompt_formatter, read_prompt_card, resolve_device
     import torch
 
     from maskrl.rundir import run_model_folder
@@ -136,30 +134,7 @@ def cmd_generate(args) -> int:
     # every flag is checked before the model is loaded
     args.model = run_model_folder(args.model, "--model")  # a run folder: its exported model/
     card = read_prompt_card(args.model)
-    es = card["eval_sampler"] if card else {}
-    used = []
-
-    def pick(name, flag, from_card, default):
-        value, where = (flag, "flag") if flag is not None else \
-            (from_card, "model card") if from_card is not None else (default, "default")
-        used.append(f"{name} {value} ({where})")
-        return value
-
-    gen_length = pick("gen_length", args.gen_length, es.get("gen_length"), 64)
-    block_length = pick("block_length", args.block_length, es.get("block_length"), 32)
-    same = card is not None and gen_length == es.get("gen_length") and block_length == es.get("block_length")
-    steps = pick("steps", args.steps, es.get("steps") if same else None, max(1, gen_length // 2))
-    chat = pick("chat_template", args.chat_template, card["chat_template"] if card else None, True)
-    try:
-        dtype = parse_dtype(args.dtype)
-    except ValueError as e:
-        raise ValueError(f"--dtype: {e}") from None
-    try:
-        sampler = SamplerConfig(gen_length=gen_length, block_length=block_length, steps=steps,
-                                temperature=args.temperature, schedule=args.schedule, threshold=args.threshold,
-                                cache=args.cache, remasking=args.remasking, early_stop=args.early_stop)
-    except ValueError as e:
-        raise ValueError(f"--gen-length / --block-length / --steps / --temperature / --threshold: {e}") from None
+    sampler, chat, dtype, used = generate_settings(args, card)
     prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:
         raise ValueError("no prompt: pass --prompt TEXT (repeatable) or lines on stdin")
@@ -174,7 +149,7 @@ def cmd_generate(args) -> int:
           if card else "; no prompt card") + " (prompts are used as given: no task template)", file=sys.stderr)
     fmt = prompt_formatter(adapter, chat)
     texts = [fmt(p) for p in prompts]
-    check_lengths(adapter, texts, gen_length, "gen_length")
+    check_lengths(adapter, texts, sampler.gen_length, "gen_length")
     gen = torch.Generator(device=adapter.device).manual_seed(args.seed)
     for p, c in zip(prompts, complete(adapter, texts, sampler, generator=gen)):
         print(json.dumps({"prompt": p, "completion": c}, ensure_ascii=False))

@@ -47,3 +47,49 @@ def training_eval_fn(cfg: RunConfig, task: Task, rows: list[Example], prompt_fn:
         return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
     return evaluate
+
+
+def generate_settings(args, card: dict | None) -> tuple:
+    """``maskrl generate``'s sampler, chat-template switch and dtype from its flags, else the model's prompt
+    card (its ``eval_sampler``: how the run evaluated), else defaults; each value's source is listed.
+
+    Args:
+        args: the parsed ``generate`` flags (``gen_length``, ``block_length``, ``steps``, ``chat_template``,
+            ``dtype``, ``temperature``, ``schedule``, ``threshold``, ``cache``, ``remasking``, ``early_stop``).
+        card: :func:`~maskrl.prompt_card.read_prompt_card` of the model folder, or ``None``.
+
+    Returns:
+        ``(SamplerConfig, chat: bool, torch.dtype, used: list[str])``; ``used`` says where each value came from
+        (``"steps 32 (model card)"``). ``steps`` comes from the card only when the card's lengths are used.
+
+    Raises:
+        ValueError: naming the flag(s) of a refused value.
+    """
+    from maskrl.models.loading import parse_dtype
+    from maskrl.sampling import SamplerConfig
+
+    es = card["eval_sampler"] if card else {}
+    used: list[str] = []
+
+    def pick(name, flag, from_card, default):
+        value, where = (flag, "flag") if flag is not None else \
+            (from_card, "model card") if from_card is not None else (default, "default")
+        used.append(f"{name} {value} ({where})")
+        return value
+
+    gen_length = pick("gen_length", args.gen_length, es.get("gen_length"), 64)
+    block_length = pick("block_length", args.block_length, es.get("block_length"), 32)
+    same = card is not None and gen_length == es.get("gen_length") and block_length == es.get("block_length")
+    steps = pick("steps", args.steps, es.get("steps") if same else None, max(1, gen_length // 2))
+    chat = pick("chat_template", args.chat_template, card["chat_template"] if card else None, True)
+    try:
+        dtype = parse_dtype(args.dtype)
+    except ValueError as e:
+        raise ValueError(f"--dtype: {e}") from None
+    try:
+        sampler = SamplerConfig(gen_length=gen_length, block_length=block_length, steps=steps,
+                                temperature=args.temperature, schedule=args.schedule, threshold=args.threshold,
+                                cache=args.cache, remasking=args.remasking, early_stop=args.early_stop)
+    except ValueError as e:
+        raise ValueError(f"--gen-length / --block-length / --steps / --temperature / --threshold: {e}") from None
+    return sampler, chat, dtype, used

@@ -33,7 +33,6 @@ from transformers import get_scheduler
 
 from maskrl.config import RunConfig
 from maskrl.credit import CREDITS, CreditBatch, CreditContext, apply_credit
-from maskrl.credit.base import ShareMean
 from maskrl.health import NonFiniteError, NonFiniteLogits, check_rewards, collapse_message, nonfinite_rows
 from maskrl.likelihood.base import PerToken, per_token_output, tensors_of
 from maskrl.likelihood.blocks import block_model_refusal
@@ -43,8 +42,8 @@ from maskrl.sampling import generate
 from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
 from maskrl.training import checkpoint as _ckpt
-from maskrl.training.batch_metrics import batch_counts, batch_metrics, credit_metrics_over_processes, \
-    sum_over_processes
+from maskrl.training.batch_metrics import (batch_counts, batch_metrics, credit_metrics_over_processes,
+                                          mismatch_metrics, reward_metrics, sum_over_processes)
 from maskrl.training.checkpoint import (TRAINER_STATE, ProcessCountError, TrainingInterrupted, latest_checkpoint,
                                         read_checkpoint_state)
 from maskrl.training.lockstep import (all_ranks_done, any_process, mean_over_processes, pad_counts, padding_row,
@@ -459,21 +458,10 @@ class RLTrainer:
         return self._finish_step(batch, metrics, lr, t0, t1)
 
     def _rollout_mismatch(self, batch: Batch) -> dict[str, float]:
-        """``{"rollout/mismatch": ...}`` of the whole batch (:func:`maskrl.sampling.rollout_mismatch`: the
-        mean over every process's committed tokens). Under FSDP / DeepSpeed, whose forwards are
-        collectives while each process runs one per distinct commit step of its rows, it is not
-        computed (``{}``), with a warning the first time."""
-        if self.acc.num_processes > 1 and _ckpt.whole_checkpoints(self.acc):
-            if not self._mismatch_warned and self.acc.is_main_process:
-                log.warning("rollout.mismatch_every: rollout/mismatch is not computed under %s (its forwards "
-                            "would differ between processes); it is logged on one process or under DDP",
-                            self.acc.distributed_type)
-            self._mismatch_warned = True
-            return {}
-        from maskrl.sampling import rollout_mismatch
-
-        m = rollout_mismatch(self.policy_eval, batch.rollout)
-        return credit_metrics_over_processes(self.acc, {"rollout/mismatch": ShareMean(m["mismatch"], m["tokens"])})
+        """``{"rollout/mismatch": ...}`` of the whole batch (:func:`maskrl.training.batch_metrics.mismatch_metrics`)."""
+        out = mismatch_metrics(self.acc, self.policy_eval, batch.rollout, warn=not self._mismatch_warned)
+        self._mismatch_warned = self._mismatch_warned or not out
+        return out
 
     def _finish_step(self, batch: Batch, metrics: dict, lr: float, t0: float, t1: float) -> dict:
         """Count the step and add its reward, health and timing metrics to ``metrics`` (in this order),
@@ -489,19 +477,9 @@ class RLTrainer:
         if warning and not self._collapse_warned and self.acc.is_main_process:  # the whole batch's: said once
             log.warning(warning)
         self._collapse_warned = warning is not None
-        metrics.update({
-            "step": self.step_count,
-            "reward": rewards.mean().item(),
-            "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-            "task_reward": task_rewards.mean().item(),
-            "solved": self.task.is_correct(task_rewards).float().mean().item(),
-            # groups whose rewards are not all equal: the only ones with a non-zero advantage
-            "informative_groups": groups["informative_groups"],
-            "completion_tokens": groups["completion_tokens"],
-            "rollout_seconds": t1 - t0,
-            "seconds": time.time() - t0,
-            "lr": lr,
-        })
+        metrics["step"] = self.step_count  # the keys in the order metrics.jsonl has always had
+        metrics.update(reward_metrics(rewards, task_rewards, self.task.is_correct(task_rewards)))
+        metrics.update(groups, rollout_seconds=t1 - t0, seconds=time.time() - t0, lr=lr)
         return metrics
 
     # ------------------------------------------------------------------ loop

@@ -300,6 +300,14 @@ def _notify(observers, adapter, st, plan, logits, cover, committed, tokens, dec,
 
 
 @torch.no_grad()
+def _cache_for(adapter: ModelAdapter, config: SamplerConfig, dec: "Denoising") -> BlockKVCache | KVCache:
+    """The step forwards' cache: the exact block cache (``cache: block``), else :class:`KVCache` (none,
+    prefix or dual; :mod:`maskrl.sampling.cache`)."""
+    if config.cache == "block":
+        return BlockKVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids, dec.offset)
+    return KVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids)
+
+
 def generate(
     adapter: ModelAdapter,
     prompt_ids: torch.Tensor,
@@ -351,8 +359,7 @@ def generate(
     """
     check_call(adapter, prompt_ids, prompt_mask, config, generator, observers, all_done, ranks_max)
     dec = Denoising(adapter, prompt_ids, prompt_mask, config)
-    cache = (BlockKVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids, dec.offset) if config.cache == "block"
-             else KVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids))
+    cache = _cache_for(adapter, config, dec)
     lock = RankLockstep(adapter, config.cache != "none", config.cfg_scale, all_done, ranks_max)
     to_candidates = partial(candidate_logits, mask_id=adapter.mask_id, token_count=adapter.token_count)
     step = 0

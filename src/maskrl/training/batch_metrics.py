@@ -11,6 +11,8 @@ row by row by the trainer itself. What stays per process is listed in docs/metri
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 from accelerate import Accelerator
 
@@ -21,6 +23,8 @@ from maskrl.types import Rollout
 
 #: the sums behind the batch metrics: the rollout diagnostics' (:data:`maskrl.health.DIAGNOSTIC_COUNTS`),
 #: informative and all groups, and all rows (the rows ``completion_tokens`` averages over)
+log = logging.getLogger(__name__)
+
 BATCH_COUNTS = DIAGNOSTIC_COUNTS + ("informative", "groups", "sequences")
 
 
@@ -94,3 +98,34 @@ def credit_metrics_over_processes(acc: Accelerator, metrics: dict[str, float]) -
         except ValueError as e:
             raise ValueError(f"metric {key}: {e}") from None
     return out
+
+
+def reward_metrics(rewards: torch.Tensor, task_rewards: torch.Tensor, solved: torch.Tensor) -> dict[str, float]:
+    """``reward``, ``reward_std``, ``task_reward`` and ``solved`` of the gathered batch.
+
+    Args:
+        rewards: ``[N]`` float, the training rewards of every row of the global batch (gathered).
+        task_rewards: ``[N]`` float, the task's own rewards (equal to ``rewards`` without shaping).
+        solved: ``[N]`` bool, the rows the task counts as solved.
+    """
+    return {"reward": rewards.mean().item(), "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+            "task_reward": task_rewards.mean().item(), "solved": solved.float().mean().item()}
+
+
+def mismatch_metrics(acc: Accelerator, policy, rollout: Rollout, warn: bool = True) -> dict[str, float]:
+    """``{"rollout/mismatch": ...}`` of the whole batch (:func:`maskrl.sampling.rollout_mismatch`: the mean
+    over every process's committed tokens). Under FSDP / DeepSpeed on several processes, whose forwards
+    are collectives while each process runs one per distinct commit step of its rows, it is not computed
+    (``{}``), with a warning from the main process when ``warn``."""
+    from maskrl.credit.base import ShareMean
+    from maskrl.training.checkpoint import whole_checkpoints
+
+    if acc.num_processes > 1 and whole_checkpoints(acc):
+        if warn and acc.is_main_process:
+            log.warning("rollout.mismatch_every: rollout/mismatch is not computed under %s (its forwards would "
+                        "differ between processes); it is logged on one process or under DDP", acc.distributed_type)
+        return {}
+    from maskrl.sampling import rollout_mismatch
+
+    m = rollout_mismatch(policy, rollout)
+    return credit_metrics_over_processes(acc, {"rollout/mismatch": ShareMean(m["mismatch"], m["tokens"])})
