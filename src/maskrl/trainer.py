@@ -459,7 +459,7 @@ class RLTrainer:
 
     def _rollout_mismatch(self, batch: Batch) -> dict[str, float]:
         """``{"rollout/mismatch": ...}`` of the whole batch (:func:`maskrl.training.batch_metrics.mismatch_metrics`)."""
-        out = mismatch_metrics(self.acc, self.policy_eval, batch.rollout, warn=not self._mismatch_warned)
+        out = mismatch_metrics(self.acc, self.policy_eval, batch, warn=not self._mismatch_warned)
         self._mismatch_warned = self._mismatch_warned or not out
         return out
 

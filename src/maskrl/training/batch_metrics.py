@@ -112,20 +112,21 @@ def reward_metrics(rewards: torch.Tensor, task_rewards: torch.Tensor, solved: to
             "task_reward": task_rewards.mean().item(), "solved": solved.float().mean().item()}
 
 
-def mismatch_metrics(acc: Accelerator, policy, rollout: Rollout, warn: bool = True) -> dict[str, float]:
+def mismatch_metrics(acc: Accelerator, policy, batch, warn: bool = True) -> dict[str, float]:
     """``{"rollout/mismatch": ...}`` of the whole batch (:func:`maskrl.sampling.rollout_mismatch`: the mean
     over every process's committed tokens). Under FSDP / DeepSpeed on several processes, whose forwards
     are collectives while each process runs one per distinct commit step of its rows, it is not computed
-    (``{}``), with a warning from the main process when ``warn``."""
+    (``{}``), with a warning from the main process when ``warn``. ``batch``: the step's collected batch
+    (its ``rollout`` is read only when the mismatch is computed)."""
     from maskrl.credit.base import ShareMean
-    from maskrl.training.checkpoint import whole_checkpoints
+    from maskrl.training import checkpoint
 
-    if acc.num_processes > 1 and whole_checkpoints(acc):
+    if acc.num_processes > 1 and checkpoint.whole_checkpoints(acc):
         if warn and acc.is_main_process:
             log.warning("rollout.mismatch_every: rollout/mismatch is not computed under %s (its forwards would "
                         "differ between processes); it is logged on one process or under DDP", acc.distributed_type)
         return {}
     from maskrl.sampling import rollout_mismatch
 
-    m = rollout_mismatch(policy, rollout)
+    m = rollout_mismatch(policy, batch.rollout)
     return credit_metrics_over_processes(acc, {"rollout/mismatch": ShareMean(m["mismatch"], m["tokens"])})
