@@ -48,8 +48,8 @@ class IdTokenizer:
 
     bos_token_id, pad_token_id, eos_token_id, mask_token_id = BOS, EOS, EOS, MASK
 
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ACTIVE[ALPHABET.index(c)] for c in text]}
+    def __call__(self, text, add_special_tokens=False, split_special_tokens=True):
+        return {"input_ids": [ACTIVE[ALPHABET.index(c)] for c in text]}  # no text spells a special id here
 
     def decode(self, ids, skip_special_tokens=True):
         where = {t: c for t, c in zip(ACTIVE, ALPHABET)}
