@@ -1,4 +1,4 @@
-"""The layout of ``src/maskrl`` (ARCHITECTURE.md, "Validate at the seam" / "Keep functions small"), checked
+"""The layout of ``src/maskrl`` (docs/architecture.md, "Validate at the seam" / "Keep functions small"), checked
 on the source with :mod:`ast`, the way verl checks its own structure:
 
 * every module has at most :data:`MAX_MODULE_LINES` lines (the code sandbox aside: its parent and

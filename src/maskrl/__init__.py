@@ -1,6 +1,6 @@
 """maskrl: reinforcement learning for masked diffusion language models.
 
-The pieces (see ARCHITECTURE.md): :mod:`maskrl.sampling` (the one sampler, returns a
+The pieces (see docs/architecture.md): :mod:`maskrl.sampling` (the one sampler, returns a
 :class:`~maskrl.types.Rollout`), :mod:`maskrl.likelihood`, :mod:`maskrl.objectives`,
 :mod:`maskrl.tasks`, :mod:`maskrl.trainer`, :mod:`maskrl.models`.
 """

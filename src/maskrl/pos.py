@@ -1,4 +1,5 @@
-"""DTCA's offline part-of-speech contribution table (SPEC §3.1; seed 002).
+"""DTCA's offline part-of-speech contribution table (SPEC §3.1; Chen et al., "DTCA: Denoising Token
+Credit Assignment for Reinforcement Learning in Diffusion Language Models").
 
 For a token i committed at step t of a frozen-model trajectory,
 ``F(x, M) = Σ_{j∈M} max_v p_θ(v | x, j)`` and ``ΔP_i = max(0, F(x_t^{(i)}, M) − F(x_t, M))``, where x_t

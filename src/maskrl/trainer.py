@@ -1,4 +1,4 @@
-"""The RL loop (ARCHITECTURE.md): the only stateful object. ``step()`` reads as the stages
+"""The RL loop (docs/architecture.md): the only stateful object. ``step()`` reads as the stages
 
     prompts -> sampler -> Rollout -> rewards -> advantages -> likelihoods (seeded masks) -> objective -> update
 
@@ -164,7 +164,7 @@ class RLTrainer:
     @torch.no_grad()
     def collect(self, examples: Sequence[Example] | None = None) -> Batch:
         """Rollout G completions per prompt, score them, compute advantages and fold them through the
-        credit modules (ARCHITECTURE.md data flow)."""
+        credit modules (docs/architecture.md data flow)."""
         examples = list(examples) if examples is not None else self.sample_prompts()
         g = self.tc.group_size
         rows = [ex for ex in examples for _ in range(g)]
@@ -257,7 +257,7 @@ class RLTrainer:
 
     def loss_terms(self, batch: Batch) -> list[LossTerm]:
         """The weighted terms ``optimize`` sums: the base objective on the batch, then the credit
-        modules' terms (ARCHITECTURE.md, "Loss terms")."""
+        modules' terms (docs/architecture.md, "Loss terms")."""
         ro = batch.rollout
         mask = ro.completion_mask if batch.loss_mask is None else batch.loss_mask & ro.completion_mask
         base = LossTerm(name="base", weight=batch.base_weight, rollout=ro, advantages=batch.advantages, mask=mask,

@@ -1,4 +1,4 @@
-"""Frozen records passed between the stages of an RL step (ARCHITECTURE.md, "Records between stages").
+"""Frozen records passed between the stages of an RL step (docs/architecture.md, "Records between stages").
 
 Shape letters follow SPEC.md: N sequences (= B prompts x G completions), P prompt length,
 L completion length, T denoising steps.
@@ -93,7 +93,7 @@ class LossOutput:
 
 @dataclass(frozen=True)
 class LossTerm:
-    """One weighted term of the RL loss (ARCHITECTURE.md, "Loss terms").
+    """One weighted term of the RL loss (docs/architecture.md, "Loss terms").
 
     The trainer's ``optimize()`` sums ``weight · objective(ℓ, ℓ_old, ℓ_ref, advantages, mask)`` over
     its terms; each term has its own rows, likelihood estimator, objective and global normaliser

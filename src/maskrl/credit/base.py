@@ -1,4 +1,4 @@
-"""The credit-module seam (ARCHITECTURE.md, "Seams for credit modules").
+"""The credit-module seam (docs/architecture.md, "Seams for credit modules").
 
 A credit module is a frozen dataclass registered in :data:`maskrl.credit.CREDITS`; its fields are its
 hyper-parameters (one YAML entry ``credit: [{name: ..., **fields}, ...]``). It

@@ -1,4 +1,5 @@
-"""DTCA (SPEC §3; seed 002): part-of-speech token credit, step selection and entropy-flow calibration
+"""DTCA (SPEC §3; Chen et al., "DTCA: Denoising Token Credit Assignment for Reinforcement Learning in
+Diffusion Language Models"): part-of-speech token credit, step selection and entropy-flow calibration
 on the RLDF base (:mod:`maskrl.credit.rldf`).
 
 Three separately switchable pieces, each a pure function tested on hand-computed cases:

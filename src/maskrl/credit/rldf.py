@@ -7,7 +7,7 @@ scores, from the recorded state x_s, **all** positions still masked there (``com
 dropping masked positions whose current probability of the final token is below 0.6 unless they
 were committed at s. The loss is averaged over the chosen steps.
 
-Through the seam (SPEC §1.5; ARCHITECTURE.md "Loss terms") this is: the base term gets
+Through the seam (SPEC §1.5; docs/architecture.md "Loss terms") this is: the base term gets
 ``loss_mask`` all False and weight 0 (no forward is run for it), and one :class:`LossTerm` named
 ``rldf`` holds one row per chosen (sequence, step) -- a copy of the sequence whose ``commit_step``
 is ``min(commit_step, s)``, so that the ``state`` likelihood, which scores each needed position at

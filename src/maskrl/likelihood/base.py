@@ -1,4 +1,4 @@
-"""What every likelihood estimator shares (SPEC §1.4; ARCHITECTURE.md "Budgets in forward rows").
+"""What every likelihood estimator shares (SPEC §1.4; docs/architecture.md "Budgets in forward rows").
 
 An estimator is a frozen dataclass registered in :data:`maskrl.likelihood.LIKELIHOODS`. Its fields
 are its hyper-parameters (the YAML section ``likelihood: {name: ..., **fields}``); it is called as

@@ -272,7 +272,7 @@ class ModelAdapter:
         the hidden states of the M positions asked for (a forward pre-hook on
         :meth:`output_layer` selects them, so the call still goes through the model's -- and any
         DDP / FSDP wrapper's -- own ``forward``). No ``[R, T, V]`` logits or log-softmax are built:
-        memory for the scores is ``M·V`` (ARCHITECTURE.md, "score only scored positions").
+        memory for the scores is ``M·V`` (docs/architecture.md, "score only scored positions").
 
         Args:
             input_ids: ``[R, T]`` long.

@@ -1,4 +1,4 @@
-"""What observers see of a sampler step (ARCHITECTURE.md, Rollout ``step_stats``): the
+"""What observers see of a sampler step (docs/architecture.md, Rollout ``step_stats``): the
 :class:`StepView`, the :class:`StepObserver` protocol with the logit scopes observers declare, the
 :class:`StepRecorder` helper, and :func:`observer_view`, which builds the view (with one extra full
 forward where a cached step did not compute what an observer needs, :mod:`maskrl.sampling.cache`).
@@ -104,7 +104,7 @@ class StepView:
 
 
 class StepObserver(Protocol):
-    """Collects per-step statistics during sampling (ARCHITECTURE.md, Rollout ``step_stats``).
+    """Collects per-step statistics during sampling (docs/architecture.md, Rollout ``step_stats``).
 
     Which logits an observer needs is declared by an optional attribute or method (default
     ``"block"``, which costs nothing extra):
