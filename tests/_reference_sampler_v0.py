@@ -111,7 +111,7 @@ class StepView:
 
 
 class StepObserver(Protocol):
-    """Collects per-step statistics during sampling (ARCHITECTURE.md, Rollout ``step_stats``)."""
+    """Collects per-step statistics during sampling (docs/architecture.md, Rollout ``step_stats``)."""
 
     def on_step(self, view: StepView) -> None: ...
 
