@@ -45,8 +45,9 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
     needs_reference = cfg.objective.needs_reference or any(getattr(c, "needs_reference", False) for c in cfg.credit)
     fm, am, pm = _models(cache, shape, dtype, lora, ckpt, cfg.rollout)
     calls = _recorded_work(cache, cfg, prompt_length, seed, micro_batch_size, max_forward_rows, shape.vocab_size)
-    work, total_flops, forwards = work_table(calls, fm, ckpt)
-    memory = memory_gib(cfg, calls, shape, dtype, am, pm, hw, prompt_length, needs_reference)
+    merged = merges_lora(cfg, hw)
+    work, total_flops, forwards = work_table(calls, fm, ckpt, merged_rollout=merged)
+    memory = memory_gib(cfg, calls, shape, dtype, am, pm, hw, prompt_length, needs_reference, merged)
     plan = {
         "model": {**dataclasses.asdict(shape), "dtype": str(dtype).removeprefix("torch."), "params": pm["params"],
                   "trainable": pm["trainable"], "lora": lora, "gradient_checkpointing": ckpt},
@@ -64,6 +65,13 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
     if search and not memory["fits"]:
         plan["what_to_change"] = _search(cfg, hw, prompt_length, seed, cache, plan, shape)
     return plan
+
+
+def merges_lora(cfg, hw: Hardware) -> bool:
+    """True when the recipe's rollout samples from a merged LoRA copy (:mod:`maskrl.models.merged`):
+    LoRA, ``rollout.merge_lora``, and weights not sharded over processes (FSDP / ZeRO-3 sample through
+    the peft model)."""
+    return cfg.model.lora_rank > 0 and cfg.rollout.merge_lora and hw.strategy not in ("fsdp", "zero3")
 
 
 #: what every plan's numbers assume (the plan's ``notes``)
@@ -154,6 +162,9 @@ def _search(cfg, hw: Hardware, prompt_length: int, seed: int, cache: dict, base:
     if not cfg.model.gradient_checkpointing:
         variants.append(("--set model.gradient_checkpointing=true",
                          lambda c: setattr(c, "model", dataclasses.replace(c.model, gradient_checkpointing=True))))
+    if merges_lora(cfg, hw):
+        variants.append(("--set rollout.merge_lora=false",
+                         lambda c: setattr(c, "rollout", dataclasses.replace(c.rollout, merge_lora=False))))
     if cfg.model.lora_rank == 0:
         variants.append(("--set model.lora_rank=128 --set model.dtype=bfloat16",
                          lambda c: setattr(c, "model", dataclasses.replace(c.model, lora_rank=128, lora_alpha=64.0,
@@ -187,6 +198,9 @@ def format_plan(p: dict) -> str:
     lines += [f"  {k:16s} {v:8.2f}" for k, v in m["static"].items()]
     if m["kv_cache"]:
         lines.append(f"  {'kv_cache':16s} {m['kv_cache']:8.2f}")
+    if m.get("rollout_merged_copy"):
+        lines.append(f"  {'rollout_merged_copy':16s} {m['rollout_merged_copy']:5.2f}  (rollout phase only; "
+                     "--set rollout.merge_lora=false drops it)")
     lines += [f"  peak {k:11s} {v:8.2f}  (activations {m['activations'][k]:.2f})" for k, v in m["peak_by_phase"].items()]
     lines.append(f"  PEAK {m['peak']:.2f} GiB of {m['gpu_memory']:.3g}: {'fits' if m['fits'] else 'DOES NOT FIT'}")
     f = p["files_gib"]
