@@ -196,3 +196,15 @@ def test_the_plan_counts_the_merged_copy_in_the_rollout_phase_only():
     assert plans["true"]["work"]["by_phase_term"]["rollout"]["flops"] < plans["false"]["work"]["by_phase_term"]["rollout"]["flops"]
     fsdp = make_plan(load_config([], tiny), Hardware(gpus=2, strategy="fsdp"), prompt_length=6, search=False)
     assert fsdp["memory_gib"]["rollout_merged_copy"] == 0  # sharded weights sample through the peft model
+
+
+def test_the_plan_suggests_switching_the_merge_off_when_the_peak_does_not_fit():
+    from maskrl.plan import Hardware, make_plan
+
+    tiny = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=64", "rollout.gen_length=8", "rollout.block_length=4", "rollout.steps=4",
+            "rollout.temperature=0.9", "train.prompts_per_step=1", "train.group_size=2", "train.inner_iterations=1",
+            "model.lora_rank=4"]
+    p = make_plan(load_config([], tiny), Hardware(gpus=1, gpu_memory=1024), prompt_length=6)
+    change = [c for c in p["what_to_change"] if c["change"] == "--set rollout.merge_lora=false"]
+    assert len(change) == 1 and change[0]["peak_gib"] <= round(p["memory_gib"]["peak"], 2)
