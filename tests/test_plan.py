@@ -26,7 +26,8 @@ TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_
     ["train.inner_iterations=2"],  # θ_old, reference and θ passes, full fine-tuning
     ["train.inner_iterations=1", "model.lora_rank=4", "model.gradient_checkpointing=true", "likelihood.name=state",
      "train.max_forward_rows=3"],  # LoRA + recomputation, one row per commit step, split rows
-], ids=["full_mu2", "lora_ckpt_state"])
+    ["train.inner_iterations=1", "model.lora_rank=4", "rollout.merge_lora=false"],  # the peft model samples
+], ids=["full_mu2", "lora_ckpt_state", "lora_unmerged"])
 def test_plan_flops_equal_flop_counter_on_real_steps(extra):
     """The plan's FLOPs of one step (stand-in work, meta-model counts) equal FlopCounterMode around a real
     ``RLTrainer.step`` of the same config (SDPA's math backend so that attention is counted)."""
@@ -37,7 +38,8 @@ def test_plan_flops_equal_flop_counter_on_real_steps(extra):
     calls = record_work(cfg, prompt_length=6)
     fm = FlopModel(model_shape(cfg), torch.float32, {"rank": 4, "alpha": 32.0, "targets": "all-linear"}
                    if cfg.model.lora_rank else None, cfg.model.gradient_checkpointing)
-    _, planned, _ = work_table(calls, fm, cfg.model.gradient_checkpointing)
+    merged = cfg.model.lora_rank > 0 and cfg.rollout.merge_lora  # the rollout samples from a merged copy
+    _, planned, _ = work_table(calls, fm, cfg.model.gradient_checkpointing, merged_rollout=merged)
     trainer = synthetic_trainer(cfg, 6)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
         trainer.step()

@@ -26,6 +26,36 @@ def test_gumbel_max_is_argmax_of_logits_over_tau_plus_gumbel_noise_in_float64():
     assert torch.equal(g.get_state(), torch.Generator().manual_seed(4).get_state())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+def test_the_in_place_draw_equals_the_out_of_place_formula_and_leaves_the_logits(dtype, tau):
+    """The draw runs in place on two float64 buffers; its candidates are those of the out-of-place
+    ``argmax(logits.double() / τ - log(-log u))`` (the same stream), and float64 logits are not written."""
+    logits = (3 * torch.randn(6, 32, 257, generator=torch.Generator().manual_seed(1))).to(dtype)
+    logits[:, :, 5] = float("-inf")  # a removed id (candidate_logits)
+    before = logits.clone()
+    u = torch.rand(logits.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    want = (logits.double() / tau - torch.log(-torch.log(u))).argmax(-1)
+    g = torch.Generator().manual_seed(9)
+    assert torch.equal(gumbel_max(logits, tau, g), want)
+    assert torch.equal(logits, before)
+    same = torch.Generator().manual_seed(9)
+    torch.rand(logits.shape, generator=same, dtype=torch.float64)
+    assert torch.equal(g.get_state(), same.get_state())  # the stream advanced by exactly the uniforms
+
+
+def test_the_in_place_draw_holds_two_float64_buffers_at_most():
+    """Memory of one draw: the uniforms and one float64 copy of the logits (the out-of-place formula
+    held four or more ``[..., V]`` float64 tensors at its peak)."""
+    from maskrl.plan import profiled_peak
+
+    logits = torch.randn(4, 32, 4096, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    peak, _ = profiled_peak(lambda: gumbel_max(logits, 0.9, g))
+    one = logits.numel() * 8
+    assert peak <= 2 * one + 64 * 1024
+
+
 @pytest.mark.numerics
 def test_propose_confidence_is_the_noise_free_probability_of_the_candidate():
     logits = torch.tensor([[[0.0, math.log(3.0), float("-inf")]]])  # softmax (1/4, 3/4, 0)

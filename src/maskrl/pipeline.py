@@ -37,13 +37,17 @@ def sft_from_config(cfg: RunConfig, adapter: ModelAdapter, task: Task, train: li
 def training_eval_fn(cfg: RunConfig, task: Task, rows: list[Example], prompt_fn: Callable[[str], str],
                      policy: Callable[[], ModelAdapter]) -> Callable[[int], dict]:
     """``step -> metrics`` for :class:`~maskrl.trainer.RLTrainer`'s ``eval_fn``: the ``eval`` sampler
-    (SPEC §1.2, greedy by default) on ``rows`` with ``policy()`` (the unwrapped policy), scored by the
+    (SPEC §1.2, greedy by default) on ``rows`` with ``policy()`` (the unwrapped policy; LoRA merged in a
+    copy under ``eval.merge_lora``, :func:`~maskrl.models.merged.sampling_policy`), scored by the
     task; numeric metrics only (the trainer logs them as ``eval/<name>``)."""
     from maskrl.evaluate import evaluate_examples
+    from maskrl.models.merged import sampling_policy
 
     def evaluate(step: int) -> dict:
         gen = torch.Generator(device=policy().device).manual_seed(cfg.train.seed + step)
-        m = evaluate_examples(policy(), task, rows, cfg.eval, batch_size=64, prompt_fn=prompt_fn, generator=gen).metrics
+        with sampling_policy(policy(), cfg.eval.merge_lora) as sampler_policy:  # LoRA merged in a copy
+            m = evaluate_examples(sampler_policy, task, rows, cfg.eval, batch_size=64, prompt_fn=prompt_fn,
+                                  generator=gen).metrics
         return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
     return evaluate

@@ -37,6 +37,7 @@ from maskrl.health import NonFiniteError, NonFiniteLogits, check_rewards, collap
 from maskrl.likelihood.base import PerToken, per_token_output, tensors_of
 from maskrl.likelihood.blocks import block_model_refusal
 from maskrl.models.adapter import ModelAdapter
+from maskrl.models.merged import sampling_policy
 from maskrl.models.scale import rl_train_mode
 from maskrl.sampling import generate
 from maskrl.tasks.base import Example, Task
@@ -164,7 +165,9 @@ class RLTrainer:
     @torch.no_grad()
     def collect(self, examples: Sequence[Example] | None = None) -> Batch:
         """Rollout G completions per prompt, score them, compute advantages and fold them through the
-        credit modules (docs/architecture.md data flow)."""
+        credit modules (docs/architecture.md data flow). With LoRA and ``rollout.merge_lora`` the rollout
+        samples from a merged copy (:func:`~maskrl.models.merged.sampling_policy`), freed before the
+        rewards; the policy's own weights are not written."""
         examples = list(examples) if examples is not None else self.sample_prompts()
         g = self.tc.group_size
         rows = [ex for ex in examples for _ in range(g)]
@@ -173,8 +176,9 @@ class RLTrainer:
         self.policy_eval.model.eval()
         guard = NonFiniteLogits(self.policy.mask_id, self.policy.token_count)
         observers = [guard] + [o for i, (_, c) in enumerate(self.credits) for o in c.observers(self.sampler, self._observer_generator(i))]
-        rollout = generate(self.policy_eval, ids, mask, self.sampler, generator=self.rollout_gen, group_ids=group_ids,
-                           all_done=self.all_done, ranks_max=self.ranks_max, observers=observers)
+        with sampling_policy(self.policy_eval, self.sampler.merge_lora) as sampler_policy:  # LoRA merged in a copy
+            rollout = generate(sampler_policy, ids, mask, self.sampler, generator=self.rollout_gen, group_ids=group_ids,
+                               all_done=self.all_done, ranks_max=self.ranks_max, observers=observers)
         if guard.step is not None:
             self._nonfinite("logits", guard.rows, f" (sampler step {guard.step})")
         self._check("commit_prob", rollout.commit_prob)

@@ -80,7 +80,8 @@ class FlopModel:
                 ad.log_probs_at(ids, attn, r, c, t).sum().backward()
             return fc.get_total_flops()
         ad = self.adapter
-        off = ad.reference() if kind == "reference" and self.lora else contextlib.nullcontext()
+        # the reference, and a rollout on the merged copy (rollout.merge_lora), run without the LoRA branch
+        off = ad.reference() if kind in ("reference", "rollout_merged") and self.lora else contextlib.nullcontext()
         with torch.no_grad(), off, FlopCounterMode(display=False) as fc:
             if kind in ("forward", "reference"):
                 ids, attn, r, c, t = _inputs(ad, rows, seq, scored, dev)
@@ -100,10 +101,26 @@ class FlopModel:
                     ad.head(hidden.reshape(-1, hidden.shape[-1])[:1].expand(scored, -1))
         return fc.get_total_flops()
 
+    def merge_flops(self) -> int:
+        """FLOPs of building the rollout's merged LoRA copy once (:func:`maskrl.models.merged.merged_copy`:
+        peft's ``B @ A`` of every adapted layer), counted on the meta model; 0 without LoRA."""
+        if not self.lora:
+            return 0
+        if "merge" not in self._memo:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            from maskrl.models.merged import merged_copy
+
+            with FlopCounterMode(display=False) as fc:
+                merged_copy(self.adapter.model)
+            self._memo["merge"] = fc.get_total_flops()
+        return self._memo["merge"]
+
     def flops(self, kind: str, rows: int, seq: int, scored: int, past: int = 0) -> int:
         """FLOPs of one call: ``kind`` ``train`` (forward + backward), ``forward`` (no grad, scored
         positions through the output layer), ``reference`` (the same with LoRA adapters disabled, as the
-        trainer's reference policy is) or ``rollout`` (decoder + output layer)."""
+        trainer's reference policy is), ``rollout`` (decoder + output layer) or ``rollout_merged`` (the
+        same without the LoRA branch: the merged copy of ``rollout.merge_lora``)."""
         key = (kind, seq, past)
         if key not in self._memo:
             f11 = self._count(kind, 1, seq, 1, past)
@@ -117,9 +134,13 @@ class FlopModel:
 def param_memory(shape: ModelShape, dtype: torch.dtype, lora: dict | None) -> dict:
     """Parameter bytes and counts of the model (meta device; accelerate's ``calculate_maximum_sizes``):
     ``{total_bytes, largest_layer_bytes, params, trainable, base_params, base_dtypes, adapter_params,
-    adapter_dtypes}``; ``params`` counts the base model and the LoRA adapter (peft's ``lora_`` parameters)
-    together, ``base_*`` / ``adapter_*`` each apart, with the dtypes they are held in (names, sorted)."""
+    adapter_dtypes, merged_copy_bytes}``; ``params`` counts the base model and the LoRA adapter (peft's ``lora_``
+    parameters) together, ``base_*`` / ``adapter_*`` each apart, with the dtypes they are held in (names,
+    sorted); ``merged_copy_bytes``: the rollout's merged LoRA copy (:func:`maskrl.models.merged.merged_copy_bytes`;
+    0 without LoRA)."""
     from accelerate.utils import calculate_maximum_sizes
+
+    from maskrl.models.merged import merged_copy_bytes
 
     ad = build_adapter(shape, dtype, lora, False)
     total, largest = calculate_maximum_sizes(ad.model)
@@ -130,16 +151,20 @@ def param_memory(shape: ModelShape, dtype: torch.dtype, lora: dict | None) -> di
     return {"total_bytes": int(total), "largest_layer_bytes": int(largest[0]), "params": sum(p.numel() for _, p in named),
             "trainable": sum(p.numel() for _, p in named if p.requires_grad),
             "base_params": sum(p.numel() for p in base), "base_dtypes": dtypes(base),
-            "adapter_params": sum(p.numel() for p in adapter), "adapter_dtypes": dtypes(adapter)}
+            "adapter_params": sum(p.numel() for p in adapter), "adapter_dtypes": dtypes(adapter),
+            "merged_copy_bytes": int(merged_copy_bytes(ad.model))}
 
 
-def work_table(calls: list[Call], fm: FlopModel, checkpointing: bool) -> tuple[dict, int, int]:
+def work_table(calls: list[Call], fm: FlopModel, checkpointing: bool, merged_rollout: bool = False
+               ) -> tuple[dict, int, int]:
     """``(by phase/term {forwards, rows, scored_positions, flops}, total FLOPs, weight reads)`` of one RL
-    step's :class:`Call` list; weight reads count a checkpointed θ pass twice (its recomputation)."""
+    step's :class:`Call` list; weight reads count a checkpointed θ pass twice (its recomputation).
+    ``merged_rollout``: the rollout runs on the merged LoRA copy (no LoRA branch, ``rollout.merge_lora``)."""
     work: dict[str, dict] = {}
     total = reads = 0
+    rollout = "rollout_merged" if merged_rollout else "rollout"
     for c in calls:
-        kind = {"rollout": "rollout", "theta": "train", "reference": "reference"}.get(c.phase, "forward")
+        kind = {"rollout": rollout, "theta": "train", "reference": "reference"}.get(c.phase, "forward")
         f = fm.flops(kind, c.rows, c.seq, c.scored, c.past) * c.count
         key = c.phase if c.phase in ("rollout", "credit") else f"{c.phase}/{c.term}"
         w = work.setdefault(key, {"forwards": 0, "rows": 0, "scored_positions": 0, "flops": 0})
@@ -149,4 +174,7 @@ def work_table(calls: list[Call], fm: FlopModel, checkpointing: bool) -> tuple[d
         w["flops"] += f
         total += f
         reads += c.count * (2 if kind == "train" and checkpointing else 1)
+    if merged_rollout and "rollout" in work:  # the merged copy is built once per rollout
+        work["rollout"]["flops"] += fm.merge_flops()
+        total += fm.merge_flops()
     return work, total, reads

@@ -323,11 +323,14 @@ def files_gib(cfg, pm: dict, shape: ModelShape | None = None) -> dict:
 
 
 def memory_gib(cfg, calls: list, shape: ModelShape, dtype: torch.dtype, am: ActivationModel, pm: dict, hw: Hardware,
-               prompt_length: int, needs_reference: bool) -> dict:
+               prompt_length: int, needs_reference: bool, merged_rollout: bool = False) -> dict:
     """The plan's ``memory_gib`` (GiB per process): the static parts (:func:`_static_memory`), the rollout's
     key/value cache, each phase's largest activation peak over its calls (a cached window step costs
-    less than its block's full refresh forward and is skipped), the peaks, and whether they fit."""
+    less than its block's full refresh forward and is skipped), the peaks, and whether they fit.
+    ``merged_rollout``: the rollout phase also holds the merged LoRA copy (``rollout_merged_copy``:
+    ``pm["merged_copy_bytes"]``, :mod:`maskrl.models.merged`), made before its first forward and freed after it."""
     static = _static_memory(cfg, pm, hw, dtype, needs_reference)
+    merged = float(pm.get("merged_copy_bytes", 0)) if merged_rollout else 0.0
     static_total = sum(static.values())
     phases: dict[str, float] = {}
     kv = 0.0
@@ -340,7 +343,7 @@ def memory_gib(cfg, calls: list, shape: ModelShape, dtype: torch.dtype, am: Acti
         if c.phase == "rollout":
             if c.past:  # cached window steps cost less than the block's full refresh forward
                 continue
-            act = am.peak("rollout", c.rows, c.seq, c.scored) + kv
+            act = am.peak("rollout", c.rows, c.seq, c.scored) + kv + merged
         elif c.phase == "theta":
             act = am.peak("train", c.rows, c.seq, c.scored)
         elif c.phase == "credit":
@@ -353,6 +356,7 @@ def memory_gib(cfg, calls: list, shape: ModelShape, dtype: torch.dtype, am: Acti
     return {"static": {k: v / GIB for k, v in static.items()},
             "static_total": static_total / GIB,
             "kv_cache": kv / GIB,
+            "rollout_merged_copy": merged / GIB,
             "activations": {k: v / GIB for k, v in phases.items()},
             "peak_by_phase": {k: v / GIB for k, v in peaks.items()},
             "peak": peak / GIB, "gpu_memory": hw.gpu_memory / GIB, "fits": peak <= hw.gpu_memory}

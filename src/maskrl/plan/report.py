@@ -52,9 +52,10 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
     with progress.phase("one RL step of the recipe on the 1-layer stand-in (forwards, rows, scored positions)"):
         calls = _recorded_work(cache, cfg, prompt_length, seed, micro_batch_size, max_forward_rows, shape.vocab_size)
     with progress.phase(f"FLOPs of the step's {len(calls)} kinds of call (FlopCounterMode, meta device)"):
-        work, total_flops, forwards = work_table(calls, fm, ckpt)
+        merged = merges_lora(cfg, hw)
+        work, total_flops, forwards = work_table(calls, fm, ckpt, merged_rollout=merged)
     with progress.phase("activation peaks (CPU profiler on narrow models of the architecture)"):
-        memory = memory_gib(cfg, calls, shape, dtype, am, pm, hw, prompt_length, needs_reference)
+        memory = memory_gib(cfg, calls, shape, dtype, am, pm, hw, prompt_length, needs_reference, merged)
     plan = {
         "model": {**dataclasses.asdict(shape), "dtype": str(dtype).removeprefix("torch."),
                   **{k: pm[k] for k in ("params", "trainable", "base_params", "base_dtypes", "adapter_params",
@@ -75,6 +76,13 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         progress.note(f"peak {memory['peak']:.2f} GiB does not fit {hw.gpu_memory / GIB:.3g} GiB: planning changes")
         plan["what_to_change"] = _search(cfg, hw, prompt_length, seed, cache, plan, shape, progress)
     return plan
+
+
+def merges_lora(cfg, hw: Hardware) -> bool:
+    """True when the recipe's rollout samples from a merged LoRA copy (:mod:`maskrl.models.merged`):
+    LoRA, ``rollout.merge_lora``, and weights not sharded over processes (FSDP / ZeRO-3 sample through
+    the peft model)."""
+    return cfg.model.lora_rank > 0 and cfg.rollout.merge_lora and hw.strategy not in ("fsdp", "zero3")
 
 
 #: what every plan's numbers assume (the plan's ``notes``)
@@ -169,6 +177,9 @@ def _search(cfg, hw: Hardware, prompt_length: int, seed: int, cache: dict, base:
     if not cfg.model.gradient_checkpointing:
         variants.append(("--set model.gradient_checkpointing=true",
                          lambda c: setattr(c, "model", dataclasses.replace(c.model, gradient_checkpointing=True))))
+    if merges_lora(cfg, hw):
+        variants.append(("--set rollout.merge_lora=false",
+                         lambda c: setattr(c, "rollout", dataclasses.replace(c.rollout, merge_lora=False))))
     if cfg.model.lora_rank == 0:
         variants.append(("--set model.lora_rank=128 --set model.dtype=bfloat16",
                          lambda c: setattr(c, "model", dataclasses.replace(c.model, lora_rank=128, lora_alpha=64.0,
@@ -211,6 +222,9 @@ def format_plan(p: dict) -> str:
     lines += [f"  {k:16s} {v:8.2f}" for k, v in m["static"].items()]
     if m["kv_cache"]:
         lines.append(f"  {'kv_cache':16s} {m['kv_cache']:8.2f}")
+    if m.get("rollout_merged_copy"):
+        lines.append(f"  {'rollout_merged_copy':16s} {m['rollout_merged_copy']:5.2f}  (rollout phase only; "
+                     "--set rollout.merge_lora=false drops it)")
     lines += [f"  peak {k:11s} {v:8.2f}  (activations {m['activations'][k]:.2f})" for k, v in m["peak_by_phase"].items()]
     lines.append(f"  PEAK {m['peak']:.2f} GiB of {m['gpu_memory']:.3g}: {'fits' if m['fits'] else 'DOES NOT FIT'}")
     f = p["files_gib"]

@@ -34,7 +34,10 @@ def gumbel_max(logits: torch.Tensor, temperature: float, generator: torch.Genera
 
     The uniforms ``u [*logits.shape]`` float64 are drawn from ``generator`` on the generator's own
     device (then moved to the logits'), and ``argmax(logits / τ - log(-log u))`` is taken. ``τ = 0``
-    draws nothing and returns the argmax.
+    draws nothing and returns the argmax. The float64 arithmetic runs in place on two buffers (the
+    uniforms and a float64 copy of the logits) instead of building a new tensor per operation: the
+    same operations on the same values, so the same bits (``a - g`` is computed as ``(-g) + a``, which
+    IEEE-754 rounds identically, and ``a / 1`` is ``a``).
 
     Args:
         logits: ``[..., V]`` any float dtype (ids that must not be drawn already ``-inf``).
@@ -47,8 +50,12 @@ def gumbel_max(logits: torch.Tensor, temperature: float, generator: torch.Genera
     if temperature == 0:
         return logits.argmax(-1)
     device = generator.device if generator is not None else logits.device
-    u = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=device).to(logits.device)
-    return (logits.double() / temperature - torch.log(-torch.log(u))).argmax(-1)
+    g = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=device).to(logits.device)
+    g.log_().neg_().log_().neg_()  # -log(-log u), in place
+    z = logits.to(torch.float64, copy=True)  # a copy even when the logits are float64 already
+    if temperature != 1:
+        z.div_(temperature)
+    return g.add_(z).argmax(-1)  # (-log(-log u)) + logits / τ
 
 
 def propose(logits: torch.Tensor, temperature: float,

@@ -96,6 +96,16 @@ class SamplerConfig:
             full forward to every cached step, so rollouts cost more than with ``cache="none"``;
             DiSPO adds one per branched row (plus the last block's steps under the threshold
             schedule).
+        merge_lora: **[choice]** with LoRA adapters (``model.lora_rank > 0``): ``true`` (default) samples
+            from a copy of the policy with the LoRA update merged into the adapted layers' weights
+            (:mod:`maskrl.models.merged`; the trained weights are never written), so each rollout
+            forward costs what the plain model's does; ``false`` samples through the peft model (no
+            copy: for when memory is short; ``maskrl plan`` lists the copy as ``rollout_merged_copy``,
+            one copy of the adapted weights in the model's dtype during the rollout). In bf16 the copy
+            rounds ``W + ΔW`` to bf16 (an update below half a bf16 step of its weight is lost there,
+            ``rollout.mismatch_every`` measures the gap). Read by the trainer's rollout
+            (``rollout.merge_lora``) and its evaluations during training (``eval.merge_lora``); under
+            FSDP / DeepSpeed, whose processes hold no whole weights, the peft model samples (logged once).
 
     Raises:
         ValueError: naming the field, on any setting outside its range or choices (in
@@ -122,6 +132,7 @@ class SamplerConfig:
     eb_threshold: float = 0.35
     early_stop: bool = False
     sub_block_length: int | None = None
+    merge_lora: bool = True
 
     def __post_init__(self) -> None:
         if self.gen_length <= 0 or self.block_length <= 0:
@@ -173,6 +184,8 @@ class SamplerConfig:
         if self.cache != "none" and self.cfg_scale > 0:
             raise ValueError(f"cache={self.cache!r} needs cfg_scale == 0 (got {self.cfg_scale}): the unconditional "
                              "pass would need its own cache; use cache='none' with classifier-free guidance")
+        if not isinstance(self.merge_lora, bool):
+            raise ValueError(f"merge_lora (={self.merge_lora!r}) must be true or false")
         if self.mismatch_every < 0:
             raise ValueError(f"mismatch_every (={self.mismatch_every}) must be >= 0")
         if self.observer_logits not in OBSERVER_LOGITS:
