@@ -82,7 +82,8 @@ def test_dispo_forwards_are_the_recipes_worst_case_not_a_sample():
     assert dispo_step_rows(cfg) == 12
     expected = (4 + (1 + 3) * 3 * 2, 12 * 2)
     assert _dispo_counts(0) == _dispo_counts(1) == expected
-    code = ("from tests.test_plan import _dispo_counts; print(*_dispo_counts(7))")
+    code = ("import sys; sys.path.insert(0, 'tests'); "  # test_plan imports conftest by name, as pytest allows
+            "from tests.test_plan import _dispo_counts; print(*_dispo_counts(7))")
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert tuple(int(v) for v in out.stdout.split()) == expected  # a fresh process, another seed
