@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and pinned: the team's machines carry a local CPU wheel of exactly this version.
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	# the pos extra (spaCy's English small model, DTCA SPEC §3.1) so that its tests run too
+	# the pos extra (spaCy's English small model, DTCA docs/spec.md §3.1) so that its tests run too
 	$(BIN)/python -m pip install -q -e ".[dev,pos]"
 	touch $(STAMP)
 

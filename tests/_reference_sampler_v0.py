@@ -1,4 +1,4 @@
-"""The one sampler for rollout and evaluation (SPEC §1.2): LLaDA low-confidence remasking with a
+"""The one sampler for rollout and evaluation (docs/spec.md §1.2): LLaDA low-confidence remasking with a
 fixed schedule, or Fast-dLLM's confidence threshold, block semi-autoregressive, batched.
 
 It returns a :class:`~maskrl.types.Rollout` that records, for every completion position, the step
@@ -32,7 +32,7 @@ REMASKING = ("low_confidence", "random")
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    """Sampler settings (SPEC §1.2).
+    """Sampler settings (docs/spec.md §1.2).
 
     Attributes:
         gen_length: completion length L in tokens.
@@ -78,7 +78,7 @@ class SamplerConfig:
         return self.gen_length // self.block_length
 
     def commits_per_step(self) -> list[int]:
-        """Fixed schedule: tokens committed at each step of a block, ``k_j`` (SPEC §1.2): the block's
+        """Fixed schedule: tokens committed at each step of a block, ``k_j`` (docs/spec.md §1.2): the block's
         ``b`` masks split evenly over its ``steps/(L/b)`` steps, remainder to the earliest steps."""
         spb = self.steps // self.num_blocks
         base, rem = divmod(self.block_length, spb)
@@ -149,7 +149,7 @@ def generate(
     group_ids: torch.Tensor | None = None,
     all_done: Callable[[bool], bool] | None = None,
 ) -> Rollout:
-    """Denoise ``[prompt ; [M]×L]`` into completions (SPEC §1.2).
+    """Denoise ``[prompt ; [M]×L]`` into completions (docs/spec.md §1.2).
 
     Args:
         adapter: the model.

@@ -1,4 +1,4 @@
-"""SPEC §1.4 ``elbo`` and §2.2 ``stratified`` (SML) against slow references: an exact enumeration of
+"""docs/spec.md §1.4 ``elbo`` and §2.2 ``stratified`` (SML) against slow references: an exact enumeration of
 the ELBO on a 4-token completion, and per-stratum loops over full log-softmaxes."""
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_strata_partition_the_valid_positions_into_equal_sizes(layout, k):
 
 
 def _sml_loop(adapter, ro, s_of, k):
-    """Slow reference (SPEC §2.2): one call per stratum, hiding its valid positions only -- every other
+    """Slow reference (docs/spec.md §2.2): one call per stratum, hiding its valid positions only -- every other
     completion position, the tail after the end included, is visible. Tail positions are read in the
     row of the stratum the layout deals them."""
     out = torch.zeros(ro.completion_ids.shape, dtype=torch.float64)
@@ -160,7 +160,7 @@ def test_sml_matches_a_loop_over_strata_and_each_position_is_scored_once(tiny, l
 
 def test_sml_k1_equals_mean_field(tiny):
     """K = 1 hides every valid position: mean-field when the completions have no tail (with a tail the
-    tail stays visible, SPEC §2.2, and K = 1 is not mean-field)."""
+    tail stays visible, docs/spec.md §2.2, and K = 1 is not mean-field)."""
     ro = _rollout(tiny, valid_len=(6, 6, 6))
     for layout in ("random", "stride"):
         with torch.no_grad():

@@ -1,4 +1,4 @@
-"""SPEC §1.5 ``wd1`` and ``gdpo`` against hand-computed values."""
+"""docs/spec.md §1.5 ``wd1`` and ``gdpo`` against hand-computed values."""
 from __future__ import annotations
 
 import math

@@ -52,7 +52,7 @@ def test_shipped_daca_recipes(task, base):
         assert isinstance(cfg.likelihood, Stratified if v in ("sml", "both") else MeanField)
         assert [type(c) for c in cfg.credit] == ([DPS] if v in ("dps", "both") else [])
     sml = cfgs["sml"].likelihood
-    assert (sml.full, sml.sml) == ((0.5, 0.5) if base == "diffu_grpo" else (1.0, 1.0))  # SPEC §2.2
+    assert (sml.full, sml.sml) == ((0.5, 0.5) if base == "diffu_grpo" else (1.0, 1.0))  # docs/spec.md §2.2
     # the four recipes differ only in the DACA parts
     strip = lambda c: (c.rollout, c.train.steps, c.train.lr, c.task.name)  # noqa: E731
     assert len({strip(c) for c in cfgs.values()}) == 1

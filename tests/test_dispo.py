@@ -1,4 +1,4 @@
-"""Issue 11 items 2-3: DiSPO (SPEC §4) -- the branching observer and the step loss term."""
+"""Issue 11 items 2-3: DiSPO (docs/spec.md §4) -- the branching observer and the step loss term."""
 from __future__ import annotations
 
 import dataclasses
@@ -462,7 +462,7 @@ def test_fillings_under_a_cache_come_from_thetas_exact_logits(cfg):
 
 
 def test_step_term_kl_and_tokens_after_the_stop_are_fields(tiny, tmp_path):
-    """Issue 19 item 5: SPEC §4 leaves the step term's KL and the filled tokens after a branch's first
+    """Issue 19 item 5: docs/spec.md §4 leaves the step term's KL and the filled tokens after a branch's first
     stop token open; both are fields with documented defaults (β = 0.04, the paper adds a KL; tokens
     after the stop not trained), and each setting changes what the term computes."""
     assert (DiSPO().beta, DiSPO().train_after_stop) == (0.04, False)

@@ -1,4 +1,4 @@
-"""SPEC §2.1 DPS against a slow reference that keeps every step's full logits and computes
+"""docs/spec.md §2.1 DPS against a slow reference that keeps every step's full logits and computes
 S(k, k+1) with loops, under the fixed and the threshold schedule; global-batch normalisation over
 two simulated processes; λ = 0 reproduces a trainer step bit for bit."""
 from __future__ import annotations
@@ -238,7 +238,7 @@ def test_lambda_zero_reproduces_the_base_step_bit_for_bit(tmp_path):
 @torch.no_grad()
 def _replayed_deltas(a, ids, mask, ro, scope):
     """Slow reference: δ_k per (row, step) from θ's full forwards at the states of ``ro`` (positions with
-    ``commit_step >= k`` masked), float64, confidence target (SPEC §2.1)."""
+    ``commit_step >= k`` masked), float64, confidence target (docs/spec.md §2.1)."""
     out = {}
     b = ro.sampler.block_length
     for i in range(ro.batch_size):

@@ -1,4 +1,4 @@
-"""DTCA credit (SPEC §3): step selection, in-step POS credit, entropy-flow calibration (hand-computed
+"""DTCA credit (docs/spec.md §3): step selection, in-step POS credit, entropy-flow calibration (hand-computed
 cases), the table / tagger plumbing and the ``dtca`` module over the RLDF state term."""
 from __future__ import annotations
 

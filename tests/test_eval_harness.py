@@ -1,4 +1,4 @@
-"""`maskrl eval` harness (SPEC §5): files, rewards, resume, argument errors, CLI end to end.
+"""`maskrl eval` harness (docs/spec.md §5): files, rewards, resume, argument errors, CLI end to end.
 
 Everything runs on a tiny randomly initialised model saved to a tmp folder and six generated 4x4
 Sudoku puzzles written as a d1-style CSV, so nothing depends on the shared data directory.

@@ -1,4 +1,4 @@
-"""jsonschema task (SPEC §5): JSON extraction, validator choice, unusable schemas, and a golden check
+"""jsonschema task (docs/spec.md §5): JSON extraction, validator choice, unusable schemas, and a golden check
 on sampled JSONSchemaBench schemas with instances built by an independent generator."""
 from __future__ import annotations
 

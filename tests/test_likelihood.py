@@ -130,7 +130,7 @@ def test_saved_policy_of_any_family_reloads_with_its_facts(tmp_path):
     torch.testing.assert_close(back.logits(x), ad.logits(x))
 
 
-# ---------------------------------------------------------------- state likelihood (SPEC §1.4 state)
+# ---------------------------------------------------------------- state likelihood (docs/spec.md §1.4 state)
 from maskrl.likelihood import LIKELIHOODS, MeanField, State, commit_states, state  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint loading (SPEC §1.1): tiny folders in the published LLaDA / Dream layouts.
+"""Checkpoint loading (docs/spec.md §1.1): tiny folders in the published LLaDA / Dream layouts.
 
 Each folder carries the published config.json keys and tensor names, random weights, saved as
 two safetensors shards plus ``model.safetensors.index.json``. The loaded models are compared with

@@ -1,4 +1,4 @@
-"""gsm8k / math500 (SPEC §5): answer extraction, math-verify reward in worker processes, golden runs
+"""gsm8k / math500 (docs/spec.md §5): answer extraction, math-verify reward in worker processes, golden runs
 on the real data files, and the timeout / crash paths of the verification pool."""
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def test_kl3_hand_values():
 
 
 def _loop_reference(logp, old, ref, adv, mask, eps, beta, bound=20.0):
-    """Slow, obvious per-token loop of SPEC §1.5 diffu_grpo with token-mean aggregation: the loss,
+    """Slow, obvious per-token loop of docs/spec.md §1.5 diffu_grpo with token-mean aggregation: the loss,
     the share of tokens whose clip binds (the clipped term is strictly the smaller one) and the share
     whose KL log-ratio is clamped to ±bound."""
     total, count, binds, clamped = 0.0, 0, 0, 0

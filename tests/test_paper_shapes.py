@@ -1,7 +1,7 @@
 """Every method at the papers' shapes (issue 19 item 6): one trainer step of every registered base
 objective x every registered credit module, and the compositions of the shipped recipes, at
-LLaDA-8B's rollout shape -- L = 256 in 8 blocks of 32 (SPEC §1.2, d1 / LLaDA), LLaDA's vocabulary
-(126464 ids, mask 126336, eos = pad 126081, end-of-turn 126348; SPEC §1.1) -- under the fixed and the
+LLaDA-8B's rollout shape -- L = 256 in 8 blocks of 32 (docs/spec.md §1.2, d1 / LLaDA), LLaDA's vocabulary
+(126464 ids, mask 126336, eos = pad 126081, end-of-turn 126348; docs/spec.md §1.1) -- under the fixed and the
 threshold schedule, with completions that end in a tail of stop tokens.
 
 The shipped recipes all decode one block of 16 tokens with no tail; this file exists to catch what
@@ -35,7 +35,7 @@ from maskrl.tasks.base import Example, Task
 from maskrl.trainer import RLTrainer
 from maskrl.types import LossTerm
 
-V, MASK, EOS, EOT, BOS = 126464, 126336, 126081, 126348, 126080  # LLaDA-8B (models/loading.py, SPEC §1.1)
+V, MASK, EOS, EOT, BOS = 126464, 126336, 126081, 126348, 126080  # LLaDA-8B (models/loading.py, docs/spec.md §1.1)
 L, BLOCK = 256, 32
 N_BLOCKS = L // BLOCK
 ACTIVE = [11 + 3001 * i for i in range(32)]  # ids spread over the vocabulary

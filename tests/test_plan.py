@@ -69,7 +69,7 @@ def _dispo_counts(seed: int) -> tuple[int, int]:
 
 
 def test_dispo_forwards_are_the_recipes_worst_case_not_a_sample():
-    """DiSPO's step term is planned at its bound (SPEC §4: one state per trajectory, each kept state Z
+    """DiSPO's step term is planned at its bound (docs/spec.md §4: one state per trajectory, each kept state Z
     rows, all kept), the same for every stand-in seed and process, not the states whose random rewards
     happened to differ. By hand: rollout T = 4 forwards (one per step; the branch logits come with
     them); base term 4 sequences -> 1 micro-batch; step term B·G·Z = 2·2·3 = 12 rows -> 3 micro-batches

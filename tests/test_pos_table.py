@@ -1,4 +1,4 @@
-"""DTCA's offline POS contribution table (SPEC §3.1): ΔP against a brute-force F, the class means,
+"""DTCA's offline POS contribution table (docs/spec.md §3.1): ΔP against a brute-force F, the class means,
 the linear map to w_c, and the character-offset alignment of tokens to spaCy's words."""
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ class _CharTokenizer:
 
 
 def test_tags_equal_spacys_full_pipeline_on_real_outputs():
-    """SPEC §3.1: spaCy's English tags are those of its full pipeline. On real LLaDA-8B GSM8K outputs
+    """docs/spec.md §3.1: spaCy's English tags are those of its full pipeline. On real LLaDA-8B GSM8K outputs
     and wordmath solutions every word gets the full pipeline's class (a pipeline without the parser
     tags main verbs "has" / "does" as AUX: the sample is checked to contain such words)."""
     spacy = pytest.importorskip("spacy")

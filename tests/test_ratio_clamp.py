@@ -1,4 +1,4 @@
-"""Importance ratios with a huge but finite log-ratio (SPEC §1.5): ρ = exp(clamp(ℓ − ℓ_old, ±20)).
+"""Importance ratios with a huge but finite log-ratio (docs/spec.md §1.5): ρ = exp(clamp(ℓ − ℓ_old, ±20)).
 
 Unclamped, ``ℓ − ℓ_old = 100`` gives ``ρ = inf`` in float32: the loss is ``inf`` for A < 0 and the
 gradient NaN for A > 0 (``0·inf`` in exp's backward, although the clip cuts that token). Every

@@ -1,4 +1,4 @@
-"""RLDF base (SPEC §1.5 ``rldf``): objective defaults, step sampling, state reconstruction, the filter,
+"""RLDF base (docs/spec.md §1.5 ``rldf``): objective defaults, step sampling, state reconstruction, the filter,
 REINFORCE vs clipped, and one trainer step through the seam."""
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_rldf_objective_defaults_and_registry():
         assert load_config([], ["objective.name=rldf", *sets]).likelihood == State(p_mask_prompt=0.0), sets
     assert load_config([], ["objective.name=rldf", "likelihood={name: state, p_mask_prompt: 0.2}"]).likelihood == \
         State(p_mask_prompt=0.2)  # still a choice
-    assert load_config([], ["likelihood={name: state}"]).likelihood == State()  # other objectives: SPEC §1.4's 0.15
+    assert load_config([], ["likelihood={name: state}"]).likelihood == State()  # other objectives: docs/spec.md §1.4's 0.15
     from maskrl.config import explain
     assert "(default likelihood: {name: state, p_mask_prompt: 0.0})" in explain("objective.rldf")
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])

@@ -1,4 +1,4 @@
-"""The sampler commits only what it should (SPEC §1.1-1.2):
+"""The sampler commits only what it should (docs/spec.md §1.1-1.2):
 
 - under ``suppress_eos`` a stop candidate (eos or any stop id) is committed only when no other
   candidate is left in the block, under the fixed and the threshold schedule, with and without caches;

@@ -1,5 +1,5 @@
 """The sampler's commit rule and forward plan as pure functions (maskrl.sampling.commit / .cache,
-SPEC §1.2), against hand-computed values and slow references; DiSPO's fillings draw with the same
+docs/spec.md §1.2), against hand-computed values and slow references; DiSPO's fillings draw with the same
 Gumbel-max function as the sampler."""
 import math
 

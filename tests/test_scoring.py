@@ -1,4 +1,4 @@
-"""`maskrl score` body (SPEC §5): scoring another model's completions with a task's reward."""
+"""`maskrl score` body (docs/spec.md §5): scoring another model's completions with a task's reward."""
 from __future__ import annotations
 
 import json

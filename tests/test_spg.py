@@ -1,4 +1,4 @@
-"""Issue 11 item 1: SPG (SPEC §1.5) -- block-wise masking ELBO, the EUBO in log-sum-exp form, the
+"""Issue 11 item 1: SPG (docs/spec.md §1.5) -- block-wise masking ELBO, the EUBO in log-sum-exp form, the
 sandwiched loss; hand values, a loop reference, and a hostile batch that stays finite. Issue 19
 item 1: with blocks both bounds cover the whole completion (uniform-p model, hand case), and the
 masking of SPG's released code (``spg_public``) against a sequence-level reference."""
@@ -88,7 +88,7 @@ def _loop_reference(adapter, ro, seed, nodes, draws, block_length, beta):
                         lp = float(lsm[i, ro.completion_ids[s, i]])
                         el[s, i] += c * lp
                         terms[s][i][d].append(w[j] / t[j] * math.exp(beta * lp))
-    # SPEC §1.5: each draw's drawn-block log, scaled by n_blocks / D outside the log
+    # docs/spec.md §1.5: each draw's drawn-block log, scaled by n_blocks / D outside the log
     eu = torch.tensor([[sum(nb / draws * math.log(sum(v)) / beta for v in pos if v) for pos in row] for row in terms],
                       dtype=torch.float64)
     return el, eu

@@ -1,10 +1,10 @@
-"""Issue 19 items 2 and 3: how far SML and DPS are from their SPEC definitions (before/after numbers).
+"""Issue 19 items 2 and 3: how far SML and DPS are from their docs/spec.md definitions (before/after numbers).
 
-* **SML (SPEC §2.2)**: completions with a tail of stop tokens after the answer (as LLaDA's end-of-text
+* **SML (docs/spec.md §2.2)**: completions with a tail of stop tokens after the answer (as LLaDA's end-of-text
   tail). The spec's ``ℓ^SML_i`` masks only the stratum Π_s and keeps every other completion position,
   the tail included, visible. Reference: one full float64 forward per stratum. Reported: the maximum
   over valid positions of ``|ℓ_library − ℓ_spec|`` (nats) for ``full: 0, sml: 1``.
-* **DPS (SPEC §2.1)** under ``rollout.cache: prefix | dual``: δ_k must be computed from θ's logits at
+* **DPS (docs/spec.md §2.1)** under ``rollout.cache: prefix | dual``: δ_k must be computed from θ's logits at
   the rollout's states. Reference: replay every state of the *cached* rollout (positions with
   ``commit_step >= k`` masked) through a full forward and compute S(k, k+1), S(k+1, k+1) in float64.
   Reported: the maximum ``|δ_library − δ_reference|`` over valid (row, step) pairs, and the sampler's
@@ -76,7 +76,7 @@ def sml_gap(a, L: int = 24, k: int = 4, seed: int = 0) -> dict:
         s_of = strata(valid, k, layout, torch.Generator().manual_seed(3))
         ref = torch.zeros(n, L, dtype=torch.float64)
         for s in range(k):
-            hidden = (s_of == s) & valid  # SPEC §2.2: only the stratum is masked
+            hidden = (s_of == s) & valid  # docs/spec.md §2.2: only the stratum is masked
             lp = full_log_probs(a, ids, mask, torch.where(hidden, a.mask_id, comp), drop_mask=False)
             ref = torch.where(hidden, lp.gather(-1, comp[..., None]).squeeze(-1), ref)
         gap = (lib - ref).abs()[valid]
@@ -86,7 +86,7 @@ def sml_gap(a, L: int = 24, k: int = 4, seed: int = 0) -> dict:
 
 
 def dps_reference(a, ids, mask, ro, scope: str = "all") -> dict:
-    """δ per (row, step) from full forwards at the states of ``ro`` (SPEC §2.1, confidence target)."""
+    """δ per (row, step) from full forwards at the states of ``ro`` (docs/spec.md §2.1, confidence target)."""
     out = {}
     for i in range(ro.batch_size):
         T = int(ro.num_steps[i])

@@ -1,5 +1,5 @@
 """How often DTCA's tagger (``maskrl.pos.spacy_pos_classes``) gives a word another POS class than
-spaCy's full English pipeline (issue 19 item 4; SPEC §3.1), on wordmath reference solutions and real
+spaCy's full English pipeline (issue 19 item 4; docs/spec.md §3.1), on wordmath reference solutions and real
 LLaDA-8B-Instruct GSM8K outputs (``shared/data/d1-generations``, cut at the first end-of-text mark).
 
 The tagger is called through its public signature with a one-character-per-id tokenizer, so every

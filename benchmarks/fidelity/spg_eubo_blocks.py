@@ -1,7 +1,7 @@
 """E[Σ_i ELBO_i] and E[Σ_i EUBO_i] of ``spg_bounds`` against the number of blocks (issue 19 item 1).
 
 On a model whose every token has p = 1/V (a constant model, no transformer), both bounds' expected
-sums must not depend on how the completion is cut into blocks (SPEC §1.5). Writes, per block count,
+sums must not depend on how the completion is cut into blocks (docs/spec.md §1.5). Writes, per block count,
 the mean and standard error over N sequences and the ratio to one block, as JSON::
 
     PYTHONPATH=src python benchmarks/fidelity/spg_eubo_blocks.py --out benchmarks/fidelity/spg_eubo_blocks.json

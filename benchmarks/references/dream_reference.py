@@ -1,4 +1,4 @@
-"""maskrl's Dream rule against Dream's own code, token for token (SPEC §1.2; docs/sampler.md, "Dream's rule").
+"""maskrl's Dream rule against Dream's own code, token for token (docs/spec.md §1.2; docs/sampler.md, "Dream's rule").
 
 Dream's ``diffusion_generate`` (``generation_utils.py``) and Fast-dLLM's Dream block variant
 (``generation_utils_block.py``, with its ``modeling_dream.py`` for the prefix / dual caches) are

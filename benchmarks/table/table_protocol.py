@@ -34,12 +34,12 @@ SMOKE = ["sft.steps=2", "train.prompts_per_step=2", "train.group_size=2", "train
 MF = {"name": "mean_field", "p_mask_prompt": 0.15}
 STATE = {"name": "state", "p_mask_prompt": 0.15}
 DIFFU = {"name": "diffu_grpo", "clip_eps": 0.5, "beta": 0.04}
-SML_MIX = {"name": "stratified", "k": 4, "layout": "random", "full": 0.5, "sml": 0.5, "p_mask_prompt": 0.15}  # SPEC §2.2
+SML_MIX = {"name": "stratified", "k": 4, "layout": "random", "full": 0.5, "sml": 0.5, "p_mask_prompt": 0.15}  # docs/spec.md §2.2
 SML_WD1 = {"name": "stratified", "k": 4, "layout": "random", "full": 1.0, "sml": 1.0, "p_mask_prompt": 0.15}
 DPS = {"name": "dps", "lam": 0.5, "dps_target": "confidence", "dps_scope": "all", "dps_normalize": "auto", "clip": 2.0}
 DISPO = {"name": "dispo", "z": 2, "timing": "late", "power": 4.0, "alpha_base": 1.0, "alpha_step": 0.1, "clip_eps": 0.5,
-         "p_mask_prompt": 0.15}  # SPEC §4, alpha_step 0.1 after SFT
-RLDF_STEPS = {"name": "rldf_steps", "k": 4, "temperature": 1.0, "keep_threshold": 0.6}  # SPEC §1.5 rldf
+         "p_mask_prompt": 0.15}  # docs/spec.md §4, alpha_step 0.1 after SFT
+RLDF_STEPS = {"name": "rldf_steps", "k": 4, "temperature": 1.0, "keep_threshold": 0.6}  # docs/spec.md §1.5 rldf
 THRESHOLD = {"schedule": "threshold", "threshold": 0.9}
 ELBO = {"name": "elbo", "nodes": 2, "draws": 1}
 SPG_BOUNDS = {"name": "spg_bounds", "nodes": 2, "draws": 1, "masking": "block", "block_length": 0, "eubo_beta": 1.5,
@@ -47,7 +47,7 @@ SPG_BOUNDS = {"name": "spg_bounds", "nodes": 2, "draws": 1, "masking": "block", 
 
 
 def dtca(pos: bool = True, calibration: bool = True) -> dict:
-    """DTCA's credit entry (SPEC §3); ``pos_weights`` is filled in per task (:func:`pos_table`)."""
+    """DTCA's credit entry (docs/spec.md §3); ``pos_weights`` is filled in per task (:func:`pos_table`)."""
     return {"name": "dtca", "coverage": 0.7, "min_steps": 2, "max_steps": 32, "pos_credit": pos, "calibration": calibration,
             "keep_threshold": 0.6, "pos_weights": "<table>", "tagger": "maskrl.pos:spacy_pos_classes"}
 
@@ -60,7 +60,7 @@ def cell(kind: str, base: str | None, objective: dict, likelihood: dict, credit:
 
 #: every cell: its kind, the cell its paired difference is taken against, and its sections
 CELLS: dict[str, dict] = {
-    # bases (SPEC §1.5, §2.3)
+    # bases (docs/spec.md §1.5, §2.3)
     "diffu_grpo_mf": cell("base", None, DIFFU, MF, note="d1: mean-field likelihood"),
     "diffu_grpo_mf_mu4": cell("base", "diffu_grpo_mf", DIFFU, MF, train={"inner_iterations": 4},
                               note="d1's inner iterations: 4x the optimizer steps of every other cell"),
@@ -129,7 +129,7 @@ def cell_recipe(base_yaml: Path, name: str, pos_weights: Path | None, out_dir: P
     for entry in credit:
         if entry.get("pos_weights") == "<table>":
             if pos_weights is None:
-                raise SystemExit(f"error: cell {name} needs a POS table (DTCA, SPEC §3.1)")
+                raise SystemExit(f"error: cell {name} needs a POS table (DTCA, docs/spec.md §3.1)")
             entry["pos_weights"] = str(pos_weights.resolve())
     data["credit"] = credit
     for section in ("rollout", "train"):
@@ -149,7 +149,7 @@ def cell_recipe(base_yaml: Path, name: str, pos_weights: Path | None, out_dir: P
 def gpu_base(task: str, out_dir: Path) -> Path:
     """Write the GPU table base of ``task`` to ``out_dir`` and return its path: the shipped 8B recipe
     :data:`RECIPES_8B` ``[task]`` with what every cell of a table shares pinned (the module docstring):
-    ``train.inner_iterations`` 1, ``rollout.schedule`` fixed at ``gen_length // 2`` steps (SPEC §1.2,
+    ``train.inner_iterations`` 1, ``rollout.schedule`` fixed at ``gen_length // 2`` steps (docs/spec.md §1.2,
     d1's 2 tokens per step), ``rollout.cache`` none, no credit module. Everything else (model, LoRA,
     dtype, checkpointing, task, L, block, τ, evaluation, batch, learning rate) is the recipe's.
 

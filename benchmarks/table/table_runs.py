@@ -43,7 +43,7 @@ class Setup(TaskSetup):
 
 
 def pos_table(setup: Setup, task: str, out: Path, samples: int) -> Path:
-    """DTCA's offline POS table (SPEC §3.1) of the task's SFT checkpoint, written once to ``out`` (processes
+    """DTCA's offline POS table (docs/spec.md §3.1) of the task's SFT checkpoint, written once to ``out`` (processes
     side by side: the first estimates it, the others wait for it, :func:`maskrl.rundir.folder_lock`)."""
     with folder_lock(out.parent):
         if not out.is_file():

@@ -41,7 +41,7 @@ def _claim(claim: str, paper: str, task: str, cell: str, base: str, sources: lis
 
 #: the headline comparisons, one family for Holm's correction; ``base`` "sft" pairs each run with its own
 #: step 0; ``sources``: record files in order of preference (a confirmation file first, else the selection
-#: records). The papers' numbers are at LLaDA-8B-Instruct (SPEC §3-§4; Sudoku's are cell accuracy).
+#: records). The papers' numbers are at LLaDA-8B-Instruct (docs/spec.md §3-§4; Sudoku's are cell accuracy).
 CLAIMS = [
     _claim("diffu-GRPO (state), the recipe that learns, improves its SFT model", "(the testbed: no paper claim)",
            "sudoku", "diffu_grpo_state", "sft", [grid_path("confirm", "sudoku", "state"), R3]),
@@ -51,25 +51,25 @@ CLAIMS = [
            "diffu_grpo_state", [grid_path("confirm", "sudoku", "state"), R3]),
     _claim("DiSPO improves diffu-GRPO", "Countdown 33.9 → 53.9 (+20.0)", "countdown", "dispo@diffu_grpo_state",
            "diffu_grpo_state", [grid_path("confirm", "countdown", "state"), R3]),
-    _claim("DiSPO improves SPG", "improves (no number in SPEC §4)", "sudoku", "dispo@spg", "spg",
+    _claim("DiSPO improves SPG", "improves (no number in docs/spec.md §4)", "sudoku", "dispo@spg", "spg",
            [grid_path("confirm", "sudoku", "spg"), R3]),
     _claim("DiSPO's branch credit alone (no step-term KL, no prompt masking) improves SPG", "(control of the row above)",
            "sudoku", "dispo-kl@spg", "spg", [grid_path("confirm", "sudoku", "spg")]),
     _claim("DTCA improves RLDF", "MATH500 +3.6 / +2.0 / +1.4 at 128 / 256 / 512", "sudoku", "dtca@rldf", "rldf",
            [grid_path("confirm", "sudoku", "rldf"), R3]),
-    _claim("DPS improves diffu-GRPO (state)", "improves (no number in SPEC §2.1)", "sudoku", "dps@diffu_grpo_state",
+    _claim("DPS improves diffu-GRPO (state)", "improves (no number in docs/spec.md §2.1)", "sudoku", "dps@diffu_grpo_state",
            "diffu_grpo_state", [grid_path("confirm", "sudoku", "state"), R3]),
-    _claim("DPS improves diffu-GRPO (state)", "improves (no number in SPEC §2.1)", "countdown", "dps@diffu_grpo_state",
+    _claim("DPS improves diffu-GRPO (state)", "improves (no number in docs/spec.md §2.1)", "countdown", "dps@diffu_grpo_state",
            "diffu_grpo_state", [grid_path("confirm", "countdown", "state"), R3]),
-    _claim("SML improves wd1", "improves (no number in SPEC §2.2)", "sudoku", "sml@wd1", "wd1",
+    _claim("SML improves wd1", "improves (no number in docs/spec.md §2.2)", "sudoku", "sml@wd1", "wd1",
            [grid_path("confirm", "sudoku", "wd1"), OUT]),
-    _claim("SML improves wd1", "improves (no number in SPEC §2.2)", "countdown", "sml@wd1", "wd1",
+    _claim("SML improves wd1", "improves (no number in docs/spec.md §2.2)", "countdown", "sml@wd1", "wd1",
            [grid_path("confirm", "countdown", "wd1"), OUT]),
-    _claim("DPS improves wd1", "improves (no number in SPEC §2.1)", "sudoku", "dps@wd1", "wd1",
+    _claim("DPS improves wd1", "improves (no number in docs/spec.md §2.1)", "sudoku", "dps@wd1", "wd1",
            [grid_path("confirm", "sudoku", "wd1"), OUT]),
-    _claim("DPS improves wd1", "improves (no number in SPEC §2.1)", "countdown", "dps@wd1", "wd1",
+    _claim("DPS improves wd1", "improves (no number in docs/spec.md §2.1)", "countdown", "dps@wd1", "wd1",
            [grid_path("confirm", "countdown", "wd1")]),
-    _claim("SML improves diffu-GRPO (mean-field)", "improves (no number in SPEC §2.2)", "sudoku", "sml@diffu_grpo",
+    _claim("SML improves diffu-GRPO (mean-field)", "improves (no number in docs/spec.md §2.2)", "sudoku", "sml@diffu_grpo",
            "diffu_grpo_mf", [grid_path("confirm", "sudoku", "mf"), OUT]),
     _claim("RL on dual-KV-cached rollouts learns as on exact ones (4 blocks)", "(reported unstable at 8B)", "sudoku",
            "diffu_grpo_state@4blocks+dual", "diffu_grpo_state@4blocks", [grid_path("confirm", "sudoku", "cache"), OUT],

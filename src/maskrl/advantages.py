@@ -1,4 +1,4 @@
-"""Group-relative advantages (SPEC §1.3)."""
+"""Group-relative advantages (docs/spec.md §1.3)."""
 from __future__ import annotations
 
 import torch
@@ -16,7 +16,7 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize: 
         normalize: **[choice]** ``"mean"`` (``A = r − mean_g r``), ``"mean_std"``
             (``(r − mean)/max(std, std_floor)``, population std), ``"leave_one_out"``
             (``r − mean of the other G−1``; 0 for a group of one).
-        std_floor: lower bound of the std in ``mean_std`` (SPEC: 0.01).
+        std_floor: lower bound of the std in ``mean_std`` (docs/spec.md: 0.01).
 
     Returns:
         ``[N]`` float32 advantages.

@@ -120,12 +120,12 @@ def _sml_likelihood_pass(quick: bool) -> dict:
 _RLDF_SETS = ["objective.name=rldf", "rollout.schedule=threshold", "rollout.threshold=0.9"]
 
 OVERHEAD_METHODS: dict[str, OverheadMethod] = {
-    # DACA-GRPO (SPEC §2): diffu-GRPO with mean-field ℓ, + DPS (λ 0.5), + SML (K 4, mixed ½/½)
+    # DACA-GRPO (docs/spec.md §2): diffu-GRPO with mean-field ℓ, + DPS (λ 0.5), + SML (K 4, mixed ½/½)
     "daca": OverheadMethod(
         variants={"base": [], "dps": ["credit=[{name: dps}]"], "sml": ["likelihood={name: stratified, k: 4}"]},
         ratios={"dps_step_ratio": "dps", "sml_step_ratio": "sml"},
         extra=_sml_likelihood_pass),
-    # DiSPO (SPEC §4): diffu-GRPO as above, + one branched state per rollout row (Z 2, late), its
+    # DiSPO (docs/spec.md §4): diffu-GRPO as above, + one branched state per rollout row (Z 2, late), its
     # fillings rewarded in one call and trained by the step term (α_step 0.5). Target (issue 11): ≤ 1.5.
     # The random tiny model rarely tells two fillings apart, so most states are skipped; the
     # dispo_all variant keeps every state (skip_equal false): the step term's worst-case cost.
@@ -133,7 +133,7 @@ OVERHEAD_METHODS: dict[str, OverheadMethod] = {
         variants={"base": [], "dispo": ["credit=[{name: dispo}]"],
                   "dispo_all": ["credit=[{name: dispo, skip_equal: false}]"]},
         ratios={"dispo_step_ratio": "dispo", "dispo_all_states_step_ratio": "dispo_all"}),
-    # DTCA (SPEC §3) vs its RLDF base (SPEC §1.5): both rldf objective, state likelihood, threshold
+    # DTCA (docs/spec.md §3) vs its RLDF base (docs/spec.md §1.5): both rldf objective, state likelihood, threshold
     # rollouts (0.9); RLDF trains k = 4 sampled states per sequence, DTCA the coverage-selected states
     # (2..32) with POS credit and entropy-flow calibration (uniform w_c: no tagging cost), and
     # ``dtca_sampled`` DTCA on RLDF's 4 sampled states (what the extra entropy statistics alone cost)

@@ -324,7 +324,7 @@ def _add_tool_parsers(sub) -> None:
                    "(an SFT model cached there, in sft-cache/, is kept)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("estimate-pos-weights", help="DTCA's offline POS contribution table (SPEC §3.1)")
+    p = sub.add_parser("estimate-pos-weights", help="DTCA's offline POS contribution table (docs/spec.md §3.1)")
     p.add_argument("--model", required=True, help="model folder or training run folder (its model/), frozen")
     p.add_argument("--task", required=True, help="task whose training prompts are sampled")
     p.add_argument("--samples", type=int, default=256, help="trajectories (one per prompt)")
@@ -368,7 +368,7 @@ def _add_config_parsers(sub) -> None:
 
 
 def cmd_estimate_pos_weights(args) -> int:
-    """SPEC §3.1: DTCA's POS contribution table of a frozen model (``maskrl.pos``)."""
+    """docs/spec.md §3.1: DTCA's POS contribution table of a frozen model (``maskrl.pos``)."""
     from maskrl.pos import run_estimate
 
     _refuse_replacing([Path(args.out)], "a POS table", args.overwrite)

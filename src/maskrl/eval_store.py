@@ -1,5 +1,5 @@
 """The output folder of the benchmark harness (:func:`maskrl.evaluate.run_harness`, ``maskrl eval``;
-SPEC §5): its per-length samples files (read back for ``resume``, rewritten atomically), the settings
+docs/spec.md §5): its per-length samples files (read back for ``resume``, rewritten atomically), the settings
 that must match before a folder is reused, and the default folder keyed by those settings.
 
 The harness writes into ``out_dir`` (default :func:`default_eval_dir`: ``runs/eval/<task>/<key of the

@@ -1,4 +1,4 @@
-"""Evaluation on the same sampler as training (SPEC §5: greedy, one sample per problem), and the
+"""Evaluation on the same sampler as training (docs/spec.md §5: greedy, one sample per problem), and the
 benchmark harness behind ``maskrl eval`` (:func:`run_harness`; its output folder: :mod:`maskrl.eval_store`)."""
 from __future__ import annotations
 
@@ -91,9 +91,9 @@ def eval_source_note(task: Task, source: str, n: int) -> str | None:
 
 
 # ----------------------------------------------------------------------------------------------
-# the benchmark harness: ``maskrl eval`` (SPEC §5)
+# the benchmark harness: ``maskrl eval`` (docs/spec.md §5)
 # ----------------------------------------------------------------------------------------------
-#: SPEC §5 evaluation lengths and block size
+#: docs/spec.md §5 evaluation lengths and block size
 DEFAULT_GEN_LENGTHS = (128, 256, 512)
 DEFAULT_BLOCK_LENGTH = 32
 
@@ -160,7 +160,7 @@ RULE_FIELDS = tuple(f.name for f in dataclasses.fields(SamplerConfig)
 def harness_samplers(gen_lengths: str | int | Sequence[int] = DEFAULT_GEN_LENGTHS,
                      block_length: int = DEFAULT_BLOCK_LENGTH, steps: int = 0,
                      used: dict[str, dict] | None = None) -> dict[int, SamplerConfig]:
-    """The evaluation sampler of each completion length (SPEC §5): greedy (τ = 0), block
+    """The evaluation sampler of each completion length (docs/spec.md §5): greedy (τ = 0), block
     ``block_length``, ``steps`` denoising steps (0: ``L/2``), and the decoding rule of the prompt card
     (``used["rule"]``: the model's own, e.g. Dream's ``schedule: dream``, ``remasking: entropy``,
     ``top_k: 50``), else LLaDA's: fixed schedule, low-confidence remasking.
@@ -176,7 +176,7 @@ def harness_samplers(gen_lengths: str | int | Sequence[int] = DEFAULT_GEN_LENGTH
     Raises:
         ValueError: before any model is loaded, naming each value and where it came from (its
             ``maskrl eval`` flag, the prompt card or the default) when ``L`` is not a multiple of
-            ``block_length`` or the steps are not a positive multiple of ``L/block_length`` (SPEC §1.2).
+            ``block_length`` or the steps are not a positive multiple of ``L/block_length`` (docs/spec.md §1.2).
     """
     def origin(name: str) -> str:
         return setting_origin(used, name) if used is not None else SETTING_FLAGS[name]
@@ -226,7 +226,7 @@ def resolve_prompt_settings(model, task_name: str, gen_lengths=None, block_lengt
                             chat_template: bool | None = None) -> dict[str, dict]:
     """Each prompt / sampler setting of an evaluation and where it comes from: the argument (a flag)
     when it is not ``None``, else the model folder's prompt card (``maskrl_prompt.json``, written when
-    the model was trained; used only when it is for ``task_name``), else the default (SPEC §5 lengths
+    the model was trained; used only when it is for ``task_name``), else the default (docs/spec.md §5 lengths
     128,256,512, block 32, steps ``L/2``, the task's own template, chat template on).
 
     Returns:
@@ -300,7 +300,7 @@ def run_harness(model: str | os.PathLike | ModelAdapter, task_name: str, gen_len
                 steps: int | None = None, batch_size: int = 16, resume: bool = False, device: str = "auto",
                 dtype: str = "float32", chat_template: bool | None = None, progress: bool = True,
                 prompt_template: str | None = None, overwrite: bool = False, rule: dict | None = None) -> dict:
-    """Benchmark a model on a task at several completion lengths: the body of ``maskrl eval`` (SPEC §5).
+    """Benchmark a model on a task at several completion lengths: the body of ``maskrl eval`` (docs/spec.md §5).
 
     For each length ``L``: greedy decoding (τ = 0) with the training sampler
     (:func:`maskrl.sampling.generate` through :func:`complete`), ``steps`` (default ``L/2``) denoising

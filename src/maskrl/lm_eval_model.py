@@ -33,7 +33,7 @@ or from the shell ``python -m maskrl.lm_eval_model run --model maskrl --model_ar
     :meth:`~MaskrlLM.apply_chat_template`), and from then on contexts reach the model as they are
     (:attr:`~MaskrlLM.harness_templates`; a warning says so when ``chat_template=true`` was given).
 ``loglikelihood``
-    ``log p(continuation | context)`` as a Monte Carlo ELBO (SPEC §1.4 ``elbo``; the convention of
+    ``log p(continuation | context)`` as a Monte Carlo ELBO (docs/spec.md §1.4 ``elbo``; the convention of
     LLaDA's own lm-eval adapter) through :func:`maskrl.likelihood.elbo.elbo`: ``elbo_nodes``
     Gauss-Legendre nodes × ``elbo_draws`` masks per node (model args; defaults 4 × 8), masks drawn
     from a generator seeded with ``seed`` and the request's own tokens (:func:`request_seed`), each
@@ -70,7 +70,7 @@ try:
 except ImportError as e:  # pragma: no cover - the optional extra is missing
     raise ImportError("maskrl.lm_eval_model needs lm-evaluation-harness: pip install 'maskrl[eval]'") from e
 
-#: sampler settings that are ``model_args`` keys (SPEC §1.2)
+#: sampler settings that are ``model_args`` keys (docs/spec.md §1.2)
 SAMPLER_ARGS = ("gen_length", "steps", "block_length", "schedule", "threshold", "cache", "temperature", "remasking")
 
 

@@ -1,5 +1,5 @@
 """Answer equivalence with math-verify, run in worker processes with a hard per-item timeout
-(SPEC §5: the gsm8k and math500 reward).
+(docs/spec.md §5: the gsm8k and math500 reward).
 
 math-verify bounds its own ``parse``/``verify`` calls with ``signal.alarm``, which only works in the
 main thread of a process; in a thread it raises, and some sympy calls can still hang past the alarm

@@ -37,7 +37,7 @@ def sft_from_config(cfg: RunConfig, adapter: ModelAdapter, task: Task, train: li
 def training_eval_fn(cfg: RunConfig, task: Task, rows: list[Example], prompt_fn: Callable[[str], str],
                      policy: Callable[[], ModelAdapter]) -> Callable[[int], dict]:
     """``step -> metrics`` for :class:`~maskrl.trainer.RLTrainer`'s ``eval_fn``: the ``eval`` sampler
-    (SPEC §1.2, greedy by default) on ``rows`` with ``policy()`` (the unwrapped policy; LoRA merged in a
+    (docs/spec.md §1.2, greedy by default) on ``rows`` with ``policy()`` (the unwrapped policy; LoRA merged in a
     copy under ``eval.merge_lora``, :func:`~maskrl.models.merged.sampling_policy`), scored by the
     task; numeric metrics only (the trainer logs them as ``eval/<name>``)."""
     from maskrl.evaluate import evaluate_examples

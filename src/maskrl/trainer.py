@@ -84,7 +84,7 @@ class Batch(CreditBatch):
 
 
 class RLTrainer:
-    """RL fine-tuning of a masked diffusion LM on a task (SPEC §1.3–§1.5).
+    """RL fine-tuning of a masked diffusion LM on a task (docs/spec.md §1.3–§1.5).
 
     Args:
         cfg: the run configuration (``train``, ``objective``, ``rollout`` sections are used).

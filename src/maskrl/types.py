@@ -1,6 +1,6 @@
 """Frozen records passed between the stages of an RL step (docs/architecture.md, "Records between stages").
 
-Shape letters follow SPEC.md: N sequences (= B prompts x G completions), P prompt length,
+Shape letters follow docs/spec.md: N sequences (= B prompts x G completions), P prompt length,
 L completion length, T denoising steps.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 @dataclass(frozen=True)
 class Rollout:
-    """How a batch of completions was denoised (SPEC §1.2).
+    """How a batch of completions was denoised (docs/spec.md §1.2).
 
     Attributes:
         prompt_ids: ``[N, P]`` long, left-padded prompts.
@@ -23,7 +23,7 @@ class Rollout:
         completion_mask: ``[N, L]`` bool, True on valid completion tokens: up to and including the
             first eos; positions after it are padding for the loss.
         commit_step: ``[N, L]`` long, the step index (0-based, over the whole rollout) at which each
-            position was committed -- ``birth(i)`` in SPEC §2.1.
+            position was committed -- ``birth(i)`` in docs/spec.md §2.1.
         commit_prob: ``[N, L]`` float32, the noise-free probability ``softmax(logits)[x_i]`` of the
             committed token at its commit step.
         num_steps: ``[N]`` long, how many denoising steps each row took (T; equal for the fixed schedule).

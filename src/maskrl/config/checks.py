@@ -20,7 +20,7 @@ _NON_NEGATIVE = ("model.lora_rank", "sft.steps", "sft.warmup_steps", "sft.weight
 
 #: settings that leave every gradient zero or undefined: dotted key -> (smallest valid value, why)
 _MEANINGLESS = {
-    "train.group_size": (2, "the advantages are relative to each prompt's group (SPEC §1.3): with one completion "
+    "train.group_size": (2, "the advantages are relative to each prompt's group (docs/spec.md §1.3): with one completion "
                             "per prompt every advantage is 0 (leave_one_out: undefined) and so is every gradient"),
     "train.steps": (1, "0 RL steps train nothing (for SFT alone use `maskrl sft`)"),
 }
@@ -40,7 +40,7 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if (r.temperature == 0 and r.remasking in ("low_confidence", "maskgit_plus", "topk_margin", "entropy")
             and r.alg_temp == 0 and not cfg.credit):
         raise ConfigError(f"rollout.temperature: 0 with rollout.remasking: {r.remasking} makes the G completions of "
-                          "a prompt identical, so every group-relative advantage (SPEC §1.3) and every gradient is 0; "
+                          "a prompt identical, so every group-relative advantage (docs/spec.md §1.3) and every gradient is 0; "
                           "sample the rollouts (e.g. rollout.temperature: 0.9) or use rollout.remasking: random")
     for key in _POSITIVE:
         if get(key) <= 0:

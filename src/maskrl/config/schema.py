@@ -162,7 +162,7 @@ TRAIN_REWARDS = ("task", "correct")
 
 @dataclass
 class TrainConfig:
-    """The RL loop (``maskrl train``; SPEC §1.5 for μ, G).
+    """The RL loop (``maskrl train``; docs/spec.md §1.5 for μ, G).
 
     Attributes:
         steps: RL steps (each: one rollout batch, μ optimizer steps).
@@ -273,13 +273,13 @@ class RunConfig:
             their registered objectives, likelihoods, credit modules and tasks can be named here.
         model: which model (see ``model``).
         task: task and data (see ``task``).
-        rollout: the RL sampler (SPEC §1.2).
+        rollout: the RL sampler (docs/spec.md §1.2).
         eval: the evaluation sampler (same code, usually greedy).
         sft: the supervised warm start.
-        objective: the base objective, ``{name: diffu_grpo, **its fields}`` (SPEC §1.5).
-        likelihood: the estimator of ℓ, ``{name: state, **its fields}`` (SPEC §1.4); absent = the
+        objective: the base objective, ``{name: diffu_grpo, **its fields}`` (docs/spec.md §1.5).
+        likelihood: the estimator of ℓ, ``{name: state, **its fields}`` (docs/spec.md §1.4); absent = the
             objective's own (diffu_grpo: mean_field).
-        credit: credit modules applied in order, ``[{name: dps, lam: 0.5}, ...]`` (SPEC §2–§4).
+        credit: credit modules applied in order, ``[{name: dps, lam: 0.5}, ...]`` (docs/spec.md §2–§4).
         train: the RL loop.
     """
 

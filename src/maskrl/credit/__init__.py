@@ -1,4 +1,4 @@
-"""Credit-assignment modules (SPEC §2–§4), registered by name in :data:`CREDITS`.
+"""Credit-assignment modules (docs/spec.md §2–§4), registered by name in :data:`CREDITS`.
 
 Protocol and seam: :mod:`maskrl.credit.base` (where :data:`CREDITS` lives). A new method is one file
 with a registered frozen dataclass; the trainer knows no module by name. A user's own module lives in

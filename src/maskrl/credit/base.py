@@ -41,7 +41,7 @@ class CreditBatch:
         rollout: the sampler's record, N rows (modules must not replace it).
         rewards: ``[N]`` float32 sequence rewards.
         advantages: ``[N, L]`` float32 per-token advantages of the base term; starts as the
-            objective's sequence advantage ``A`` broadcast over ``completion_mask`` (SPEC §1.5).
+            objective's sequence advantage ``A`` broadcast over ``completion_mask`` (docs/spec.md §1.5).
         loss_mask: ``[N, L]`` bool, the tokens the base term trains on; starts as ``completion_mask``.
         base_weight: weight of the base term in the summed loss (DiSPO's α_base); starts at 1.
         terms: extra loss terms added by modules.
@@ -67,7 +67,7 @@ class CreditContext:
     Attributes:
         rewards: ``[N]`` float32 sequence rewards (this process's rows).
         group_ids: ``[N]`` long, the prompt of each row.
-        sequence_advantages: ``[N]`` float32, the base objective's advantages (SPEC §1.3).
+        sequence_advantages: ``[N]`` float32, the base objective's advantages (docs/spec.md §1.3).
         score: ``score(rows [M] long, completion_ids [M, L] long) -> rewards [M] float32``: the task's
             reward of new completions for the prompts of batch rows ``rows`` (e.g. DiSPO's fillings),
             in one batched reward call. A completion ends at its first stop token.

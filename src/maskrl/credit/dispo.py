@@ -1,4 +1,4 @@
-"""DiSPO (SPEC §4; Oba, Furuta, Okazaki, "Diffusion-State Policy Optimization for Masked Diffusion
+"""DiSPO (docs/spec.md §4; Oba, Furuta, Okazaki, "Diffusion-State Policy Optimization for Masked Diffusion
 Language Models"): branch-and-score at intermediate denoising states.
 
 **Branching (an observer, no extra forward).** Before the rollout, each trajectory gets one state
@@ -15,7 +15,7 @@ index drawn from ``{0, …, T−1}`` with ``P(t) ∝ w(t/T)``. Under the thresho
 advance; a fraction ``u ∈ [0, 1)`` is drawn from the continuous density ∝ ``w(u)`` and the row branches
 at its first step whose state has at least ``u·L`` committed positions -- or at its last step if it
 finishes before that (the last step's masked positions all lie in the last block, whose logits the
-sampler computes anyway). ``w(u) = u^p`` (``late``, p = 4, SPEC §4), 1 (``uniform``) or ``(1 − u)^p``
+sampler computes anyway). ``w(u) = u^p`` (``late``, p = 4, docs/spec.md §4), 1 (``uniform``) or ``(1 − u)^p``
 (``early``).
 
 **Step loss (a loss term).** The Z fillings of every state are rewarded through ``ctx.score`` in one
@@ -26,7 +26,7 @@ filled positions and the original (< t) elsewhere, so the ``state`` likelihood s
 tokens at x_t in one forward row per branch (prompt masked as mean-field). The term trains only on
 the filled positions (token-local) -- by default those up to the branch's first stop token
 (``train_after_stop``), with diffu-GRPO's per-token clipped ratio and a β·KL3 term to the reference
-(``beta``; the paper adds one, SPEC §4), averaged over each branch's tokens and then over all
+(``beta``; the paper adds one, docs/spec.md §4), averaged over each branch's tokens and then over all
 branches of all kept states (``seq_mean``; every kept state has Z branches, so this is the mean over states of the mean
 over its branches -- the paper sums over states; we average). With α_step > 0 the term is always
 present, with 0 rows where no state was kept, so every process has the same list of terms (and the
@@ -127,7 +127,7 @@ class BranchObserver:
     ``dispo_logp_old [N, Z, L]`` float32 (``log softmax(logits)`` of each filled token, 0 elsewhere).
 
     ``exact_logits = True``: the fillings are drawn from θ's distribution at x_t, the one the step
-    term's ratio scores them under (SPEC §4), so under a key/value cache the sampler gives the rows
+    term's ratio scores them under (docs/spec.md §4), so under a key/value cache the sampler gives the rows
     this observer asks for exact logits (one full forward per branching row; under the threshold
     schedule also the steps of a row's last block, where its fallback branch may fall) or refuses
     (:attr:`maskrl.sampling.SamplerConfig.observer_logits`).
@@ -235,7 +235,7 @@ def time_bins(frac: torch.Tensor) -> torch.Tensor:
 @CREDITS.register("dispo")
 @dataclass(frozen=True)
 class DiSPO(CreditModule):
-    """Registered as ``dispo`` (SPEC §4): branch-and-score at one intermediate state per trajectory,
+    """Registered as ``dispo`` (docs/spec.md §4): branch-and-score at one intermediate state per trajectory,
     plus a state-level loss term (module docstring).
 
     Attributes:
@@ -244,12 +244,12 @@ class DiSPO(CreditModule):
         power: p (default 4).
         temperature: τ of the fillings; < 0 (default) uses the rollout's τ.
         alpha_base: α_base, weight of the base term (default 1).
-        alpha_step: α_step, weight of the step term (default 0.5; SPEC: 0.1 after SFT); 0 adds no
+        alpha_step: α_step, weight of the step term (default 0.5; docs/spec.md: 0.1 after SFT); 0 adds no
             term and scores nothing.
         clip_eps: ε of the step term's per-token clipped ratio (default 0.5, diffu-GRPO's).
-        beta: **[choice]** β of the step term's KL3 to the reference (SPEC §4 leaves it open; the
+        beta: **[choice]** β of the step term's KL3 to the reference (docs/spec.md §4 leaves it open; the
             paper adds a KL term to the step loss, whose value we do not have: default 0.04, the
-            diffu-GRPO base's β (d1, SPEC §1.5), which the step term's ratio copies). 0 drops the term
+            diffu-GRPO base's β (d1, docs/spec.md §1.5), which the step term's ratio copies). 0 drops the term
             and, when nothing else needs one, the reference policy. With β > 0 the trainer keeps a
             reference (a frozen copy, or the LoRA base) and scores each branch row under it.
         train_after_stop: **[choice]** also train the filled positions after the branch's first stop
@@ -257,7 +257,7 @@ class DiSPO(CreditModule):
             completion up to its first stop token, so those tokens cannot change A_z; True trains every
             filled position, "only the newly filled tokens" read literally).
         p_mask_prompt: prompt masking of the step term's state likelihood (default 0.15).
-        skip_equal: skip states whose Z rewards are all equal (default True, SPEC §4). False keeps
+        skip_equal: skip states whose Z rewards are all equal (default True, docs/spec.md §4). False keeps
             them (advantages 0, no gradient, full cost): the cost's worst case, for benchmarks.
 
     Metrics (``credit/dispo/...``, of the whole batch on any number of processes,
@@ -304,7 +304,7 @@ class DiSPO(CreditModule):
         return self.alpha_step > 0 and self.beta > 0
 
     def for_planning(self) -> "DiSPO":
-        """Every branched state kept (``skip_equal: false``): the step term's worst case (SPEC §4)."""
+        """Every branched state kept (``skip_equal: false``): the step term's worst case (docs/spec.md §4)."""
         return dataclasses.replace(self, skip_equal=False)
 
     def planned_rows(self, sequences: int) -> int:

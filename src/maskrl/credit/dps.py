@@ -1,4 +1,4 @@
-"""Denoising Progress Scores (DPS; SPEC §2.1, DACA-GRPO): temporal credit from logits the sampler
+"""Denoising Progress Scores (DPS; docs/spec.md §2.1, DACA-GRPO): temporal credit from logits the sampler
 computes anyway -- no extra forward pass.
 
 With M_k the masked completion positions before step k and C_k those committed at step k
@@ -103,12 +103,12 @@ class DPSObserver:
     ``target="confidence"``: records :func:`progress_pair` per decoded row and step -- two floats per
     (row, step), O(T) memory. ``target="final"``: keeps a per-step top-k cache of the log-probs at the
     masked positions (O(T·L·k)); at the end each position's final token is looked up in it, a token
-    outside the top-k getting the k-th value as a floor (SPEC §2.1).
+    outside the top-k getting the k-th value as a floor (docs/spec.md §2.1).
 
     ``result()``: ``{"dps_s_next": [N, T], "dps_s_self": [N, T]}`` float32, NaN where a row did not
     take a step (threshold schedule) or the set was empty.
 
-    ``exact_logits = True``: δ is defined on θ's distribution at the rollout's states (SPEC §2.1), so
+    ``exact_logits = True``: δ is defined on θ's distribution at the rollout's states (docs/spec.md §2.1), so
     under a key/value cache the sampler gives every step's view exact logits (one extra full forward
     per cached step, :attr:`maskrl.sampling.SamplerConfig.observer_logits`) or refuses; DPS never
     mixes cached and exact logits (issue 19: cached logits moved δ by up to 0.2 nats on the
@@ -217,7 +217,7 @@ def normalise_deltas(delta: torch.Tensor, valid: torch.Tensor, mode: str, clip: 
 @CREDITS.register("dps")
 @dataclass(frozen=True)
 class DPS(CreditModule):
-    """Registered as ``dps`` (SPEC §2.1; DACA-GRPO): ``A_i ← A_i·(1 + λ·δ̄_{birth(i)})``.
+    """Registered as ``dps`` (docs/spec.md §2.1; DACA-GRPO): ``A_i ← A_i·(1 + λ·δ̄_{birth(i)})``.
 
     Attributes:
         lam: λ **[choice]** (default 0.5); 0 leaves the advantages bit for bit.
@@ -226,7 +226,7 @@ class DPS(CreditModule):
             top-k log-prob cache of size T·L·k; outside the top-k, the k-th value as a floor).
         dps_scope: **[choice]** ``"all"`` (masked positions of the whole completion) or ``"block"``.
         dps_normalize: **[choice]** ``"per_step"``, ``"pooled"`` or ``"auto"`` (default: per_step
-            for the fixed schedule, pooled for the threshold schedule, as SPEC §2.1).
+            for the fixed schedule, pooled for the threshold schedule, as docs/spec.md §2.1).
         clip: c, δ̄ clipped to [−c, c] (default 2).
         top_k: k of the ``final`` target's cache (default 16).
 

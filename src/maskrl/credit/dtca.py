@@ -1,4 +1,4 @@
-"""DTCA (SPEC §3; Chen et al., "DTCA: Denoising Token Credit Assignment for Reinforcement Learning in
+"""DTCA (docs/spec.md §3; Chen et al., "DTCA: Denoising Token Credit Assignment for Reinforcement Learning in
 Diffusion Language Models"): part-of-speech token credit, step selection and entropy-flow calibration
 on the RLDF base (:mod:`maskrl.credit.rldf`).
 
@@ -45,7 +45,7 @@ LAMBDA_CLIP = 0.95
 # ---------------------------------------------------------------------------------------------- pieces
 def step_importance(commit_step: torch.Tensor, commit_prob: torch.Tensor, token_weight: torch.Tensor,
                     valid: torch.Tensor, num_steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """DTCA's step scores ``I_t = Σ_{i∈C_t} w_{c_i}·(1 − p_i)`` (SPEC §3.2).
+    """DTCA's step scores ``I_t = Σ_{i∈C_t} w_{c_i}·(1 − p_i)`` (docs/spec.md §3.2).
 
     Args:
         commit_step: ``[N, L]`` long; commit_prob: ``[N, L]`` float (``p_i`` at commit);
@@ -67,7 +67,7 @@ def step_importance(commit_step: torch.Tensor, commit_prob: torch.Tensor, token_
 def coverage_steps(importance: torch.Tensor, present: torch.Tensor, coverage: float = 0.7, min_steps: int = 2,
                    max_steps: int = 32) -> torch.Tensor:
     """Per row, the smallest set of highest-``I`` steps whose sum reaches ``coverage·Σ_t I_t``, its size
-    clamped to ``[min_steps, max_steps]`` (and to the row's present steps) (SPEC §3.2).
+    clamped to ``[min_steps, max_steps]`` (and to the row's present steps) (docs/spec.md §3.2).
 
     Args:
         importance: ``[N, T]`` float ``I_t >= 0``; present: ``[N, T]`` bool.
@@ -105,7 +105,7 @@ def coverage_steps(importance: torch.Tensor, present: torch.Tensor, coverage: fl
 
 
 def in_step_credit(token_weight: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
-    """``a_{t,i} = w_{c_i} / mean_{j∈B_t} w_{c_j}`` (SPEC §3.3): mean 1 over each row's trained set.
+    """``a_{t,i} = w_{c_i} / mean_{j∈B_t} w_{c_j}`` (docs/spec.md §3.3): mean 1 over each row's trained set.
 
     Args:
         token_weight: ``[M, L]`` float ``w_{c_i}`` (> 0); trained: ``[M, L]`` bool, B_t of each state row.
@@ -121,7 +121,7 @@ def in_step_credit(token_weight: torch.Tensor, trained: torch.Tensor) -> torch.T
 def entropy_flow_calibrate(advantages: torch.Tensor, prob: torch.Tensor, entropy: torch.Tensor,
                            trained: torch.Tensor, response: torch.Tensor, eta: float = 1.0,
                            clip: float = LAMBDA_CLIP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Entropy-flow calibration (SPEC §3.4; OPEFO-style), per response.
+    """Entropy-flow calibration (docs/spec.md §3.4; OPEFO-style), per response.
 
     ``ΔH_i = −η·A_i·p_i·(log p_i + H_i)``; per response b (all its trained tokens over all its chosen
     steps) S⁺ = {ΔH > 0}, S⁻ = {ΔH < 0};
@@ -158,7 +158,7 @@ def entropy_flow_calibrate(advantages: torch.Tensor, prob: torch.Tensor, entropy
 
 # ---------------------------------------------------------------------------------------------- tables
 def load_pos_weights(path: str | Path) -> dict[str, float]:
-    """A POS contribution table (SPEC §3.1) as ``{class: w_c}``.
+    """A POS contribution table (docs/spec.md §3.1) as ``{class: w_c}``.
 
     Accepted JSON: ``{"w_c": {class: w}, ...}`` (the estimator's file, with model, corpus, sample
     count and m_c alongside), ``{"weights": {...}}``, or a flat ``{class: w}``.
@@ -226,7 +226,7 @@ def token_weights(classes: Sequence[Sequence[str]], table: Mapping[str, float], 
 @CREDITS.register("dtca")
 @dataclass(frozen=True)
 class DTCA(CreditModule):
-    """Registered as ``dtca`` (SPEC §3): RLDF's state term with DTCA's step selection, in-step POS
+    """Registered as ``dtca`` (docs/spec.md §3): RLDF's state term with DTCA's step selection, in-step POS
     credit and entropy-flow calibration, each switchable (the ablation is a flag).
 
     Use with ``objective: {name: rldf}`` and the ``state`` likelihood (required).
@@ -300,7 +300,7 @@ class DTCA(CreditModule):
     def for_planning(self) -> "DTCA":
         """The worst case ``maskrl plan`` sizes for: coverage selection keeps ``max_steps`` states of every
         sequence (``min_steps = max_steps``; how few steps reach 70 % of Σ I_t depends on the model's
-        p_i, SPEC §3.2), and no POS table or tagger (they only reweight, and the stand-in's text has
+        p_i, docs/spec.md §3.2), and no POS table or tagger (they only reweight, and the stand-in's text has
         no parts of speech)."""
         worst = {"min_steps": self.max_steps} if self.selection == "coverage" else {}
         return dataclasses.replace(self, pos_weights=None, tagger=None, **worst)

@@ -1,4 +1,4 @@
-"""RLDF's step choice (SPEC §1.5 ``rldf``), as a credit module that replaces the base term.
+"""RLDF's step choice (docs/spec.md §1.5 ``rldf``), as a credit module that replaces the base term.
 
 RLDF does not score every token at its own commit state. Per sequence it samples k = 4 denoising
 steps without replacement from ``softmax(w_s / T)``, ``w_s = −mean_{i∈C_s} log p_i`` (C_s the valid
@@ -7,7 +7,7 @@ scores, from the recorded state x_s, **all** positions still masked there (``com
 dropping masked positions whose current probability of the final token is below 0.6 unless they
 were committed at s. The loss is averaged over the chosen steps.
 
-Through the seam (SPEC §1.5; docs/architecture.md "Loss terms") this is: the base term gets
+Through the seam (docs/spec.md §1.5; docs/architecture.md "Loss terms") this is: the base term gets
 ``loss_mask`` all False and weight 0 (no forward is run for it), and one :class:`LossTerm` named
 ``rldf`` holds one row per chosen (sequence, step) -- a copy of the sequence whose ``commit_step``
 is ``min(commit_step, s)``, so that the ``state`` likelihood, which scores each needed position at
@@ -31,10 +31,10 @@ from maskrl.types import LossTerm, Rollout
 
 
 class CommitProbObserver:
-    """Sampler observer: θ's exact probability of every committed token at its commit step (SPEC
+    """Sampler observer: θ's exact probability of every committed token at its commit step (docs/spec.md
     §1.2 ``commit_prob``), for rollouts made with a key/value cache, whose own ``commit_prob`` comes
     from the cached logits the commits used. RLDF's step scores and DTCA's step importance read
-    ``p_i`` (SPEC §1.5, §3.2); :func:`commit_probs` hands them this one when it is there.
+    ``p_i`` (docs/spec.md §1.5, §3.2); :func:`commit_probs` hands them this one when it is there.
 
     ``exact_logits = True`` (the current block only): under a cache the sampler runs one full forward
     per cached step for the view (:attr:`maskrl.sampling.SamplerConfig.observer_logits`), or refuses.
@@ -90,7 +90,7 @@ def _steps_width(commit_step: torch.Tensor) -> int:
 
 def step_surprise(commit_step: torch.Tensor, commit_prob: torch.Tensor, valid: torch.Tensor,
                   num_steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """RLDF's step scores ``w_s = −mean_{i∈C_s} log p_i`` (SPEC §1.5).
+    """RLDF's step scores ``w_s = −mean_{i∈C_s} log p_i`` (docs/spec.md §1.5).
 
     Args:
         commit_step: ``[N, L]`` long, the step that committed each position.
@@ -259,7 +259,7 @@ def state_token_stats(policy: Any, rollout: Rollout, need: torch.Tensor, entropy
 
 def keep_filter(masked: torch.Tensor, own: torch.Tensor, prob: torch.Tensor, valid: torch.Tensor,
                 threshold: float) -> torch.Tensor:
-    """RLDF's filter (SPEC §1.5): of the positions masked at the state, keep those committed at the
+    """RLDF's filter (docs/spec.md §1.5): of the positions masked at the state, keep those committed at the
     step (``own``) and the others whose current probability of the final token is ``>= threshold``.
 
     Args:
@@ -315,7 +315,7 @@ def replace_base(batch: CreditBatch, ctx: CreditContext, parts: dict, name: str,
 
 
 def check_step_sampling(k: int, temperature: float, keep_threshold: float) -> None:
-    """Validate the step-sampling fields RLDF and DTCA share (SPEC §1.5 rldf).
+    """Validate the step-sampling fields RLDF and DTCA share (docs/spec.md §1.5 rldf).
 
     Raises:
         ValueError: naming the field: ``k < 1``, ``temperature <= 0`` or ``keep_threshold`` outside [0, 1].
@@ -331,7 +331,7 @@ def check_step_sampling(k: int, temperature: float, keep_threshold: float) -> No
 @CREDITS.register("rldf_steps")
 @dataclass(frozen=True)
 class RLDFSteps(CreditModule):
-    """Registered as ``rldf_steps`` (SPEC §1.5 ``rldf``): train on k sampled denoising states per
+    """Registered as ``rldf_steps`` (docs/spec.md §1.5 ``rldf``): train on k sampled denoising states per
     sequence instead of every token at its own commit state.
 
     Use with ``objective: {name: rldf}`` (ε 0.2, β 0.01, ``mean_std``; its ``seq_mean`` aggregation

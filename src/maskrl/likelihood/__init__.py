@@ -1,4 +1,4 @@
-"""Likelihood estimators (SPEC §1.4), registered by name; see :mod:`maskrl.likelihood.base` for the
+"""Likelihood estimators (docs/spec.md §1.4), registered by name; see :mod:`maskrl.likelihood.base` for the
 protocol ``estimator(adapter, rollout, generator, need) -> ℓ [N, L]`` (or a :class:`PerToken` of
 named ``[N, L]`` tensors) and ``estimator.rows(...)``. Each built-in registers itself in
 :data:`LIKELIHOODS` in its own file; importing this package imports them."""

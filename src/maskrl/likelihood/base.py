@@ -1,4 +1,4 @@
-"""What every likelihood estimator shares (SPEC §1.4; docs/architecture.md "Budgets in forward rows").
+"""What every likelihood estimator shares (docs/spec.md §1.4; docs/architecture.md "Budgets in forward rows").
 
 An estimator is a frozen dataclass registered in :data:`maskrl.likelihood.LIKELIHOODS`. Its fields
 are its hyper-parameters (the YAML section ``likelihood: {name: ..., **fields}``); it is called as
@@ -100,7 +100,7 @@ LOGP = "logp"
 
 class PerToken:
     """Named per-token tensors: what a likelihood returns when one ``[N, L]`` tensor is not enough
-    (``spg_bounds``: ``PerToken(elbo=..., eubo=...)``, the two bounds of SPEC §1.5 from the same masks).
+    (``spg_bounds``: ``PerToken(elbo=..., eubo=...)``, the two bounds of docs/spec.md §1.5 from the same masks).
 
     A small frozen record: ``record["elbo"]`` or ``record.elbo`` reads a tensor, ``names`` lists them,
     ``detach()`` detaches each. A likelihood that returns one declares ``provides = (names...)``; an

@@ -1,4 +1,4 @@
-"""Sequence ELBO on fixed Gauss–Legendre nodes (SPEC §1.4 ``elbo``; GDPO, SPG).
+"""Sequence ELBO on fixed Gauss–Legendre nodes (docs/spec.md §1.4 ``elbo``; GDPO, SPG).
 
 For a masked diffusion LM the completion's log-likelihood is bounded below by
 
@@ -25,7 +25,7 @@ Masks depend only on the generator (never on ``need``), so θ, θ_old and θ_ref
 in the same state see identical inputs.
 
 ``masking: block`` is SPG's block-wise masking (Wang et al. 2025, "SPG: sandwiched policy gradient
-for masked diffusion language models"; SPEC §1.5): the completion is split into blocks of
+for masked diffusion language models"; docs/spec.md §1.5): the completion is split into blocks of
 ``block_length``; per (sequence, draw) one block k is drawn uniformly, blocks left of it are clean,
 blocks right of it fully masked, and the positions of block k are masked as above (node t). Only the
 masked positions of block k are scored. The drawn block's sums are scaled by ``n_blocks`` *outside*
@@ -37,7 +37,7 @@ each bound's log, one draw at a time:
 so that, k being uniform, ``E Σ_i`` of each is the sum over *all* blocks of the one-draw per-block
 estimate, whatever the number of blocks (for the EUBO: of its one-draw log estimate, which Jensen
 biases below the bound). ``masking: random`` keeps the D draws of a token inside one log
-(``EUBO_i = (1/β) log Σ_{j,d} (w_j/(D t_j)) 1[masked] p^β``), the form of SPEC §1.5 without blocks.
+(``EUBO_i = (1/β) log Σ_{j,d} (w_j/(D t_j)) 1[masked] p^β``), the form of docs/spec.md §1.5 without blocks.
 
 ``masking: spg_public`` is the scheme of SPG's released code (github.com/facebookresearch/SPG,
 ``spg/spg_trainer.py``: ``forward_process`` with ``forward_type: block_random``, the ELBO/EUBO of
@@ -283,7 +283,7 @@ def bounds(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator |
         need: ``[N, L]`` bool, positions to score (default all).
         masking: **[choice]** ``"random"``, ``"block"`` or ``"spg_public"`` (module docstring).
         block_length: block size of the block maskings (0: the rollout's sampler block length).
-        eubo_beta: when given (β > 0), also the per-token EUBO of SPEC §1.5 (module docstring), in
+        eubo_beta: when given (β > 0), also the per-token EUBO of docs/spec.md §1.5 (module docstring), in
             log-sum-exp form with log-probs floored at ``LOGP_FLOOR`` so that it stays finite.
 
     Returns:
@@ -341,7 +341,7 @@ def elbo(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | N
 def spg_bounds(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | None, nodes: int = 2,
                draws: int = 1, p_mask_prompt: float = 0.0, coupled: bool = True, need: torch.Tensor | None = None,
                masking: str = "block", block_length: int = 0, eubo_beta: float = 1.5) -> PerToken:
-    """``PerToken(elbo=[N, L], eubo=[N, L])`` float32 from the same masks (:func:`bounds`; SPEC §1.5)."""
+    """``PerToken(elbo=[N, L], eubo=[N, L])`` float32 from the same masks (:func:`bounds`; docs/spec.md §1.5)."""
     el, eu = bounds(adapter, rollout, generator, nodes, draws, p_mask_prompt, coupled, need, masking, block_length,
                     eubo_beta)
     return PerToken(elbo=el, eubo=eu)
@@ -351,7 +351,7 @@ LOGP_FLOOR = -1e4  # log-probs below this are treated as this (a -inf log-prob w
 
 
 def eubo_tokens(lp: torch.Tensor, coef: torch.Tensor, slot: torch.Tensor, size: int, beta: float) -> torch.Tensor:
-    """Per-slot EUBO ``(1/β) log Σ_{m in slot} coef_m exp(β·lp_m)`` in log-sum-exp form (SPEC §1.5).
+    """Per-slot EUBO ``(1/β) log Σ_{m in slot} coef_m exp(β·lp_m)`` in log-sum-exp form (docs/spec.md §1.5).
 
     Args:
         lp: ``[M]`` float log-probs (differentiable); floored at :data:`LOGP_FLOOR`, NaN raises.
@@ -383,7 +383,7 @@ def eubo_tokens(lp: torch.Tensor, coef: torch.Tensor, slot: torch.Tensor, size: 
 @LIKELIHOODS.register("elbo")
 @dataclass(frozen=True)
 class ELBO:
-    """Registered as ``elbo`` (SPEC §1.4; GDPO's estimator): per-token contributions to the sequence
+    """Registered as ``elbo`` (docs/spec.md §1.4; GDPO's estimator): per-token contributions to the sequence
     ELBO on fixed Gauss–Legendre nodes with seeded masks; ``Σ_i ℓ_i`` is the ELBO estimate.
 
     Attributes:
@@ -392,7 +392,7 @@ class ELBO:
         coupled: complementary masks across symmetric nodes (every token scored; unbiased).
         p_mask_prompt: prompt masking probability (default 0; ``spg_public``: also clean completion
             tokens left of the drawn block, per row; SPG's runs: 0.15).
-        masking: **[choice]** ``"random"``, ``"block"`` (SPG's block-wise masking as SPEC §1.5 states
+        masking: **[choice]** ``"random"``, ``"block"`` (SPG's block-wise masking as docs/spec.md §1.5 states
             it) or ``"spg_public"`` (the scheme of SPG's released code; module docstring).
         block_length: block size of the block maskings (0: the rollout sampler's).
     """
@@ -437,7 +437,7 @@ class ELBO:
 @LIKELIHOODS.register("spg_bounds")
 @dataclass(frozen=True)
 class SPGBounds(ELBO):
-    """Registered as ``spg_bounds`` (SPEC §1.4/§1.5; SPG's estimator, the ``spg`` objective's default):
+    """Registered as ``spg_bounds`` (docs/spec.md §1.4/§1.5; SPG's estimator, the ``spg`` objective's default):
     block-wise masking, and per token both the ELBO contribution and the EUBO from the same masks
     (:func:`bounds` with ``eubo_beta``). Returns ``PerToken(elbo=[N, L], eubo=[N, L])`` float32
     (``provides = ("elbo", "eubo")``); ``Σ_i`` of each estimates its bound of the whole completion.
@@ -452,7 +452,7 @@ class SPGBounds(ELBO):
         coupled: complementary masks across symmetric nodes inside the drawn block.
         p_mask_prompt: prompt masking probability (default 0; ``spg_public``: also each clean
             completion token left of the drawn block, per row; SPG's runs: 0.15).
-        masking: ``"block"`` (SPEC §1.5, default), ``"spg_public"`` (SPG's released code) or ``"random"``.
+        masking: ``"block"`` (docs/spec.md §1.5, default), ``"spg_public"`` (SPG's released code) or ``"random"``.
         block_length: block size (0: the rollout sampler's block length).
         eubo_beta: β of the EUBO **[choice]** (default 1.5).
     """

@@ -1,4 +1,4 @@
-"""Mean-field per-token log-likelihood of a completion (d1; SPEC §1.4 ``mean_field``).
+"""Mean-field per-token log-likelihood of a completion (d1; docs/spec.md §1.4 ``mean_field``).
 
 The prompt is masked i.i.d. with probability ``p_mask_prompt`` and the whole completion is masked;
 one forward gives ``ℓ_i = log p_θ(o_i | q^m, [M]^L)`` for every completion position. The prompt
@@ -48,7 +48,7 @@ def mask_prompt(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, mask_id: in
 
 def mean_field(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | None,
                p_mask_prompt: float = 0.15, need: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-token mean-field log-probs of ``rollout.completion_ids`` (SPEC §1.4).
+    """Per-token mean-field log-probs of ``rollout.completion_ids`` (docs/spec.md §1.4).
 
     Args:
         adapter: the policy (its grad mode is the caller's).
@@ -79,7 +79,7 @@ def mean_field(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generat
 @LIKELIHOODS.register("mean_field")
 @dataclass(frozen=True)
 class MeanField:
-    """Registered as ``mean_field`` (SPEC §1.4; d1): every token scored from the all-masked state.
+    """Registered as ``mean_field`` (docs/spec.md §1.4; d1): every token scored from the all-masked state.
 
     Attributes:
         p_mask_prompt: probability of masking each real prompt token **[choice]** (d1: 0.15).

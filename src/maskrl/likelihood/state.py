@@ -1,4 +1,4 @@
-"""State likelihood along a recorded rollout (SPEC §1.4 ``state``; RLDF, DTCA, DiSPO).
+"""State likelihood along a recorded rollout (docs/spec.md §1.4 ``state``; RLDF, DTCA, DiSPO).
 
 ``mean_field`` scores every completion token from the all-masked state, a state the sampler visits
 only at its first step. The ``state`` estimator scores each token at the state in which the sampler
@@ -141,7 +141,7 @@ def state(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | 
 @LIKELIHOODS.register("state")
 @dataclass(frozen=True)
 class State:
-    """Registered as ``state`` (SPEC §1.4; RLDF, DTCA, DiSPO): each token scored at its commit state.
+    """Registered as ``state`` (docs/spec.md §1.4; RLDF, DTCA, DiSPO): each token scored at its commit state.
 
     Attributes:
         p_mask_prompt: probability of masking each real prompt token **[choice]** (default 0.15).

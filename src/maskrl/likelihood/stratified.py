@@ -1,10 +1,10 @@
-"""Stratified Masking Likelihood (SML; SPEC §2.2, DACA-GRPO).
+"""Stratified Masking Likelihood (SML; docs/spec.md §2.2, DACA-GRPO).
 
 The valid completion positions of each sequence are split into K disjoint strata Π_1..Π_K
 (``layout: random`` -- an equal-size partition from the caller's generator, sizes differing by at
 most one -- or ``stride``: position i in stratum i mod K). For stratum s the input hides Π_s alone
 and shows every other completion token, *the tokens after the completion's first stop token
-included* (SPEC §2.2: on LLaDA that end-of-text tail is most of a 256-token completion; hiding it,
+included* (docs/spec.md §2.2: on LLaDA that end-of-text tail is most of a 256-token completion; hiding it,
 as this estimator did before issue 19, moved per-token log-probs by up to 0.21 nats on the tiny
 model and 10 nats on its 40×-sharpened copy, ``benchmarks/fidelity/fidelity_sml_dps.py``); the prompt is masked as in mean-field (one draw
 per sequence, shared by its rows). ``ℓ^SML_i = log p_θ(o_i | q^m, o_{¬Π_s})`` for i ∈ Π_s: every
@@ -16,7 +16,7 @@ all-hidden mean-field row hides them.
 The estimator returns ``ℓ = full·ℓ^full + sml·ℓ^SML`` with ``ℓ^full`` the mean-field log-prob (the
 all-hidden row, same prompt mask), computed in the same batched forward as one more row:
 
-- ratio-based bases (diffu_grpo, gdpo): ``full = sml = ½`` is SPEC's ``sml_mix: 0.5`` -- the mixed ℓ
+- ratio-based bases (diffu_grpo, gdpo): ``full = sml = ½`` is docs/spec.md's ``sml_mix: 0.5`` -- the mixed ℓ
   enters the ratio for θ, θ_old and θ_ref alike (the defaults);
 - ratio-free wd1: ``full = 1, sml = γ`` gives ``L_wd1(ℓ^full) + γ·L_wd1(ℓ^SML)`` exactly, because
   wd1's loss is linear in ℓ;
@@ -107,7 +107,7 @@ def stratified(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generat
     kinds = (list(range(k)) if sml > 0 else []) + ([k] if full > 0 else [])
     r = len(kinds)
     kind = torch.tensor(kinds, dtype=torch.long, device=device)  # [r]
-    # SPEC §2.2: a stratum row hides its valid positions only (the tail after the stop token stays visible)
+    # docs/spec.md §2.2: a stratum row hides its valid positions only (the tail after the stop token stays visible)
     hide = ((s_of[:, None, :] == kind[None, :, None]) & valid[:, None, :]) | (kind[None, :, None] == k)  # [N, r, L]
     scored = need[:, None, :] & ((s_of[:, None, :] == kind[None, :, None]) | (kind[None, :, None] == k))
     hide, scored = hide.reshape(n * r, L), scored.reshape(n * r, L)
@@ -128,12 +128,12 @@ def stratified(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generat
 @LIKELIHOODS.register("stratified")
 @dataclass(frozen=True)
 class Stratified:
-    """Registered as ``stratified`` (SPEC §2.2, SML): ``ℓ = full·ℓ^full + sml·ℓ^SML``.
+    """Registered as ``stratified`` (docs/spec.md §2.2, SML): ``ℓ = full·ℓ^full + sml·ℓ^SML``.
 
     Attributes:
         k: number of strata K **[choice]** (default 4: each token sees 75 % of the completion).
         layout: **[choice]** ``"random"`` (from the shared generator) or ``"stride"`` (i mod K).
-        full: weight of the mean-field log-prob (default 0.5 = SPEC ``sml_mix: 0.5`` for ratio bases;
+        full: weight of the mean-field log-prob (default 0.5 = docs/spec.md ``sml_mix: 0.5`` for ratio bases;
             wd1 + SML: 1).
         sml: weight of the SML log-prob (default 0.5; wd1 + SML: γ = 1; pure SML: ``full: 0, sml: 1``).
         p_mask_prompt: prompt masking probability **[choice]** (default 0.15, as mean-field).

@@ -1,4 +1,4 @@
-"""Model-family adapters, the built-in tiny model and checkpoint loading (SPEC §1.1)."""
+"""Model-family adapters, the built-in tiny model and checkpoint loading (docs/spec.md §1.1)."""
 from maskrl.models.adapter import ModelAdapter, bidirectional_mask
 from maskrl.models.loading import load
 from maskrl.models.scale import apply_lora, chat_prompt, enable_gradient_checkpointing

@@ -1,6 +1,6 @@
 """Model-family adapter: the one object the sampler, likelihood estimators and trainer talk to.
 
-It owns the special token ids (mask / eos / pad), the logit shift of the family (SPEC §1.1: none for
+It owns the special token ids (mask / eos / pad), the logit shift of the family (docs/spec.md §1.1: none for
 LLaDA-style models, one position for Dream-style ones) and the bidirectional forward. Every caller
 sees position-aligned logits: ``logits[:, i]`` predicts the token at position ``i``.
 """
@@ -107,7 +107,7 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 @dataclass
 class ModelAdapter:
-    """A masked diffusion LM behind one interface (SPEC §1.1).
+    """A masked diffusion LM behind one interface (docs/spec.md §1.1).
 
     Attributes:
         model: a transformers model (optionally wrapped by peft / accelerate) returning ``.logits``.
@@ -160,7 +160,7 @@ class ModelAdapter:
                                  "(pad_id): set tokenizer.pad_token, or pass a pad_id of the tokenizer")
 
     def check_special_ids(self) -> None:
-        """Refuse special ids that collide (SPEC §1.1): the ``[M]`` id must differ from ``eos_id``,
+        """Refuse special ids that collide (docs/spec.md §1.1): the ``[M]`` id must differ from ``eos_id``,
         ``pad_id``, every stop id and the tokenizer's pad id (with ``mask = eos`` a completion could
         never end; with ``mask = pad`` padding would read as masked positions), and ``eos_id`` must
         have a tokenizer entry (ids without one are never committed, :attr:`token_count`; a negative
@@ -193,7 +193,7 @@ class ModelAdapter:
         (``get_vocab()``, added tokens included; else ``len(tokenizer)``), ``None`` without a
         tokenizer (or one that says neither). Output-layer rows at ids ``>= token_count`` -- the
         padded rows of Qwen2-based models such as Dream-7B, which has a few hundred more output rows
-        than tokenizer ids -- are no token: never a sampler candidate (SPEC §1.2)."""
+        than tokenizer ids -- are no token: never a sampler candidate (docs/spec.md §1.2)."""
         tok = self.tokenizer
         if tok is None:
             return None
@@ -346,7 +346,7 @@ class ModelAdapter:
                         key_positions: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]] | None]:
         """Bidirectional forward of the decoder stack only (no output layer), optionally against cached
-        keys/values (Fast-dLLM prefix / dual cache, SPEC §1.2). The call enters through the model's own
+        keys/values (Fast-dLLM prefix / dual cache, docs/spec.md §1.2). The call enters through the model's own
         ``forward`` with the output layer handed zero positions (:meth:`_decoder_hidden`), so a wrapper's
         root hooks run (FSDP2).
 
@@ -460,7 +460,7 @@ class ModelAdapter:
 
     def logits_at(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """Position-aligned logits of a full bidirectional forward at chosen columns only: the output
-        layer runs on ``N·K`` hidden states, never on all ``N·T`` (SPEC §1.1; issue 12).
+        layer runs on ``N·K`` hidden states, never on all ``N·T`` (docs/spec.md §1.1; issue 12).
 
         Args:
             input_ids: ``[N, T]`` long; attention_mask: ``[N, T]`` bool.

@@ -1,4 +1,4 @@
-"""Write a trained policy in the checkpoint layout its family's own loaders read (SPEC §1.1; issues 23, 48).
+"""Write a trained policy in the checkpoint layout its family's own loaders read (docs/spec.md §1.1; issues 23, 48).
 
 :func:`save_model` asks the adapter's family (:data:`maskrl.models.families.FAMILIES`, by
 ``adapter.family``) for the layout (:meth:`~maskrl.models.families.Family.save`):
@@ -35,7 +35,7 @@ size) and ``mask_token_id``, and the tokenizer files (``tokenizer.json``, ``toke
 LoRA (peft) runs
 ----------------
 The exported folder is the *trained* model, base + adapter. A LoRA update trained at the 7-8B
-recipes' learning rates (SPEC §3, ~1e-6) is far below the resolution of a bf16 base weight (bf16
+recipes' learning rates (docs/spec.md §3, ~1e-6) is far below the resolution of a bf16 base weight (bf16
 keeps 8 significant bits: half a step at a weight of 0.05 is 1.2e-4), so adding it to the bf16
 weights rounds most of it away. :func:`save_model` therefore merges a float32 copy of the policy
 (:func:`cpu_float32_copy`: a float32 copy made on the CPU, never on the GPU; then peft's public

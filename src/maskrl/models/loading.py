@@ -1,7 +1,7 @@
 """Load published masked-diffusion checkpoints into native transformers classes, without remote code.
 
 ``load(path_or_id)`` reads ``config.json``, decides the model family and returns a
-:class:`~maskrl.models.adapter.ModelAdapter` (SPEC §1.1). No ``trust_remote_code`` anywhere: the
+:class:`~maskrl.models.adapter.ModelAdapter` (docs/spec.md §1.1). No ``trust_remote_code`` anywhere: the
 published checkpoints' own modelling files are never imported or executed.
 
 Families
@@ -63,7 +63,7 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype | str = torch.float32
     ``*ForMaskedLM``, or a plug-in's) as a :class:`ModelAdapter`.
 
     The returned adapter's ``logits(input_ids [N, T], attention_mask [N, T]) -> [N, T, V]`` is
-    position-aligned for every family (SPEC §1.1). The model is returned in ``eval()`` mode.
+    position-aligned for every family (docs/spec.md §1.1). The model is returned in ``eval()`` mode.
 
     Args:
         path_or_id: a local folder (``config.json`` + safetensors weights, tokenizer files optional)
@@ -370,7 +370,7 @@ def end_ids(cfg: dict, folder: str | os.PathLike | None = None) -> tuple[int, ..
     """Every end-of-completion id a checkpoint declares, in order, without repeats: ``config.json``'s
     ``eos_token_id`` (an int or a list, as instruct checkpoints write ``[eos, end_of_turn]``), then
     those of ``generation_config.json`` when the folder has one. The first is the adapter's
-    ``eos_id``; all of them end a completion (``ModelAdapter.stop_ids``, SPEC §1.1)."""
+    ``eos_id``; all of them end a completion (``ModelAdapter.stop_ids``, docs/spec.md §1.1)."""
     ids = list(_ids(cfg.get("eos_token_id")))
     gen = Path(folder) / "generation_config.json" if folder is not None else None
     if gen is not None and gen.is_file():

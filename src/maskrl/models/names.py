@@ -1,4 +1,4 @@
-"""Tensor names of the published checkpoint layouts against transformers' native classes (SPEC §1.1).
+"""Tensor names of the published checkpoint layouts against transformers' native classes (docs/spec.md §1.1).
 
 LLaDA's table, read by both directions (:class:`maskrl.models.families.llada.LLaDA`):
 :func:`maskrl.models.load` renames a checkpoint's tensors into the native class (:func:`llada_to_native`)

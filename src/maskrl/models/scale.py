@@ -10,7 +10,7 @@ Precision policy (what we chose and why)
   (:meth:`ModelAdapter.reference`), so no second copy of the base is held.
 * **Full fine-tuning:** keep parameters in float32 (``load(..., dtype=torch.float32)``) and get
   bf16 compute from ``accelerate`` (``mixed_precision="bf16"``, autocast). Never update bf16
-  weights directly at the learning rates of SPEC §3 (1e-6): bf16 keeps ~3 significant digits, so
+  weights directly at the learning rates of docs/spec.md §3 (1e-6): bf16 keeps ~3 significant digits, so
   such updates round to zero.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ def apply_lora(adapter: ModelAdapter, rank: int = 16, alpha: float = 32.0, dropo
 
     Only the LoRA matrices are trainable afterwards; every base parameter is frozen. The returned
     adapter's :meth:`~ModelAdapter.reference` context disables the adapters, giving the base model
-    as the reference policy (KL terms of SPEC §1.5) without a second copy of the weights. LoRA's
+    as the reference policy (KL terms of docs/spec.md §1.5) without a second copy of the weights. LoRA's
     ``B`` matrix starts at zero, so policy and reference agree until the first update.
 
     Args:

@@ -9,7 +9,7 @@ real checkpoint, so a CPU run on it exercises the 4,096-wide (3,584-wide) residu
 126,464-row (152,064-row) output layer, bf16 weights under fp32 LoRA and every id the real models
 use. No network and no remote code are involved.
 
-Published facts used (SPEC §1.1; the configs of ``GSAI-ML/LLaDA-8B-Instruct`` and
+Published facts used (docs/spec.md §1.1; the configs of ``GSAI-ML/LLaDA-8B-Instruct`` and
 ``Dream-org/Dream-v0-Instruct-7B``, the same values as :data:`maskrl.plan.KNOWN_MODELS`):
 
 * LLaDA-8B: ``d_model`` 4096, ``n_heads`` = ``n_kv_heads`` 32, ``mlp_hidden_size`` 12288,

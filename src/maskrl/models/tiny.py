@@ -1,4 +1,4 @@
-"""The built-in default model: a small Llama made bidirectional (SPEC §1.1, issue "main job").
+"""The built-in default model: a small Llama made bidirectional (docs/spec.md §1.1, issue "main job").
 
 It is a stock ``LlamaForCausalLM`` -- so safetensors save/load, accelerate and peft work unchanged
 and the code path is the one an 8B LLaDA-style model takes -- that never sees a causal mask: the

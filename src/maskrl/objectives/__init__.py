@@ -1,4 +1,4 @@
-"""Base objectives (SPEC §1.5), registered by name in :data:`OBJECTIVES`: hyper-parameters as dataclass
+"""Base objectives (docs/spec.md §1.5), registered by name in :data:`OBJECTIVES`: hyper-parameters as dataclass
 fields, tensors in ``__call__`` (protocol and metric rule: :mod:`maskrl.objectives.base`). Each built-in
 registers itself in its own file; importing this package imports them."""
 from maskrl.objectives.base import KL_LOG_RATIO_BOUND, OBJECTIVES, RATIO_LOG_BOUND, Objective, aggregate, clip_binds, \

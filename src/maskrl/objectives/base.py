@@ -1,4 +1,4 @@
-"""What every objective shares: the protocol, token-loss aggregation and the KL estimator (SPEC §1.5).
+"""What every objective shares: the protocol, token-loss aggregation and the KL estimator (docs/spec.md §1.5).
 
 An objective is a frozen dataclass registered in :data:`maskrl.objectives.OBJECTIVES`; its fields
 are its hyper-parameters with its own defaults (the YAML section ``objective: {name: ..., **fields}``).
@@ -12,7 +12,7 @@ named ``[N, L]`` tensors (the likelihood must provide them; checked at config ti
 
 and, through :class:`Objective`, declares what the trainer must provide: its default likelihood
 estimator, whether it reads θ_old (a ratio) or a reference (a KL term), and how sequence rewards
-become advantages (SPEC §1.3).
+become advantages (docs/spec.md §1.3).
 
 **Metrics are shares.** Every value in ``LossOutput.metrics`` is computed with the same
 ``normalizer`` as the loss, so the batch value is the *sum* over its micro-batches (and the mean over
@@ -69,7 +69,7 @@ KL_LOG_RATIO_BOUND = 20.0
 
 def kl3(logp: torch.Tensor, logp_ref: torch.Tensor, bound: float = KL_LOG_RATIO_BOUND) -> torch.Tensor:
     """Per-token ``k3`` KL estimate ``exp(d) − d − 1`` (≥ 0) with ``d = clamp(ℓ_ref − ℓ, −c, c)``
-    (Schulman's k3 estimator of KL(π_θ ‖ π_ref); SPEC §1.5).
+    (Schulman's k3 estimator of KL(π_θ ‖ π_ref); docs/spec.md §1.5).
 
     Args:
         logp: ``[...]`` float, ℓ under θ.
@@ -102,7 +102,7 @@ RATIO_LOG_BOUND = KL_LOG_RATIO_BOUND
 
 
 def importance_ratio(log_ratio: torch.Tensor, bound: float = RATIO_LOG_BOUND) -> torch.Tensor:
-    """``ρ = exp(clamp(d, −c, c))`` for a log-ratio ``d = ℓ_θ − ℓ_θold`` (SPEC §1.5's ratio, made finite).
+    """``ρ = exp(clamp(d, −c, c))`` for a log-ratio ``d = ℓ_θ − ℓ_θold`` (docs/spec.md §1.5's ratio, made finite).
 
     Args:
         log_ratio: ``[...]`` float, ``d`` (per token, or per sequence for GDPO), with grad.
@@ -149,7 +149,7 @@ class Objective:
     """Mixin giving a registered objective dataclass the trainer-facing declarations.
 
     Class attributes (override in a subclass):
-        default_likelihood: registry name of the SPEC §1.4 estimator used when the YAML has no
+        default_likelihood: registry name of the docs/spec.md §1.4 estimator used when the YAML has no
             ``likelihood`` section.
         default_likelihood_fields: that estimator's fields where the objective's own defaults differ
             from the estimator's (e.g. ``rldf``: ``{"p_mask_prompt": 0.0}``); also the defaults of a
@@ -174,7 +174,7 @@ class Objective:
         return getattr(self, "beta", 0.0) > 0
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-        """Sequence advantages ``[N]`` float32 from rewards ``[N]`` and group ids ``[N]`` (SPEC §1.3),
+        """Sequence advantages ``[N]`` float32 from rewards ``[N]`` and group ids ``[N]`` (docs/spec.md §1.3),
         with this objective's ``normalize`` (default ``"mean"``)."""
         return group_advantages(rewards, group_ids, getattr(self, "normalize", "mean"))
 

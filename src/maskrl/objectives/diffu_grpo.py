@@ -1,4 +1,4 @@
-"""diffu-GRPO (d1; SPEC §1.5): per-token clipped importance ratio plus β·KL3 to the reference."""
+"""diffu-GRPO (d1; docs/spec.md §1.5): per-token clipped importance ratio plus β·KL3 to the reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,7 +22,7 @@ class DiffuGRPO(Objective):
         clip_eps: ε (default 0.5, d1).
         beta: β, KL weight (default 0.04); 0 skips the reference entirely.
         aggregation: **[choice]** token-loss reduction, see :func:`maskrl.objectives.base.aggregate`.
-        normalize: group advantage normalisation **[choice]** (SPEC §1.3; d1: ``"mean"``).
+        normalize: group advantage normalisation **[choice]** (docs/spec.md §1.3; d1: ``"mean"``).
 
     Its default likelihood is ``mean_field`` as in d1; the YAML section ``likelihood: {name: state}``
     scores each token at its commit state instead (what the Sudoku demo uses).

@@ -1,4 +1,4 @@
-"""GDPO (SPEC §1.5): one clipped, length-normalised *sequence* ratio on the ELBO.
+"""GDPO (docs/spec.md §1.5): one clipped, length-normalised *sequence* ratio on the ELBO.
 
 The diffusion GDPO of Rojas et al. ("Improving reasoning for diffusion language models via group
 diffusion policy optimization", 2025) -- **not** NVIDIA's multi-reward "GDPO" of the same name.
@@ -34,7 +34,7 @@ class GDPO(Objective):
     Attributes:
         clip_eps: ε of the sequence ratio (default 0.2).
         beta: KL weight (default 0: no reference).
-        normalize: group advantage normalisation **[choice]** (SPEC §1.3; GDPO: ``"mean"``).
+        normalize: group advantage normalisation **[choice]** (docs/spec.md §1.3; GDPO: ``"mean"``).
     """
 
     default_likelihood: ClassVar[str] = "elbo"

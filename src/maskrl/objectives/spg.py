@@ -1,4 +1,4 @@
-"""SPG (SPEC §1.5): the sandwiched policy gradient of Wang et al. 2025 ("SPG: Sandwiched Policy
+"""SPG (docs/spec.md §1.5): the sandwiched policy gradient of Wang et al. 2025 ("SPG: Sandwiched Policy
 Gradient for Masked Diffusion Language Models").
 
 A ratio-free policy gradient in which the intractable ``log π(o)`` is replaced by a lower bound for
@@ -42,11 +42,11 @@ def sandwich_tokens(elbo_tok: torch.Tensor, eubo_tok: torch.Tensor, advantages: 
 @OBJECTIVES.register("spg")
 @dataclass(frozen=True)
 class SPG(Objective):
-    """Registered as ``spg`` (SPEC §1.5); see the module docstring for the loss.
+    """Registered as ``spg`` (docs/spec.md §1.5); see the module docstring for the loss.
 
     Attributes:
         omega: ω, the EUBO share of the bound for A ≤ 0 **[choice]** (default 0.5).
-        normalize: group advantage normalisation **[choice]** (SPEC §1.3; default ``"mean"``).
+        normalize: group advantage normalisation **[choice]** (docs/spec.md §1.3; default ``"mean"``).
         aggregation: **[choice]** ``"seq_mean"`` (default: each sequence's token sum divided by its
             length, then summed and divided by the trainer's global sequence count) or
             ``"token_mean"`` (sum over all tokens / the global token count: SPG's released code).

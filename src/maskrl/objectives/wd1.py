@@ -1,4 +1,4 @@
-"""wd1 (SPEC §1.5): ratio-free weighted log-likelihood over the group.
+"""wd1 (docs/spec.md §1.5): ratio-free weighted log-likelihood over the group.
 
 ``L = −Σ_n softmax(A)_n ℓ(o_n) + Σ_n softmax(−A)_n ℓ(o_n)``, the softmaxes over the G completions of
 one prompt, ``ℓ(o_n)`` the summed per-token log-likelihood (mean-field by default). The loss is linear
@@ -7,7 +7,7 @@ in ℓ: the group structure enters only through the per-sequence weight
 that sees the group ids) and the trainer broadcasts over the tokens as the "advantage". A credit
 module may then reshape it per token (DPS: ``w_n·(1 + λ·δ̄)``), and the loss is
 ``−Σ_{n,i} w_{n,i} ℓ_{n,i}`` divided by the trainer's global normaliser. Because it is linear in ℓ,
-SML's second term ``γ·L_wd1(ℓ^SML)`` (SPEC §2.2) equals ``L_wd1(γ·ℓ^SML)`` and is obtained with the
+SML's second term ``γ·L_wd1(ℓ^SML)`` (docs/spec.md §2.2) equals ``L_wd1(γ·ℓ^SML)`` and is obtained with the
 ``stratified`` likelihood's ``full: 1, sml: γ`` (one call, one forward).
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def group_softmax(x: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
 @OBJECTIVES.register("wd1")
 @dataclass(frozen=True)
 class WD1(Objective):
-    """Registered as ``wd1`` (SPEC §1.5; Tang et al., "wd1: weighted policy optimization for reasoning
+    """Registered as ``wd1`` (docs/spec.md §1.5; Tang et al., "wd1: weighted policy optimization for reasoning
     in diffusion language models", 2025).
 
     ``advantages(r, g)`` returns ``w_n = softmax_g(A)_n − softmax_g(−A)_n`` (float32 ``[N]``) with
@@ -49,9 +49,9 @@ class WD1(Objective):
     ``L = −Σ_{n,i} mask·w_{n,i}·ℓ_{n,i} / normalizer (+ β·KL3)``. Ratio-free: θ_old is never computed.
 
     Attributes:
-        normalize: group advantage normalisation before the softmax **[choice]** (SPEC §1.3; ``"mean"``;
+        normalize: group advantage normalisation before the softmax **[choice]** (docs/spec.md §1.3; ``"mean"``;
             softmax is shift-invariant, so ``mean`` equals using the raw rewards).
-        aggregation: **[choice]** ``"seq_sum"`` (default, SPEC: ``ℓ(o_n)`` the *summed* log-prob; the sum
+        aggregation: **[choice]** ``"seq_sum"`` (default, docs/spec.md: ``ℓ(o_n)`` the *summed* log-prob; the sum
             over sequences is divided by the global number of sequences N, so the loss is (1/G)·the
             per-prompt wd1 loss averaged over prompts), ``"seq_mean"`` (each sequence's ℓ averaged over
             its tokens, then summed / N) or ``"token_mean"`` (summed over all tokens / their global

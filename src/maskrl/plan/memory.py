@@ -139,7 +139,7 @@ class ActivationModel:
       activation gradients);
     * ``head(M)`` / ``head_backward(M)`` / ``propose(R)`` / ``stats(M)``: the output layer and
       log-probability of M scored positions without / with backward, the sampler's block proposal
-      (float64 Gumbel-max, SPEC §1.2) of R rows, and a credit module's token statistics of M positions
+      (float64 Gumbel-max, docs/spec.md §1.2) of R rows, and a credit module's token statistics of M positions
       (probability and entropy over the vocabulary, :func:`maskrl.credit.rldf.token_stats`).
 
     Peaks: no-grad forward ``max(decoder(R), hidden(R) + head(M))``; θ forward + backward

@@ -31,7 +31,7 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Architecture of a model family member (SPEC §1.1).
+    """Architecture of a model family member (docs/spec.md §1.1).
 
     Attributes:
         family: ``llada`` (Llama blocks, no biases), ``dream`` (Qwen2 blocks, q/k/v biases) or ``tiny``

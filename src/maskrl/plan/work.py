@@ -15,7 +15,7 @@ class Call:
     """One model forward: ``rows`` × ``seq`` tokens (``past`` cached keys), ``scored`` output-layer
     positions, in ``phase`` of loss ``term``; ``count`` times per RL step. Phases: ``rollout`` (the
     sampler's steps, its observers' included), ``credit`` (the credit modules' own no-grad forwards
-    after the rewards, e.g. RLDF / DTCA's state filter, SPEC §1.5 / §3), ``theta_old``, ``reference``,
+    after the rewards, e.g. RLDF / DTCA's state filter, docs/spec.md §1.5 / §3), ``theta_old``, ``reference``,
     ``theta``."""
 
     phase: str
@@ -70,7 +70,7 @@ def credit_rows_bound(cfg) -> int:
     ``train.prompts_per_step`` × ``train.group_size`` rollouts; modules that state none count 0).
     Unit: forward rows (sequences of P + L tokens) of one θ pass, before micro-batching and μ.
 
-    DiSPO (SPEC §4): every trajectory branches at exactly one state (the fixed schedule draws t from
+    DiSPO (docs/spec.md §4): every trajectory branches at exactly one state (the fixed schedule draws t from
     {0, …, T−1}; the threshold schedule falls back to a row's last step), so there are B·G states; a
     state is kept when its Z fillings' rewards differ, at most all of them, and each kept state is Z
     rows: B·G·Z with ``alpha_step > 0``. How many states are kept depends on the rewards, which no

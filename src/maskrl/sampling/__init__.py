@@ -1,4 +1,4 @@
-"""The one sampler for rollout and evaluation (SPEC §1.2): LLaDA low-confidence remasking with a
+"""The one sampler for rollout and evaluation (docs/spec.md §1.2): LLaDA low-confidence remasking with a
 fixed schedule, or Fast-dLLM's confidence threshold, block semi-autoregressive, batched.
 
 :func:`generate` returns a :class:`~maskrl.types.Rollout` that records, for every completion

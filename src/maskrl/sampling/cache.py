@@ -1,5 +1,5 @@
 """Which positions each sampler step forwards: no cache, or Fast-dLLM's prefix / dual key/value caches
-(Wu et al. 2025, "Fast-dLLM", §3.1-3.2; SPEC §1.2), and the output layer on the positions needed.
+(Wu et al. 2025, "Fast-dLLM", §3.1-3.2; docs/spec.md §1.2), and the output layer on the positions needed.
 
 The output layer runs only on the positions a step can commit (the current block) plus the positions
 observers ask for (:attr:`~maskrl.sampling.StepObserver.logit_scope`); no ``[N, L, V]`` tensor is

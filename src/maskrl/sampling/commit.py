@@ -1,4 +1,4 @@
-"""The commit rule as pure functions (SPEC §1.2): which ids may be candidates, the candidate draw
+"""The commit rule as pure functions (docs/spec.md §1.2): which ids may be candidates, the candidate draw
 (Gumbel-max in float64), the confidence ranking, and the fixed / threshold selection.
 
 One step of the sampler is, on the ``[n, b]`` positions of each row's current block::
@@ -10,7 +10,7 @@ One step of the sampler is, on the ``[n, b]`` positions of each row's current bl
     take = select_fixed(rank, k, eligible)  or  select_threshold(rank, prob, threshold, eligible)
     take = hold_stops(take, stop, eligible)                       # suppress_eos only
 
-DiSPO's branch fillings (SPEC §4) draw with the same :func:`gumbel_max`.
+DiSPO's branch fillings (docs/spec.md §4) draw with the same :func:`gumbel_max`.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def candidate_logits(logits: torch.Tensor, mask_id: int, token_count: int | None
 
 
 def gumbel_max(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """One sample per row of ``softmax(logits / τ)`` by the Gumbel-max trick in float64 (SPEC §1.2).
+    """One sample per row of ``softmax(logits / τ)`` by the Gumbel-max trick in float64 (docs/spec.md §1.2).
 
     The uniforms ``u [*logits.shape]`` float64 are drawn from ``generator`` on the generator's own
     device (then moved to the logits'), and ``argmax(logits / τ - log(-log u))`` is taken. ``τ = 0``
@@ -60,7 +60,7 @@ def gumbel_max(logits: torch.Tensor, temperature: float, generator: torch.Genera
 
 def propose(logits: torch.Tensor, temperature: float,
             generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidate tokens and their noise-free probabilities (SPEC §1.2).
+    """Candidate tokens and their noise-free probabilities (docs/spec.md §1.2).
 
     Args:
         logits: ``[n, b, V]`` (or any ``[..., V]``) candidate logits (:func:`candidate_logits`).
@@ -78,7 +78,7 @@ def propose(logits: torch.Tensor, temperature: float,
 
 def commit_scores(prob: torch.Tensor, eligible: torch.Tensor, remasking: str, generator: torch.Generator | None,
                   stop: torch.Tensor | None = None) -> torch.Tensor:
-    """The score positions are ranked by (SPEC §1.2).
+    """The score positions are ranked by (docs/spec.md §1.2).
 
     Args:
         prob: ``[n, b]`` float32 confidences of the candidates.
@@ -121,7 +121,7 @@ def select_threshold(rank: torch.Tensor, prob: torch.Tensor, threshold: float, e
 
 
 def hold_stops(take: torch.Tensor, stop: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:
-    """``suppress_eos`` (SPEC §1.2): a stop candidate is committed only when no other candidate is left
+    """``suppress_eos`` (docs/spec.md §1.2): a stop candidate is committed only when no other candidate is left
     in the block -- at a step where every eligible non-stop candidate of its row's block is committed
     too. Whatever the schedule: the fixed schedule's top-k already ranks stops last (a no-op there);
     under the threshold schedule a confident stop waits for the rest of the block.

@@ -1,4 +1,4 @@
-"""The sampler's settings (SPEC §1.2): :class:`SamplerConfig` and the names of its choices."""
+"""The sampler's settings (docs/spec.md §1.2): :class:`SamplerConfig` and the names of its choices."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +16,7 @@ DREAM_DTYPES = ("float32", "model")
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    """Sampler settings (SPEC §1.2).
+    """Sampler settings (docs/spec.md §1.2).
 
     Attributes:
         gen_length: completion length L in tokens.
@@ -256,7 +256,7 @@ class SamplerConfig:
                 or self.top_p < 1.0 or self.alg_temp > 0)
 
     def commits_per_step(self) -> list[int]:
-        """Fixed schedule: tokens committed at each step of a block, ``k_j`` (SPEC §1.2): the block's
+        """Fixed schedule: tokens committed at each step of a block, ``k_j`` (docs/spec.md §1.2): the block's
         ``b`` masks split evenly over its ``steps/(L/b)`` steps, remainder to the earliest steps."""
         spb = self.steps // self.num_blocks
         base, rem = divmod(self.block_length, spb)

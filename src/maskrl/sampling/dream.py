@@ -1,4 +1,4 @@
-"""Dream's own decoding rule (Dream 7B, Ye et al. 2025, ``diffusion_generate``; SPEC §1.2) and
+"""Dream's own decoding rule (Dream 7B, Ye et al. 2025, ``diffusion_generate``; docs/spec.md §1.2) and
 Fast-dLLM's Dream block variant (Wu et al. 2025, ``generation_utils_block.py``) as pure functions the
 one sampler calls when :attr:`SamplerConfig.dream_rule` holds.
 

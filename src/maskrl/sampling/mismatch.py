@@ -15,7 +15,7 @@ def rollout_mismatch(adapter: ModelAdapter, rollout: Rollout) -> dict[str, float
 
     For every committed completion token ``(i, j)`` with commit step ``t``, recompute
     ``log p_theta(y_ij | x_t)`` by a full bidirectional forward at the commit state ``x_t`` (the
-    completion with every position committed at step ``>= t`` masked, SPEC §1.4) and compare it with
+    completion with every position committed at step ``>= t`` masked, docs/spec.md §1.4) and compare it with
     the sampler's ``log commit_prob``. With ``cache="none"`` the two agree up to float rounding; with a
     cache the gap is what the cache costs in off-policyness. The output layer runs only at the
     committed positions of each state. Costs one forward of the rows committing at each distinct step.

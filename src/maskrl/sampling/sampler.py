@@ -1,4 +1,4 @@
-"""The sampler's loop (SPEC §1.2): :func:`generate` denoises a batch block by block, one step at a time,
+"""The sampler's loop (docs/spec.md §1.2): :func:`generate` denoises a batch block by block, one step at a time,
 as a sequence of named stages (what to forward, the forwards, the output layer, the commit rule, the
 write-back, the observers' view, the block advance), with the rank lockstep around them.
 
@@ -319,7 +319,7 @@ def generate(
     all_done: Callable[[bool], bool] | None = None,
     ranks_max: Callable[[list[int]], list[int]] | None = None,
 ) -> Rollout:
-    """Denoise ``[prompt ; [M]×L]`` into completions (SPEC §1.2; the package docstring says what is
+    """Denoise ``[prompt ; [M]×L]`` into completions (docs/spec.md §1.2; the package docstring says what is
     recorded, :mod:`maskrl.sampling.cache` which positions each step forwards).
 
     Args:

@@ -110,12 +110,12 @@ class StepObserver(Protocol):
     ``"block"``, which costs nothing extra):
 
     - ``logit_scope``: ``"block"`` (the current block), ``"masked"`` (every completion position still
-      holding ``[M]`` before the step: DPS scope "all", SPEC §2.1) or ``"completion"`` (all L);
+      holding ``[M]`` before the step: DPS scope "all", docs/spec.md §2.1) or ``"completion"`` (all L);
     - or ``logit_positions(step, rows, masked, block_start) -> str | Tensor[n, L] bool``, asked before
-      each step (e.g. DiSPO, SPEC §4: ``"masked"`` at its chosen step only, ``"block"`` otherwise).
+      each step (e.g. DiSPO, docs/spec.md §4: ``"masked"`` at its chosen step only, ``"block"`` otherwise).
 
     Whether those logits must be theta's exact ones is declared by ``exact_logits`` (bool, default
-    False): True for statistics defined on theta's distribution at the rollout state (DPS's δ, SPEC
+    False): True for statistics defined on theta's distribution at the rollout state (DPS's δ, docs/spec.md
     §2.1; DiSPO's fillings, §4; RLDF/DTCA's commit probabilities, §1.5/§3). Under a cache, the
     sampler then gives the view of every row the observer asks for (a non-empty scope) exact logits,
     or refuses (:attr:`SamplerConfig.observer_logits`). Observers that only watch the sampler's own

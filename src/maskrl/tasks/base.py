@@ -1,4 +1,4 @@
-"""The task protocol: a data loader, a prompt template and a reward (docs/architecture.md, SPEC §5).
+"""The task protocol: a data loader, a prompt template and a reward (docs/architecture.md, docs/spec.md §5).
 
 A task turns rows of a data file into :class:`Example` records and scores completions with
 ``reward(prompts, completions, **columns) -> list[float]`` -- the call shape TRL reward functions

@@ -1,8 +1,8 @@
-"""Code generation tasks MBPP (sanitized) and HumanEval (SPEC §5), scored in :mod:`maskrl.sandbox`.
+"""Code generation tasks MBPP (sanitized) and HumanEval (docs/spec.md §5), scored in :mod:`maskrl.sandbox`.
 
 Reward (training reward = evaluation metric) = fraction of the problem's tests that pass when the
 completion's code runs in the sandbox; a completion counts as correct (accuracy) only at 1.0, i.e.
-when every test passes, which is SPEC §5's pass/fail metric. The tests never enter the sandbox:
+when every test passes, which is docs/spec.md §5's pass/fail metric. The tests never enter the sandbox:
 they run on the trusted side and call the program's functions across the boundary, which returns
 plain data only (:func:`maskrl.sandbox.run_program`; guarantees in ``docs/sandbox.md``).
 

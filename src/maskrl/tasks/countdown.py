@@ -1,4 +1,4 @@
-"""Countdown with 3 numbers (SPEC §5): d1's ``countdown_cd3_test.jsonl`` for evaluation,
+"""Countdown with 3 numbers (docs/spec.md §5): d1's ``countdown_cd3_test.jsonl`` for evaluation,
 solver-generated problems for training.
 
 Reward: 1.0 for an equation that uses each given number exactly once and evaluates to the target;
@@ -112,7 +112,7 @@ def parse_equation(text: str, prompt: str | None = None,
 
 def countdown_reward(numbers: Sequence[int], target: int, completion: str, prompt: str | None = None,
                      require_final_answer: bool = False) -> float:
-    """1.0 correct, 0.1 well-formed but wrong, 0.0 otherwise (SPEC §5; docs/benchmarks.md)."""
+    """1.0 correct, 0.1 well-formed but wrong, 0.0 otherwise (docs/spec.md §5; docs/benchmarks.md)."""
     parsed = parse_equation(completion, prompt, require_final_answer)
     if parsed is None:
         return 0.0

@@ -1,4 +1,4 @@
-"""Reading the final answer out of a completion: one set of rules shared by every task (SPEC §5).
+"""Reading the final answer out of a completion: one set of rules shared by every task (docs/spec.md §5).
 
 Every task that extracts something from a completion (math answers, Countdown equations, Sudoku
 grids, JSON values, code) goes through these helpers, so the rules are the same everywhere:

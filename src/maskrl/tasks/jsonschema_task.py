@@ -1,4 +1,4 @@
-"""JSON-schema following (SPEC §5): JSONSchemaBench subsets (schemas only, no reference outputs).
+"""JSON-schema following (docs/spec.md §5): JSONSchemaBench subsets (schemas only, no reference outputs).
 
 Reward (training reward = evaluation metric): 1.0 when the completion's JSON value parses and
 validates against the row's schema with the ``jsonschema`` library, else 0.0.
@@ -55,7 +55,7 @@ SUBSETS = {
     "Github_easy": "jsonschemabench/Github_easy.jsonl",
 }
 #: Glaiveai2K: short, self-contained schemas (function-call arguments, no ``$ref``), whose instances
-#: fit the 128-512-token generation lengths of SPEC §5.
+#: fit the 128-512-token generation lengths of docs/spec.md §5.
 DEFAULT_SUBSET = "Glaiveai2K"
 DEFAULT_VALIDATOR = Draft7Validator
 #: how many ``{``/``[`` positions :func:`extract_json` tries before giving up

@@ -1,4 +1,4 @@
-"""GSM8K and MATH-500 (SPEC §5): a final answer checked for equivalence with math-verify.
+"""GSM8K and MATH-500 (docs/spec.md §5): a final answer checked for equivalence with math-verify.
 
 Reward (training reward = evaluation metric): 1.0 when the answer extracted from the completion is
 equivalent to the gold answer according to math-verify, with numbers compared relatively at every
@@ -246,7 +246,7 @@ def extract_answer(completion: str | None, prompt: str | None = None,
 
 
 class MathTask(Task):
-    """Shared reward of the math tasks (SPEC §5). Subclasses implement :meth:`parse`.
+    """Shared reward of the math tasks (docs/spec.md §5). Subclasses implement :meth:`parse`.
 
     Args:
         timeout_s: hard wall-clock limit per verification (seconds); a hung item scores 0.0.
@@ -387,7 +387,7 @@ class MATH500(MathTask):
     hub_id = "HuggingFaceH4/MATH-500"
 
     def train_split(self, path: str | Path | None = None) -> list[Example]:
-        """MATH's train split for RL / SFT prompts (SPEC §4: the DTCA / RLDF MATH recipes train on its
+        """MATH's train split for RL / SFT prompts (docs/spec.md §4: the DTCA / RLDF MATH recipes train on its
         7,500 problems): ``math500/train.jsonl`` in the data folder. Rows whose problem is one of the
         MATH-500 test problems (when the test file is there) are dropped, with a warning.
 

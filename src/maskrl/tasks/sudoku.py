@@ -1,4 +1,4 @@
-"""4x4 Sudoku (SPEC §5): the d1 test CSV for evaluation, generated puzzles for training.
+"""4x4 Sudoku (docs/spec.md §5): the d1 test CSV for evaluation, generated puzzles for training.
 
 Reward = fraction of blank cells filled correctly (1.0 = solved): the cell accuracy papers report
 (d1, DiSPO). The grid is the one the completion gives as its answer (:func:`extract_grid_digits`:
@@ -90,7 +90,7 @@ def extract_grid_digits(completion: str, prompt: str | None = None, require_fina
 def cell_reward(puzzle: str, solution: str, completion: str, prompt: str | None = None,
                 require_final_answer: bool = False) -> float:
     """Fraction of ``puzzle``'s blanks whose digit in the completion's grid (:func:`extract_grid_digits`)
-    equals ``solution`` (SPEC §5; docs/benchmarks.md). 1.0 for a puzzle without blanks."""
+    equals ``solution`` (docs/spec.md §5; docs/benchmarks.md). 1.0 for a puzzle without blanks."""
     digits = extract_grid_digits(completion, prompt, require_final_answer)
     blanks = [i for i, ch in enumerate(puzzle) if ch == "0"]
     if not blanks:

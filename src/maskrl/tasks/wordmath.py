@@ -1,5 +1,5 @@
 """``wordmath``: generated arithmetic word problems, a CPU-scale natural-language task (issue 10 item 2)
-on which parts of speech mean something at tiny scale (DTCA, SPEC §3).
+on which parts of speech mean something at tiny scale (DTCA, docs/spec.md §3).
 
 A problem names a person, an object, a verb and one or two operations (``+``, ``-``, ``×``); the
 answer is one short English reasoning sentence and a final number, e.g.::

@@ -1,4 +1,4 @@
-"""Every seed the RL trainer draws from, one named function each (SPEC §1.4: explicit generators,
+"""Every seed the RL trainer draws from, one named function each (docs/spec.md §1.4: explicit generators,
 never the global RNG).
 
 The integers are part of a run's definition: a checkpoint resumes exactly because each stream is
@@ -26,7 +26,7 @@ def mask_seed(base: int, step: int, iteration: int, micro_batch: int, term: int 
     """Seed of the likelihood masks of (step, inner iteration, global micro-batch index, loss term).
 
     The same seed is used for θ, θ_old and θ_ref, so their masks are identical within an inner
-    iteration; a new iteration or step gives a new mask (SPEC §1.4). Term 0 (the base objective)
+    iteration; a new iteration or step gives a new mask (docs/spec.md §1.4). Term 0 (the base objective)
     keeps the seeds of earlier versions.
     """
     return ((base + 7919 * term) * 1_000_003 + step * 10_007 + iteration * 101 + micro_batch) % SEED_MODULUS

@@ -1,5 +1,5 @@
 """What a model family is: one class per published checkpoint layout, registered by name and detected
-from ``config.json`` (SPEC §1.1; issue 48, "the shape it lands in").
+from ``config.json`` (docs/spec.md §1.1; issue 48, "the shape it lands in").
 
 A family holds everything that differs between layouts -- its config mapping onto a transformers class,
 its tensor names, its special ids, its attention kind (full, or block-causal with a block size), its

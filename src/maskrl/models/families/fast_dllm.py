@@ -1,6 +1,6 @@
 """Fast-dLLM v2 (``model_type: "Fast_dLLM_Qwen"``, ``Fast_dLLM_QwenForCausalLM``; NVlabs/Fast-dLLM v2,
 ``Efficient-Large-Model/Fast_dLLM_v2_7B``): block diffusion on Qwen2.5, loaded into transformers' own
-:class:`~transformers.Qwen2ForCausalLM` without remote code (SPEC §1.1; issue 48).
+:class:`~transformers.Qwen2ForCausalLM` without remote code (docs/spec.md §1.1; issue 48).
 
 Facts relied on (the family's ``modeling.py`` / ``configuration.py`` as published with the 7B model):
 

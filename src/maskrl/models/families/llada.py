@@ -1,5 +1,5 @@
 """LLaDA (``model_type: "llada"``, e.g. ``GSAI-ML/LLaDA-8B-Instruct``; remote class ``LLaDAModelLM``):
-loaded into :class:`~transformers.LlamaForCausalLM`, full bidirectional attention, no logit shift (SPEC §1.1).
+loaded into :class:`~transformers.LlamaForCausalLM`, full bidirectional attention, no logit shift (docs/spec.md §1.1).
 
 OLMo-style config keys are converted to a :class:`~transformers.LlamaConfig` and the weights are
 renamed into :class:`~transformers.LlamaForCausalLM`, which the adapter runs with an all-attend 4-D

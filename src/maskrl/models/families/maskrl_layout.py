@@ -1,5 +1,5 @@
 """maskrl's own layouts: the built-in tiny model's folders (``maskrl_family`` key) and ``*ForMaskedLM``
-checkpoints of classes transformers knows (SPEC §1.1).
+checkpoints of classes transformers knows (docs/spec.md §1.1).
 
 ``tiny`` (a folder written by :func:`maskrl.models.save_model`; ``maskrl_family`` key, and
 ``model_type: "maskrl_tiny"`` so that no plain transformers load passes silently)

@@ -1,6 +1,6 @@
 """SDAR / TraDo (``model_type: "sdar"``, ``SDARForCausalLM``; JetAstra/SDAR, Gen-Verse TraDo): block
 diffusion on Qwen3, loaded into transformers' own :class:`~transformers.Qwen3ForCausalLM` without remote
-code (SPEC §1.1; issue 48).
+code (docs/spec.md §1.1; issue 48).
 
 Facts relied on (JetAstra/SDAR ``training/model/SDAR-{4B,8B}-Chat/{config.json, configuration_sdar.py,
 modeling_sdar.py}`` and ``generate.py``, commit c2041a8):
