@@ -319,7 +319,7 @@ class RLTrainer:
         self.policy.model.eval()
         if self.acc.num_processes > 1:
             sums["pad_forwards"] = float(n_pad)
-        return self._mean_over_processes(sums)
+        return mean_over_processes(self.acc, sums)  # each metric averaged over the processes
 
     @torch.no_grad()
     def _frozen_log_probs(self, plans: list[TermPlan], mu: int) -> tuple[dict, dict, int]:
@@ -418,10 +418,6 @@ class RLTrainer:
         for _ in range(k, mu):
             self.scheduler.step()
 
-    def _mean_over_processes(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Average each metric over the processes (:func:`~maskrl.training.lockstep.mean_over_processes`)."""
-        return mean_over_processes(self.acc, metrics)
-
     def _loglik(self, term: LossTerm, adapter: ModelAdapter, rollout: Rollout, seed: int,
                 need: torch.Tensor) -> torch.Tensor | PerToken:
         """The term's likelihood on ``rollout`` under mask seed ``seed``, checked at the seam and cut to
@@ -445,9 +441,8 @@ class RLTrainer:
         self._skip_reason = None
         batch = self.collect()
         t1 = time.time()
-        mismatch = {}
-        if self.sampler.mismatch_every and self.step_count % self.sampler.mismatch_every == 0:
-            mismatch = self._rollout_mismatch(batch)  # before the update, against the sampling θ
+        due = self.sampler.mismatch_every and self.step_count % self.sampler.mismatch_every == 0
+        mismatch = self._rollout_mismatch(batch) if due else {}  # before the update, against the sampling θ
         if self._any_rank(self._skip_reason is not None):  # train.on_nonfinite: skip, at the rollout
             self._skip_update(0, self.tc.inner_iterations)
             metrics = {}
