@@ -167,7 +167,7 @@ def test_suppress_eos_ranks_stops_last_under_entropy():
     (dict(schedule="threshold", top_k=50), "maskgit_plus"),
     (dict(schedule="threshold", remasking="maskgit_plus", alg_temp=0.5), "alg_temp"),
     (dict(schedule="fixed", remasking="entropy", block_first="forced"), "block_first 'forced'"),
-    (dict(schedule="threshold", block_first="forced"), "maskgit_plus"),
+    (dict(schedule="threshold", remasking="random", block_first="forced"), "maskgit_plus"),
     (dict(schedule="dream", block_first="forced", steps=2), "2 per block"),
     (dict(schedule="dream", block_first="forced", suppress_eos=True), "suppress_eos"),
     (dict(schedule="dream", block_first="first"), "block_first"),

@@ -36,7 +36,7 @@ def sampler_settings(gen_length: int, block_length: int, temperature: float, ste
     default ``gen_length // 2``)."""
     steps = steps or max(gen_length // 2, gen_length // block_length)
     out = {}
-    for cache in CACHES:
+    for cache in (c for c in CACHES if c != "block"):  # the block cache needs a block-diffusion model
         for sched in ("fixed", "threshold"):  # LLaDA's rule; Dream's (schedule dream) is not benchmarked here
             out[f"{cache}/{sched}"] = SamplerConfig(gen_length=gen_length, block_length=block_length, steps=steps,
                                                     temperature=temperature, schedule=sched, threshold=threshold,

@@ -157,7 +157,7 @@ def cmd_generate(args) -> int:
     try:
         sampler = SamplerConfig(gen_length=gen_length, block_length=block_length, steps=steps,
                                 temperature=args.temperature, schedule=args.schedule, threshold=args.threshold,
-                                cache=args.cache)
+                                cache=args.cache, remasking=args.remasking, early_stop=args.early_stop)
     except ValueError as e:
         raise ValueError(f"--gen-length / --block-length / --steps / --temperature / --threshold: {e}") from None
     prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
@@ -314,8 +314,14 @@ def _add_eval_parsers(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--schedule", default="fixed", choices=["fixed", "threshold"])
     p.add_argument("--threshold", type=float, default=0.9)
-    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual"],
-                   help="Fast-dLLM key/value cache (none: exact full forwards)")
+    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual", "block"],
+                   help="Fast-dLLM key/value cache (none: exact full forwards; block: a block-diffusion model's "
+                        "exact cache)")
+    p.add_argument("--remasking", default="low_confidence",
+                   choices=["low_confidence", "sequential", "low_confidence_static", "low_confidence_dynamic",
+                            "entropy_bounded"], help="which masks each step commits (docs/sampler.md)")
+    p.add_argument("--early-stop", action="store_true",
+                   help="block-diffusion models: a row stops at the block holding its first stop id")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
                    help="apply the tokenizer's chat template (default: the model's prompt card, else on)")

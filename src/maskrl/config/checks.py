@@ -125,7 +125,7 @@ def _check_observer_logits(cfg: "RunConfig") -> None:
     must be theta's exact ones (its observers declare ``exact_logits``; issue 19 item 3). Decided
     here, before any model is loaded, naming the fields."""
     r = cfg.rollout
-    if r.cache == "none" or r.observer_logits != "refuse":
+    if r.exact_cache or r.observer_logits != "refuse":
         return
     import torch
 

@@ -78,7 +78,7 @@ def commit_probs(rollout: Rollout, who: str) -> torch.Tensor:
     """
     if "theta_commit_prob" in rollout.step_stats:
         return rollout.step_stats["theta_commit_prob"].to(rollout.commit_prob.device)
-    if getattr(rollout.sampler, "cache", "none") != "none":
+    if getattr(rollout.sampler, "cache", "none") not in ("none", "block"):  # the block cache's logits are exact
         raise ValueError(f"{who}: the rollout used cache={rollout.sampler.cache!r}, so its commit_prob comes from cached "
                          "logits; pass the module's observers to generate() (they record theta's exact p_i)")
     return rollout.commit_prob

@@ -342,7 +342,8 @@ class ModelAdapter:
 
     def decoder_forward(self, input_ids: torch.Tensor, key_mask: torch.Tensor, position_ids: torch.Tensor,
                         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                        return_kv: bool = False, replace: torch.Tensor | None = None
+                        return_kv: bool = False, replace: torch.Tensor | None = None,
+                        key_positions: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]] | None]:
         """Bidirectional forward of the decoder stack only (no output layer), optionally against cached
         keys/values (Fast-dLLM prefix / dual cache, SPEC §1.2). The call enters through the model's own
@@ -365,6 +366,11 @@ class ModelAdapter:
                 take the place of (Fast-dLLM's dual cache, which writes the block's fresh keys over its
                 cached ones): the keys are then attended in ``past``'s own order, ``key_mask`` is
                 ``[N, K]``, and ``past`` is still not modified.
+            key_positions: ``[N, K + Q]`` long positions of the keys (cached, then new). A block-diffusion
+                model (:attr:`block_size`) lets query ``i`` attend key ``j`` only when ``j`` is valid and
+                ``block(j) <= block(i)`` (:func:`block_causal_mask`); without a cache the keys are the
+                queries (default: ``position_ids``); with one they must be given. Ignored by full-attention
+                models.
 
         Returns:
             ``(hidden [N, Q, d] after the final norm, kv or None)``. ``hidden[:, i]`` is the input of
@@ -372,6 +378,8 @@ class ModelAdapter:
 
         Raises:
             NotImplementedError: for ``attention == "2d"`` models.
+            ValueError: a ``key_mask`` of the wrong shape; a block model given ``replace``, or a cache
+                without ``key_positions``.
         """
         from transformers import DynamicCache
 
@@ -384,7 +392,8 @@ class ModelAdapter:
             raise ValueError(f"key_mask {tuple(key_mask.shape)} must be [N, {'K' if replace is not None else 'K + Q'}]"
                              f" = [{n}, {keys}]")
         mask = torch.zeros((n, 1, q, keys), dtype=self.dtype, device=input_ids.device)
-        mask = mask.masked_fill(~key_mask.bool()[:, None, None, :], torch.finfo(self.dtype).min)
+        mask = mask.masked_fill(~self._attends(key_mask, position_ids, past, replace, key_positions)[:, None],
+                                torch.finfo(self.dtype).min)
         use_cache = past is not None or return_kv
         cache = (DynamicCache(ddp_cache_data=[(k, v) for k, v in past]) if past is not None else DynamicCache()) if use_cache else None
         if replace is not None:
@@ -398,6 +407,23 @@ class ModelAdapter:
         if return_kv:
             kv = [(layer.keys[..., k_len:, :], layer.values[..., k_len:, :]) for layer in cache.layers]
         return hidden, kv
+
+    def _attends(self, key_mask: torch.Tensor, position_ids: torch.Tensor, past: Any, replace: Any,
+                 key_positions: torch.Tensor | None) -> torch.Tensor:
+        """``[N, 1 or Q, K]`` bool, which keys each query of :meth:`decoder_forward` attends: every valid key,
+        or for a block model the valid keys of its own and earlier blocks."""
+        keep = key_mask.bool()[:, None, :]
+        if self.block_size is None:
+            return keep
+        if replace is not None:
+            raise ValueError("a block-diffusion model (block_size set) has no dual cache: replace must be None")
+        if key_positions is None and past is not None:
+            raise ValueError("a block-diffusion model's decoder_forward against a cache needs key_positions")
+        kp = position_ids if key_positions is None else key_positions
+        if kp.shape != key_mask.shape:
+            raise ValueError(f"key_positions {tuple(kp.shape)} must be key_mask's shape {tuple(key_mask.shape)}")
+        qb, kb = block_index(position_ids, self.block_size), block_index(kp, self.block_size)
+        return keep & (kb[:, None, :] <= qb[:, :, None])
 
     def _decoder_hidden(self, **inputs: Any) -> torch.Tensor:
         """``[N, Q, d]``: the decoder stack's output (after the final norm) of a forward entered through the

@@ -32,10 +32,15 @@ from maskrl.sampling.config import SamplerConfig
 class Forward:
     """One decoder forward of a step: ``rows [g]`` long (indices into the step's ``n`` rows) and
     whether it is a full forward of those rows (``window=False``) or a window forward against the
-    cache (``window=True``; the rows of one window forward share their window width)."""
+    cache (``window=True``; the rows of one window forward share their window width). ``refill``
+    (``cache="block"`` only): ``"prompt"`` -- the window runs from column 0 through the block (the
+    complete prompt blocks, block-causal, and the first block), ``"block"`` -- the previous, now
+    complete, block and this one; both write their keys/values into the cache; ``""`` -- the block
+    alone, reading the cache."""
 
     rows: torch.Tensor
     window: bool
+    refill: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,12 +101,15 @@ def plan_forwards(cache: str, block_length: int, refresh: torch.Tensor, start: t
             the column left of it); 0 otherwise (the window then holds that column too).
 
     Returns:
-        A :class:`StepForwards`: with ``cache="none"`` one full forward of every row; else one full
+        A :class:`StepForwards`: with ``cache="none"`` one full forward of every row; with ``"block"``
+        the block cache's window forwards (:func:`_block_plan`); else one full
         forward of the refreshing rows, then one window forward of the others (dual) or one per
         distinct block start, ascending (prefix).
     """
     n = start.shape[0]
     every = torch.arange(n, device=start.device)
+    if cache == "block":
+        return _block_plan(block_length, refresh, start, L, requested)
     if cache == "none":
         full = torch.ones(n, dtype=torch.bool, device=start.device)
         forwards = [Forward(every, window=False)]
@@ -126,6 +134,27 @@ def plan_forwards(cache: str, block_length: int, refresh: torch.Tensor, start: t
         if inside is not None:
             redo = redo | ~inside
     elif inside is not None:
+        redo = ~inside
+    return StepForwards(forwards, full, lo, hi, inside, redo)
+
+
+def _block_plan(block_length: int, refresh: torch.Tensor, start: torch.Tensor, L: int,
+                requested: torch.Tensor | None) -> StepForwards:
+    """:func:`plan_forwards` for ``cache="block"`` (:mod:`maskrl.sampling.blockcache`): rows at their first
+    block refill from column 0, rows at a later block's first step refill the previous block, the others
+    read the cache; every row's logits are exact (the cache holds complete blocks only). Rows asking for
+    logits beyond their block get the observers' extra full forward."""
+    forwards = []
+    for rows, refill in ((refresh & (start == 0), "prompt"), (refresh & (start > 0), "block"), (~refresh, "")):
+        if rows.any():
+            forwards.append(Forward(rows.nonzero().squeeze(-1), window=True, refill=refill))
+    full = torch.ones_like(refresh)
+    lo, hi = start, (start + block_length).clamp(max=L)
+    inside = redo = None
+    if requested is not None:
+        pos = torch.arange(L, device=start.device)
+        window = (pos[None, :] >= lo[:, None]) & (pos[None, :] < hi[:, None])
+        inside = ~(requested & ~window).any(-1)
         redo = ~inside
     return StepForwards(forwards, full, lo, hi, inside, redo)
 

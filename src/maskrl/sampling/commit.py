@@ -129,3 +129,90 @@ def hold_stops(take: torch.Tensor, stop: torch.Tensor, eligible: torch.Tensor) -
     """
     left = (eligible & ~stop & ~take).any(-1, keepdim=True)  # [n, 1]
     return take & ~(stop & left)
+
+
+# ---------------------------------------------------------------- block-diffusion strategies (SDAR)
+def block_candidates(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float,
+                     generator: torch.Generator | None, entropy: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Candidates and confidences of the block-diffusion families' strategies (SDAR's
+    ``sample_with_temperature_topk_topp``: logits divided by τ, then top-k, then top-p filtered; the
+    candidate drawn from that distribution, its confidence = the candidate's probability under it).
+
+    Args:
+        logits: ``[n, b, V]`` candidate logits (:func:`candidate_logits`: ``[M]`` and id-less rows ``-inf``).
+        temperature: τ; 0 = the argmax, confidence from the filtered softmax at τ = 1 (SDAR's greedy limit).
+        top_k: keep the ``top_k`` largest logits (``None``: off); top_p: nucleus mass (1.0: off).
+        generator: the Gumbel-max draw's noise (:func:`gumbel_max`; τ > 0 only).
+        entropy: also return the entropy (nats) of that distribution (``entropy_bounded``).
+
+    Returns:
+        ``(cand [n, b] long, confidence [n, b] float32, prob [n, b] float32, entropy [n, b] float32 or None)``;
+        ``prob`` is the noise-free ``softmax(logits)[cand]`` (the recorded ``commit_prob``).
+    """
+    from maskrl.sampling.dream import filter_top_k, filter_top_p
+
+    z = logits.float() / (temperature if temperature > 0 else 1.0)
+    z = filter_top_p(filter_top_k(z, top_k), top_p)
+    cand = gumbel_max(z, temperature, generator)
+    logp = torch.log_softmax(z, dim=-1)
+    conf = logp.gather(-1, cand[..., None]).squeeze(-1).exp()
+    prob = torch.softmax(logits.float(), dim=-1).gather(-1, cand[..., None]).squeeze(-1)
+    ent = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1) if entropy else None
+    return cand, conf, prob, ent
+
+
+def select_sequential(eligible: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """SDAR's ``sequential``: the first ``k [n]`` masks of the block, left to right; ``[n, b]`` bool."""
+    return eligible & (eligible.long().cumsum(-1) <= k[:, None])
+
+
+def select_dynamic(conf: torch.Tensor, eligible: torch.Tensor, k: torch.Tensor, threshold: float) -> torch.Tensor:
+    """SDAR's ``low_confidence_dynamic``: every mask whose confidence exceeds ``threshold`` (strictly)
+    when they are at least ``k [n]``, else the ``k`` most confident (:func:`select_fixed`); ``[n, b]`` bool.
+    ``k`` is capped at the masks left (SDAR's top-k would otherwise also pick filled positions)."""
+    high = eligible & (conf > threshold)
+    k = torch.minimum(k, eligible.sum(-1))
+    top = select_fixed(rank_positions(commit_scores(conf, eligible, "low_confidence", None)), k, eligible)
+    return torch.where((high.sum(-1) >= k)[:, None], high, top)
+
+
+def select_entropy_bounded(entropy: torch.Tensor, eligible: torch.Tensor, gamma: float) -> torch.Tensor:
+    """The entropy-bounded sampler (Ben-Hamu et al. 2025, "EB-sampler"): sort the masks by entropy
+    ascending and accept the largest prefix of k >= 1 with ``Σ H − max H <= γ`` (sorted ascending, the
+    sum of the first k − 1 entropies); ``entropy [n, b]`` float, ``[n, b]`` bool (ties: left first)."""
+    h = entropy.masked_fill(~eligible, float("inf"))
+    order = h.argsort(dim=-1, stable=True)
+    hs = h.gather(-1, order)
+    before = torch.cat([torch.zeros_like(hs[:, :1]), hs[:, :-1].cumsum(-1)], dim=-1)  # Σ of those ranked before
+    keep = torch.isfinite(hs) & (before <= gamma)
+    return torch.zeros_like(eligible).scatter_(1, order, keep)
+
+
+def select_block(remasking: str, eligible: torch.Tensor, k: torch.Tensor, conf: torch.Tensor,
+                 entropy: torch.Tensor | None, threshold: float, gamma: float) -> torch.Tensor:
+    """The block-diffusion strategy ``remasking`` (:data:`~maskrl.sampling.config.BLOCK_REMASKING`) on one
+    step: ``eligible [n, b]`` masks of the current block, ``k [n]`` the step's transfer count (capped at
+    the masks left), ``conf [n, b]`` confidences, ``entropy [n, b]`` (``entropy_bounded`` only);
+    ``[n, b]`` bool positions to commit. Raises ``ValueError`` on an unknown name."""
+    k = torch.minimum(k, eligible.sum(-1))
+    if remasking == "sequential":
+        return select_sequential(eligible, k)
+    if remasking == "low_confidence_static":
+        return select_fixed(rank_positions(commit_scores(conf, eligible, "low_confidence", None)), k, eligible)
+    if remasking == "low_confidence_dynamic":
+        return select_dynamic(conf, eligible, k, threshold)
+    if remasking == "entropy_bounded":
+        return select_entropy_bounded(entropy, eligible, gamma)
+    raise ValueError(f"remasking {remasking!r} is not a block-diffusion strategy")
+
+
+def open_sub_block(position: torch.Tensor, eligible: torch.Tensor, block_length: int, sub_block_length: int
+                   ) -> torch.Tensor:
+    """Fast-dLLM v2's sub-blocks: ``[n, b]`` bool, the positions of the first sub-block (``sub_block_length``
+    positions, counted from the block's start) that still holds an ``eligible [n, b]`` mask; a step commits
+    only there. ``position [n, b]`` long: the positions counted from each row's first real token (so that
+    ``position % block_length`` is the offset in the block)."""
+    sub = torch.div(position % block_length, sub_block_length, rounding_mode="floor")  # [n, b]
+    first = sub.masked_fill(~eligible, block_length).min(-1, keepdim=True).values
+    return sub == first

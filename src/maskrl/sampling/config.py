@@ -4,8 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCHEDULES = ("fixed", "threshold", "dream")
-REMASKING = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy", "origin")
-CACHES = ("none", "prefix", "dual")
+DREAM_REMASKING = ("maskgit_plus", "topk_margin", "entropy", "origin")
+#: the block-diffusion families' strategies (SDAR's ``block_diffusion_generate``, the entropy-bounded sampler)
+BLOCK_REMASKING = ("sequential", "low_confidence_static", "low_confidence_dynamic", "entropy_bounded")
+REMASKING = ("low_confidence", "random") + DREAM_REMASKING + BLOCK_REMASKING
+CACHES = ("none", "prefix", "dual", "block")
 OBSERVER_LOGITS = ("exact", "refuse")
 BLOCK_FIRSTS = ("ranked", "forced")
 DREAM_DTYPES = ("float32", "model")
@@ -23,7 +26,15 @@ class SamplerConfig:
         schedule: ``"fixed"`` (top-k_j per step), ``"threshold"`` (Fast-dLLM) or ``"dream"`` (Dream's
             ``int(m · (1 - s/t))`` per step inside each block, :mod:`maskrl.sampling.dream`).
         threshold: confidence threshold of the threshold schedule.
-        remasking: ``"low_confidence"`` (commit the most confident) or ``"random"`` (LLaDA), or one of
+        remasking: ``"low_confidence"`` (commit the most confident) or ``"random"`` (LLaDA); one of the
+            block-diffusion families' strategies (SDAR's ``block_diffusion_generate``; ``schedule="fixed"``,
+            whose per-block counts are SDAR's transfer counts, each capped at the masks left in the block):
+            ``"sequential"`` (the block's first masks, left to right), ``"low_confidence_static"`` (the most
+            confident), ``"low_confidence_dynamic"`` (every mask whose confidence exceeds ``threshold`` when
+            they are at least the step's count, else the most confident) or ``"entropy_bounded"`` (the
+            lowest-entropy masks while their entropy sum minus its largest term stays <= ``eb_threshold``;
+            no count); candidates drawn at ``temperature`` after ``top_k`` / ``top_p``, confidence = the
+            candidate's probability under that distribution (:mod:`maskrl.sampling.commit`); or one of
             Dream's algorithms: ``"maskgit_plus"`` (top-1 probability), ``"topk_margin"`` (top-1 minus
             top-2), ``"entropy"`` (negative entropy), each from Dream's softmax with ``[M]`` kept in,
             or ``"origin"`` (each mask revealed with probability ``1 - s/t``; needs
@@ -41,12 +52,24 @@ class SamplerConfig:
             and the block's remaining steps rank the rest -- Dream's schedule from its second time
             step, or the threshold; under a cache the window then starts at the block, as Fast-dLLM's
             does). Needs Dream's rule with ``schedule`` ``"dream"`` (at least 2 steps per block) or
-            ``"threshold"`` with ``remasking="maskgit_plus"``, and ``suppress_eos`` off.
+            ``"threshold"`` with ``remasking="maskgit_plus"``, and ``suppress_eos`` off. On a block-diffusion
+            model with ``schedule="threshold"`` and ``remasking="low_confidence"``: Fast-dLLM v2's rule -- a
+            block that starts at a block boundary first commits its first position alone, the argmax (for
+            a shifted model the previous block's last position predicts it, autoregressively), then the
+            threshold steps.
         dream_dtype: the dtype of Dream's softmax, confidences and draws: ``"float32"`` (default; the
             logits upcast, as Dream's code runs on a float32 model) or ``"model"`` (the logits' own
             dtype, as Dream's code runs on the model: token for token equal to it for bf16 models,
             including its fall-back to the greedy candidate whenever torch's ``Categorical`` rejects
             the bf16 probabilities as not summing to 1, which a good share of bf16 sampled steps do).
+        eb_threshold: γ of ``remasking="entropy_bounded"`` (nats; SDAR's ``eb_threshold``).
+        sub_block_length: Fast-dLLM v2's ``small_block_size``: each step commits only inside the first
+            sub-block of this many positions (counted from the block's start) that still holds a mask;
+            ``None`` (default): the whole block. Not with Dream's rule.
+        early_stop: block-diffusion models only: a row whose completed blocks hold a stop id (eos or a
+            stop id) decodes no further block; its later positions are padding (``pad_id``, committed
+            at the row's last step with probability 1, outside ``completion_mask``). With full attention
+            the tokens after a stop are context of every earlier position, so it is refused there.
         cfg_scale: classifier-free guidance scale (0 = off); the unconditional pass masks the prompt.
         suppress_eos: a stop candidate (eos or any of the adapter's stop ids) is committed only when
             no other candidate is left in the block: it ranks after every other candidate, and is
@@ -54,7 +77,10 @@ class SamplerConfig:
             under either schedule (:func:`~maskrl.sampling.commit.hold_stops`).
         cache: ``"none"`` (every step is a full forward; the exact behaviour of maskrl <= 0.x, bit for
             bit), ``"prefix"`` or ``"dual"`` (Fast-dLLM key/value caches, refreshed at every block
-            start; see :mod:`maskrl.sampling.cache`). Needs ``cfg_scale == 0`` and a 4-D-mask model.
+            start; see :mod:`maskrl.sampling.cache`), or ``"block"``: the exact key/value cache of a
+            block-diffusion model (``ModelAdapter.block_size``; the complete blocks' keys/values, appended
+            once per block; token for token ``"none"``'s decoding). Block models take ``"none"`` or
+            ``"block"``; ``"block"`` needs one. Needs ``cfg_scale == 0`` and a 4-D-mask model.
         mismatch_every: trainer only: every this many RL steps log ``rollout/mismatch``, the mean
             ``|log commit_prob - log p_theta|`` over committed tokens with p_theta from a full forward
             at each commit state (:func:`~maskrl.sampling.rollout_mismatch`); 0 = never. Costs one
@@ -93,6 +119,9 @@ class SamplerConfig:
     alg_temp: float = 0.0
     block_first: str = "ranked"
     dream_dtype: str = "float32"
+    eb_threshold: float = 0.35
+    early_stop: bool = False
+    sub_block_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.gen_length <= 0 or self.block_length <= 0:
@@ -112,7 +141,8 @@ class SamplerConfig:
         if self.remasking == "origin" and self.schedule != "dream":
             raise ValueError(f"remasking 'origin' reveals each mask with Dream's probability 1 - s/t and needs "
                              f"schedule 'dream' (got schedule {self.schedule!r})")
-        if self.remasking in REMASKING[3:] and self.schedule == "threshold":
+        self._check_block_rules()
+        if self.remasking in DREAM_REMASKING[1:] and self.schedule == "threshold":
             raise ValueError(f"remasking {self.remasking!r} needs schedule 'fixed' or 'dream': the threshold schedule "
                              "compares a probability with the threshold (use remasking 'maskgit_plus' for Dream's "
                              "top-1 probability, as Fast-dLLM's Dream confidence_threshold does, or 'low_confidence')")
@@ -148,6 +178,37 @@ class SamplerConfig:
         if self.observer_logits not in OBSERVER_LOGITS:
             raise ValueError(f"observer_logits {self.observer_logits!r} is not one of {OBSERVER_LOGITS}")
 
+    def _check_block_rules(self) -> None:
+        """The block-diffusion strategies' settings (SDAR's rule runs under the fixed schedule's counts)."""
+        if self.eb_threshold <= 0:
+            raise ValueError(f"eb_threshold (={self.eb_threshold}) must be > 0")
+        sub = self.sub_block_length
+        if sub is not None and (isinstance(sub, bool) or not isinstance(sub, int) or sub < 1
+                                or self.block_length % sub):
+            raise ValueError(f"sub_block_length (={sub!r}) must be a positive divisor of block_length "
+                             f"(={self.block_length}) or None")
+        if sub is not None and self.dream_rule:
+            raise ValueError("sub_block_length (Fast-dLLM v2's sub-blocks) is not defined for Dream's rule")
+        if self.remasking not in BLOCK_REMASKING:
+            return
+        if self.schedule != "fixed":
+            raise ValueError(f"remasking {self.remasking!r} (SDAR's rule) needs schedule 'fixed', whose steps per block "
+                             f"give its transfer counts (got schedule {self.schedule!r}); for a threshold use "
+                             "'low_confidence_dynamic' with threshold")
+        if self.alg_temp > 0 or self.suppress_eos or self.block_first != "ranked":
+            raise ValueError(f"remasking {self.remasking!r} (SDAR's rule) takes none of alg_temp, suppress_eos, "
+                             "block_first 'forced' (Dream's and LLaDA's options)")
+
+    @property
+    def block_rule(self) -> bool:
+        """True when a step goes through the block-diffusion families' strategies (:data:`BLOCK_REMASKING`)."""
+        return self.remasking in BLOCK_REMASKING
+
+    @property
+    def exact_cache(self) -> bool:
+        """True when every step's logits are theta's exact ones: ``cache`` ``"none"`` or ``"block"``."""
+        return self.cache in ("none", "block")
+
     def _check_block_first(self) -> None:
         if self.block_first not in BLOCK_FIRSTS:
             raise ValueError(f"block_first {self.block_first!r} is not one of {BLOCK_FIRSTS}")
@@ -155,10 +216,11 @@ class SamplerConfig:
             raise ValueError(f"dream_dtype {self.dream_dtype!r} is not one of {DREAM_DTYPES}")
         if self.block_first == "ranked":
             return
-        if not (self.schedule == "dream" or (self.schedule == "threshold" and self.remasking == "maskgit_plus")):
-            raise ValueError(f"block_first 'forced' (Fast-dLLM's Dream block variant) needs schedule 'dream', or "
-                             f"'threshold' with remasking 'maskgit_plus' (got schedule {self.schedule!r}, remasking "
-                             f"{self.remasking!r})")
+        if not (self.schedule == "dream" or (self.schedule == "threshold"
+                                             and self.remasking in ("maskgit_plus", "low_confidence"))):
+            raise ValueError(f"block_first 'forced' (Fast-dLLM's Dream block variant; Fast-dLLM v2's on block models) "
+                             f"needs schedule 'dream', or 'threshold' with remasking 'maskgit_plus' or 'low_confidence' "
+                             f"(got schedule {self.schedule!r}, remasking {self.remasking!r})")
         if self.schedule == "dream" and self.steps < 2 * self.num_blocks:
             raise ValueError(f"steps (={self.steps}) must be >= 2 per block (= {2 * self.num_blocks}) with block_first "
                              "'forced': the block's first step commits only its first position")
@@ -175,7 +237,9 @@ class SamplerConfig:
     def dream_rule(self) -> bool:
         """True when a step goes through :func:`maskrl.sampling.dream.dream_step` (Dream's schedule,
         one of Dream's algorithms, ``top_k``/``top_p`` or ``alg_temp``); False keeps LLaDA's rule."""
-        return (self.schedule == "dream" or self.remasking in REMASKING[2:] or self.top_k is not None
+        if self.block_rule:
+            return False
+        return (self.schedule == "dream" or self.remasking in DREAM_REMASKING or self.top_k is not None
                 or self.top_p < 1.0 or self.alg_temp > 0)
 
     def commits_per_step(self) -> list[int]:

@@ -21,14 +21,16 @@ from typing import Callable, Sequence
 import torch
 
 from maskrl.models.adapter import ModelAdapter
+from maskrl.sampling.blockcache import BlockKVCache
+from maskrl.sampling.checks import check_call
 from maskrl.sampling.cache import Hidden, KVCache, head_at, plan_forwards
-from maskrl.sampling.commit import (candidate_logits, commit_scores, hold_stops, propose, rank_positions,
-                                    select_fixed, select_threshold)
+from maskrl.sampling.commit import (block_candidates, candidate_logits, commit_scores, hold_stops, open_sub_block,
+                                    propose, rank_positions, select_block, select_fixed, select_threshold)
 from maskrl.sampling.config import SamplerConfig
 from maskrl.sampling.dream import EXP_CHUNK, dream_commit_counts, dream_reveal_prob, dream_timesteps
 from maskrl.sampling.dream_step import DreamLayout, dream_step, forced_candidates
 from maskrl.sampling.lockstep import IDLE, STOP, RankLockstep
-from maskrl.sampling.view import StepObserver, StepRows, exact_observers, observer_view, requested_positions
+from maskrl.sampling.view import StepObserver, StepRows, observer_view, requested_positions
 from maskrl.types import Rollout
 
 
@@ -42,6 +44,10 @@ class Denoising:
         commit_step: ``[N, L]`` long (-1 until committed); commit_prob: ``[N, L]`` float32.
         num_steps: ``[N]`` long steps each row took; block: ``[N]`` current block per row;
         block_step: ``[N]`` steps spent in it.
+        offset: ``[N]`` long, prompt tokens in each row's first decoding block: its real prompt length
+            mod b for a block-diffusion model (blocks counted from its first real token, so the first
+            block is shared with the prompt's partial last block and the last one is cut at L), else 0.
+        n_blocks: ``[N]`` long blocks each row decodes; stopped: ``[N]`` bool rows ended by ``early_stop``.
     """
 
     def __init__(self, adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -67,18 +73,28 @@ class Denoising:
             self.timesteps = dream_timesteps(spb, device=device)
         self.offsets = torch.arange(self.b, device=device)
         self.positions = torch.arange(L, device=device)
+        self.offset = torch.zeros(self.n_rows, dtype=torch.long, device=device)
+        if adapter.block_size is not None:
+            self.offset = prompt_mask.to(device).long().sum(-1) % self.b
+        self.n_blocks = torch.div(self.offset + L + self.b - 1, self.b, rounding_mode="floor")
+        self.stopped = torch.zeros(self.n_rows, dtype=torch.bool, device=device)
 
     def unfinished(self) -> torch.Tensor:
         """``[n]`` long rows with a block left."""
-        return (self.block < self.config.num_blocks).nonzero().squeeze(-1)
+        return (self.block < self.n_blocks).nonzero().squeeze(-1)
+
+    def block_span(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lo [n], hi [n])``: the completion positions ``[lo, hi)`` of the rows' current blocks."""
+        first = self.block[rows] * self.b - self.offset[rows]
+        return first.clamp(min=0), (first + self.b).clamp(max=self.L)
 
     def rows_at(self, step: int, rows: torch.Tensor, observers: Sequence[StepObserver]) -> StepRows:
         """The pre-step state of ``rows``, and what the observers ask for at this step."""
         xr, ar = self.x[rows], self.attn[rows]
         masked = xr[:, self.p_len:] == self.adapter.mask_id  # [n, L]
-        start = self.block[rows] * self.b  # [n]
-        pos = start[:, None] + self.offsets  # [n, b]
-        in_block = (self.positions[None, :] >= start[:, None]) & (self.positions[None, :] < start[:, None] + self.b)
+        start, end = self.block_span(rows)  # [n]
+        pos = start.clamp(max=self.L - self.b)[:, None] + self.offsets  # [n, b] distinct, holding the block
+        in_block = (self.positions[None, :] >= start[:, None]) & (self.positions[None, :] < end[:, None])
         requested, wants_exact = (requested_positions(observers, step, rows, masked, in_block, start) if observers
                                   else (None, None))
         return StepRows(step, rows, xr, ar, masked, start, pos, in_block, requested, wants_exact)
@@ -94,8 +110,32 @@ class Denoising:
         fidx = cover.flatten().long().cumsum(0).view(n, self.L) - 1  # [n, L] row in logits
         if config.dream_rule:
             return self._dream_commits(st, logits, fidx, generator, raw, parts)
-        cand, prob = propose(logits[fidx.gather(1, st.pos)], config.temperature, generator)  # [n, b]
-        eligible = st.masked.gather(1, st.pos)  # [n, b]
+        eligible = st.masked.gather(1, st.pos) & st.in_block.gather(1, st.pos)  # [n, b]
+        if config.sub_block_length is not None:
+            eligible = eligible & open_sub_block(st.pos + self.offset[st.rows, None], eligible, self.b,
+                                                 config.sub_block_length)
+        z = logits[fidx.gather(1, st.pos)]  # [n, b, V]
+        if config.block_rule:
+            cand, conf, prob, ent = block_candidates(z, config.temperature, config.top_k, config.top_p, generator,
+                                                     config.remasking == "entropy_bounded")
+            k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
+            take = select_block(config.remasking, eligible, k, conf, ent, config.threshold, config.eb_threshold)
+            return take, cand, prob
+        take, cand, prob = self._llada_commits(st, z, eligible, generator)
+        if config.block_first == "forced":  # Fast-dLLM v2: a block's first position alone, the argmax
+            first = eligible & (st.pos == st.start[:, None]) & ((st.pos + self.offset[st.rows, None]) % self.b == 0)
+            lone = first.any(-1) & (self.block_step[st.rows] == 0)  # [n]
+            top = z.argmax(-1)
+            cand = torch.where(lone[:, None], top, cand)
+            prob = torch.where(lone[:, None], torch.softmax(z.float(), -1).gather(-1, top[..., None]).squeeze(-1), prob)
+            take = torch.where(lone[:, None], first, take)
+        return take, cand, prob
+
+    def _llada_commits(self, st: StepRows, z: torch.Tensor, eligible: torch.Tensor,
+                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """LLaDA's rule (fixed or threshold schedule) on the block's candidate logits ``z [n, b, V]``."""
+        config = self.config
+        cand, prob = propose(z, config.temperature, generator)  # [n, b]
         stop = self.adapter.is_stop(cand) if config.suppress_eos else None
         rank = rank_positions(commit_scores(prob, eligible, config.remasking, generator, stop))
         if config.schedule == "fixed":
@@ -185,7 +225,7 @@ class Denoising:
         rows = st.rows
         self.block_step[rows] += 1
         block_done = ~((tokens == self.adapter.mask_id) & st.in_block).any(-1)
-        if self.config.schedule == "fixed":
+        if self.config.schedule == "fixed" and not self.config.block_rule:  # SDAR's counts always empty the block
             block_done = block_done | (self.block_step[rows] >= len(self.k_sched))
         elif self.config.schedule == "dream":  # Dream runs every step of its grid, even one left with no mask
             block_done = self.block_step[rows] >= len(self.k_sched)
@@ -193,10 +233,16 @@ class Denoising:
         self.block[finished_rows] += 1
         self.block_step[finished_rows] = 0
         self.num_steps[rows] = st.index + 1
+        if self.config.early_stop:
+            done = block_done & self.adapter.is_stop(tokens).any(-1)  # later blocks still hold [M] only
+            stop_rows = rows[done]
+            self.stopped[stop_rows] = True
+            self.block[stop_rows] = self.n_blocks[stop_rows]
 
     def rollout(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_ids: torch.Tensor | None,
                 observers: Sequence[StepObserver]) -> Rollout:
         """The :class:`~maskrl.types.Rollout` of the finished batch, with the observers' statistics."""
+        self._pad_stopped()
         completion = self.x[:, self.p_len:]
         if (self.commit_step < 0).any():  # pragma: no cover - guarded by the schedule arithmetic
             raise RuntimeError("sampler finished with uncommitted positions")
@@ -211,6 +257,18 @@ class Denoising:
             num_steps=self.num_steps, group_ids=(group_ids if group_ids is not None else torch.arange(self.n_rows)).to(device),
             sampler=self.config, step_stats=stats,
         )
+
+
+    def _pad_stopped(self) -> None:
+        """``early_stop``: the positions a stopped row never decoded become ``pad_id``, committed at its
+        last step with probability 1 (they lie after its first stop id: outside ``completion_mask``)."""
+        if not self.stopped.any():
+            return
+        left = (self.commit_step < 0) & self.stopped[:, None]  # [N, L]
+        comp = self.x[:, self.p_len:]
+        comp[left] = self.adapter.pad_id
+        self.commit_step[left] = (self.num_steps[:, None] - 1).expand_as(left)[left]
+        self.commit_prob[left] = 1.0
 
 
 def _sequence_logits(adapter: ModelAdapter, parts: Sequence[Hidden], rows: torch.Tensor, chunk: int):
@@ -230,31 +288,6 @@ def _sequence_logits(adapter: ModelAdapter, parts: Sequence[Hidden], rows: torch
             h = torch.cat([h[:, :1], h[:, :-1]], dim=1)
         for piece in h.flatten(0, 1).split(chunk):
             yield adapter.head(piece)
-
-
-def _check_call(adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, config: SamplerConfig,
-                generator: torch.Generator | None, observers: Sequence[StepObserver],
-                all_done: Callable | None, ranks_max: Callable | None) -> None:
-    """The errors :func:`generate` raises before it starts (see its docstring)."""
-    if prompt_ids.shape != prompt_mask.shape or prompt_ids.dim() != 2:
-        raise ValueError(f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)} must be equal [N, P]")
-    if generator is None and (config.temperature > 0 or config.remasking in ("random", "origin") or config.alg_temp > 0):
-        raise ValueError("generator is required when temperature > 0, alg_temp > 0 or remasking is 'random' or 'origin'")
-    cached = config.cache != "none"
-    if cached and not adapter.supports_cache:
-        raise ValueError(f"cache={config.cache!r} needs a decoder model with the 4-D mask (attention='4d'); "
-                         f"this adapter has attention={adapter.attention!r}: use cache='none'")
-    if cached and all_done is not None and ranks_max is None:
-        raise ValueError(f"cache={config.cache!r} with all_done (several processes) needs ranks_max: the number of "
-                         "forwards per step varies with the rows' block starts (maskrl.trainer.ranks_max)")
-    needs_exact = exact_observers(observers) if cached and config.observer_logits == "refuse" else []
-    if needs_exact:
-        raise ValueError(f"cache={config.cache!r} with observer_logits='refuse': the observers "
-                         f"{needs_exact} need theta's exact logits, which a cached step does not "
-                         "compute; use cache='none', or observer_logits='exact' (one extra full forward per cached "
-                         "step they read)")
-    if cached and adapter.shift and prompt_ids.shape[1] == 0:
-        raise ValueError("a shifted (Dream-style) model with a cache needs at least one prompt column")
 
 
 def _notify(observers, adapter, st, plan, logits, cover, committed, tokens, dec, to_candidates) -> None:
@@ -316,9 +349,10 @@ def generate(
             ``ranks_max``, a shifted model with no prompt column, or (``observer_logits="refuse"``)
             observers that need exact logits.
     """
-    _check_call(adapter, prompt_ids, prompt_mask, config, generator, observers, all_done, ranks_max)
+    check_call(adapter, prompt_ids, prompt_mask, config, generator, observers, all_done, ranks_max)
     dec = Denoising(adapter, prompt_ids, prompt_mask, config)
-    cache = KVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids)
+    cache = (BlockKVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids, dec.offset) if config.cache == "block"
+             else KVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids))
     lock = RankLockstep(adapter, config.cache != "none", config.cfg_scale, all_done, ranks_max)
     to_candidates = partial(candidate_logits, mask_id=adapter.mask_id, token_count=adapter.token_count)
     step = 0
