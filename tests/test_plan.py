@@ -14,7 +14,8 @@ from maskrl.plan import (GIB, FlopModel, Hardware, PlanError, _static_memory, di
                          synthetic_trainer, work_table)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-RECIPES_8B = sorted(CONFIGS.glob("llada8b_*.yaml")) + sorted(CONFIGS.glob("dream7b_*.yaml"))
+RECIPES_8B = sorted(CONFIGS.glob("llada8b_*.yaml")) + sorted(CONFIGS.glob("dream7b_*.yaml")) + sorted(
+    p for pat in ("trado4b_*.yaml", "trado8b_*.yaml", "sdar8b_*.yaml") for p in CONFIGS.glob(pat))
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
         "model.tiny.intermediate_size=64", "rollout.gen_length=8", "rollout.block_length=4", "rollout.steps=4",
         "rollout.temperature=0.9", "train.prompts_per_step=1", "train.group_size=2"]
@@ -201,7 +202,7 @@ def test_every_shipped_recipe_is_covered():
     """Issue 21: ``maskrl plan`` runs on every shipped recipe -- the two lists together are every YAML
     under configs/ that is not an accelerate launch config."""
     every = {p for p in CONFIGS.rglob("*.yaml") if "accelerate" not in p.parts}
-    assert set(RECIPES_SMALL) | set(RECIPES_8B) == every and len(RECIPES_8B) >= 12
+    assert set(RECIPES_SMALL) | set(RECIPES_8B) == every and len(RECIPES_8B) >= 16
     assert CONFIGS / "table" / "sudoku.yaml" in RECIPES_SMALL
 
 

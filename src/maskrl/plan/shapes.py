@@ -152,8 +152,9 @@ def _folder_shape(c: dict, source: str) -> ModelShape:
         return ModelShape(fam.name, c["d_model"], c["n_layers"], c["n_heads"], c.get("n_kv_heads") or c["n_heads"],
                           c["mlp_hidden_size"], c.get("embedding_size") or c["vocab_size"], bool(c.get("weight_tying")),
                           source=source, rope_theta=c.get("rope_theta"))
-    # maskrl's own layout (the tiny family: a Llama made bidirectional) states its block size itself
-    block = c.get("maskrl_block_size") if fam.name == "tiny" else getattr(fam(), "block_size", lambda _c: None)(c)
+    from maskrl.models.families import declared_block_size
+
+    block = declared_block_size(c)
     return ModelShape(fam.name, c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
                       c.get("num_key_value_heads") or c["num_attention_heads"], c["intermediate_size"], c["vocab_size"],
                       bool(c.get("tie_word_embeddings")), source=source, head_dim=c.get("head_dim"),
