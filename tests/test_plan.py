@@ -152,6 +152,10 @@ def test_block_model_work_is_the_doubled_row():
              if c.phase == "theta"]
     assert [(c.rows, c.seq, c.scored) for c in full] == [(2, 14, 16)]
     assert [(c.rows, c.seq, c.scored) for c in block] == [(2, 24, 16)]
+    cached = record_work(load_config([], one + ["model.tiny.block_size=4", "rollout.cache=block",
+                                                "rollout.early_stop=true"]), prompt_length=6)
+    roll = [c for c in cached if c.phase == "rollout"]  # the block cache: one prefill, then cached block steps
+    assert roll[0].past == 0 and all(c.past > 0 and c.seq <= 2 * 4 for c in roll[1:]) and len(roll) > 1
     sdar = load_config([], ["model.path=JetLM/SDAR-8B-Chat"])
     assert standin_config(sdar).model.tiny.block_size == 4 and standin_config(sdar).model.path == ""
 
