@@ -131,3 +131,43 @@ def test_lm_eval_model_decodes_and_scores_the_block_way(folders):
     assert lm.score(ctx, other)[1] is False
     full = MaskrlLM(pretrained=str(folders[None]), gen_length=64)
     assert (full.sampler.block_length, full.sampler.cache) == (32, "none")
+
+
+def _per_block_logits(ad, prompt, noisy, context):
+    """Slow reference: block by block, the plain block-causal forward of [prompt, clean context blocks
+    before the block, the block as in ``noisy``]; that block's completion logits. ``[L, V]``, one row."""
+    P, L, b = prompt.shape[1], noisy.shape[1], ad.block_size
+    out = torch.empty((L, ad.model.config.vocab_size))
+    for lo in range(0, P + L, b):
+        cols = list(range(max(lo, P), min(lo + b, P + L)))
+        if not cols:
+            continue
+        x = torch.cat([prompt, context], 1)[:, : lo + b].clone()
+        x[:, cols] = noisy[:, [c - P for c in cols]]
+        out[[c - P for c in cols]] = ad.logits(x, torch.ones_like(x, dtype=torch.bool))[0, cols].float()
+    return out
+
+
+@pytest.mark.numerics
+def test_sft_loss_on_a_block_model_scores_each_block_over_clean_earlier_blocks(folders):
+    """SFT on a block model trains the conditional the block sampler decodes with: each block's noisy
+    tokens over the clean earlier blocks (by hand with the same draws and the slow per-block loop)."""
+    from maskrl.models import load
+    from maskrl.sft import sft_loss
+
+    ad = load(folders[4], dtype="float32")
+    g = torch.Generator().manual_seed(1)
+    prompt, answer = torch.randint(3, 20, (1, 6), generator=g), torch.randint(3, 20, (1, 10), generator=g)
+    with torch.no_grad():
+        got = sft_loss(ad, prompt, torch.ones_like(prompt, dtype=torch.bool), answer, torch.Generator().manual_seed(5))
+        g = torch.Generator().manual_seed(5)  # the same draws as sft_loss: t, then the masks
+        t = 1e-3 + (1 - 1e-3) * torch.rand((1, 1), generator=g)
+        masked = torch.rand((1, 10), generator=g) < t
+        noisy = torch.where(masked, ad.mask_id, answer)
+        ce = torch.nn.functional.cross_entropy(_per_block_logits(ad, prompt, noisy, answer), answer[0], reduction="none")
+        want = (ce * masked[0] / t[0]).sum() / 10
+        plain = torch.cat([prompt, noisy], 1)  # the plain forward reads earlier blocks' masks: another loss
+        ce_plain = torch.nn.functional.cross_entropy(ad.logits(plain)[0, 6:].float(), answer[0], reduction="none")
+    assert masked.any() and not masked.all()
+    assert abs(float(got) - float(want)) <= 64 * torch.finfo(torch.float32).eps * float(want)
+    assert abs(float((ce_plain * masked[0] / t[0]).sum() / 10) - float(want)) > 1e-4
