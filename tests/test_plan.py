@@ -26,7 +26,8 @@ TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_
     ["train.inner_iterations=1", "model.lora_rank=4", "model.gradient_checkpointing=true", "likelihood.name=state",
      "train.max_forward_rows=3"],  # LoRA + recomputation, one row per commit step, split rows
     ["train.inner_iterations=1", "model.tiny.block_size=4"],  # block-diffusion: doubled x_t ⊕ x_0 rows
-], ids=["full_mu2", "lora_ckpt_state", "block4"])
+    ["train.inner_iterations=1", "model.tiny.block_size=4", "rollout.cache=block"],  # + the exact block cache
+], ids=["full_mu2", "lora_ckpt_state", "block4", "block4_cache"])
 def test_plan_flops_equal_flop_counter_on_real_steps(extra):
     """The plan's FLOPs of one step (stand-in work, meta-model counts) equal FlopCounterMode around a real
     ``RLTrainer.step`` of the same config (SDPA's math backend so that attention is counted)."""

@@ -95,8 +95,9 @@ class FlopModel:
                     kv = [(torch.zeros((rows, cfg.num_key_value_heads, past, hd), dtype=ad.dtype, device=dev),) * 2
                           for _ in range(cfg.num_hidden_layers)]
                 pos = torch.arange(past, past + seq, device=dev).expand(rows, seq)
+                keys = torch.arange(past + seq, device=dev).expand(rows, past + seq)  # a block model reads them
                 hidden, _ = ad.decoder_forward(ids, torch.ones((rows, past + seq), dtype=torch.bool, device=dev), pos,
-                                               past=kv)
+                                               past=kv, key_positions=keys)
                 if scored:
                     ad.head(hidden.reshape(-1, hidden.shape[-1])[:1].expand(scored, -1))
         return fc.get_total_flops()
