@@ -33,7 +33,7 @@ def run_seed(seed: int, work: Path) -> dict:
     cfg = load_config([ROOT / "configs" / "demo_sudoku.yaml"],
                       OVERRIDES + [f"model.tiny.seed={seed}", f"train.seed={seed}",
                                    f"output_dir={work / f'seed{seed}'}"])
-    s = run_demo(cfg, overwrite=True)
+    s = run_demo(cfg, force_sft=True, overwrite=True)  # a fresh SFT per seed, never a cached one
     return {"seed": seed, "base": s["base"], "final": s["final"], "n_eval": s["n_eval"],
             "sft_seconds": s["sft_seconds"], "rl_seconds": s["rl_seconds"], "eval_source": s["eval_source"]}
 
