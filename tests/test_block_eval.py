@@ -24,6 +24,11 @@ def test_model_block_size_before_loading(folders):
     assert model_block_size(folders[4]) == 4 and model_block_size(folders[None]) is None
     assert model_block_size("Gen-Verse/TraDo-4B-Instruct") == 4
     assert model_block_size("GSAI-ML/LLaDA-8B-Instruct") is None
+    from maskrl.config import load_config
+    from maskrl.plan import model_shape
+
+    shape = model_shape(load_config([], [f"model.path={folders[4]}"]))  # the planner reads the same folder
+    assert (shape.family, shape.block_size, shape.hidden_size) == ("tiny", 4, 32)
 
 
 def test_eval_defaults_follow_the_block_model(folders):
