@@ -36,6 +36,26 @@ def test_llada_recipe_values():
     assert cfg.train.group_size * cfg.train.prompts_per_step % cfg.train.micro_batch_size == 0
 
 
+@pytest.mark.parametrize("name", ["trado4b_math500_tracerl", "trado8b_math500_tracerl", "sdar8b_math500_tracerl"])
+def test_trado_recipe_values(name):
+    """TraDo's RL recipe (dLLM-RL configs/rl_trado.yaml): block 4, 4 steps a block, low_confidence_dynamic
+    at 0.9, 64 prompts (8 per process on 8) x 16 rollouts, 2,000 tokens, lr 1e-6, ε 0.2, β 0.01 (k3 to
+    θ_old), TraceRL on the trace states; decoded with the exact block cache and early stop; the model
+    an SDAR-shaped Hub id the planner knows."""
+    from maskrl.plan import KNOWN_MODELS
+
+    cfg = load_config([CONFIGS / f"{name}.yaml"])
+    ro = cfg.rollout
+    assert (ro.gen_length, ro.block_length, ro.steps) == (2000, 4, 2000)
+    assert (ro.remasking, ro.threshold, ro.temperature, ro.cache, ro.early_stop) == (
+        "low_confidence_dynamic", 0.9, 1.0, "block", True)
+    assert (cfg.train.prompts_per_step * 8, cfg.train.group_size, cfg.train.lr) == (64, 16, 1e-6)
+    ob = cfg.objective
+    assert (type(ob).__name__, ob.clip_eps, ob.beta, ob.kl_to) == ("TraceRL", 0.2, 0.01, "old")
+    assert type(cfg.likelihood).__name__ == "State" and cfg.eval.cache == "block"
+    assert KNOWN_MODELS[cfg.model.path]["family"] == "sdar" and KNOWN_MODELS[cfg.model.path]["block_size"] == 4
+
+
 def test_llada_recipe_training_data():
     """``maskrl train`` reads the GSM8K train split (7473 rows), none of them a test question."""
     from maskrl.pipeline import eval_examples, train_examples

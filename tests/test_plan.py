@@ -16,7 +16,8 @@ from maskrl.plan import (GIB, FlopModel, Hardware, PlanError, _static_memory, di
                          synthetic_trainer, work_table)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-RECIPES_8B = sorted(CONFIGS.glob("llada8b_*.yaml")) + sorted(CONFIGS.glob("dream7b_*.yaml"))
+RECIPES_8B = sorted(CONFIGS.glob("llada8b_*.yaml")) + sorted(CONFIGS.glob("dream7b_*.yaml")) + sorted(
+    p for pat in ("trado4b_*.yaml", "trado8b_*.yaml", "sdar8b_*.yaml") for p in CONFIGS.glob(pat))
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
         "model.tiny.intermediate_size=64", "rollout.gen_length=8", "rollout.block_length=4", "rollout.steps=4",
         "rollout.temperature=0.9", "train.prompts_per_step=1", "train.group_size=2"]
@@ -27,7 +28,9 @@ TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_
     ["train.inner_iterations=1", "model.lora_rank=4", "model.gradient_checkpointing=true", "likelihood.name=state",
      "train.max_forward_rows=3"],  # LoRA + recomputation, one row per commit step, split rows
     ["train.inner_iterations=1", "model.lora_rank=4", "rollout.merge_lora=false"],  # the peft model samples
-], ids=["full_mu2", "lora_ckpt_state", "lora_unmerged"])
+    ["train.inner_iterations=1", "model.tiny.block_size=4"],  # block-diffusion: doubled x_t ⊕ x_0 rows
+    ["train.inner_iterations=1", "model.tiny.block_size=4", "rollout.cache=block"],  # + the exact block cache
+], ids=["full_mu2", "lora_ckpt_state", "lora_unmerged", "block4", "block4_cache"])
 def test_plan_flops_equal_flop_counter_on_real_steps(extra):
     """The plan's FLOPs of one step (stand-in work, meta-model counts) equal FlopCounterMode around a real
     ``RLTrainer.step`` of the same config (SDPA's math backend so that attention is counted)."""
@@ -160,6 +163,52 @@ def test_plan_reports_each_phase_on_stderr():
     assert any(ln.startswith("maskrl plan [micro_batch_size=1]: one RL step") for ln in lines), lines
 
 
+def _qwen3_params(d: int, layers: int, heads: int, kv: int, head_dim: int, ffn: int, vocab: int) -> int:
+    """Qwen3 by hand: untied embedding and head, per layer q/o (d x heads·hd), k/v (d x kv·hd), the
+    gated MLP (3 x d x ffn), two RMSNorms (d) and the per-head q/k norms (hd each), a final norm (d)."""
+    layer = 2 * d * heads * head_dim + 2 * d * kv * head_dim + 3 * d * ffn + 2 * d + 2 * head_dim
+    return 2 * vocab * d + layers * layer + d
+
+
+def test_known_block_model_shapes():
+    """SDAR-8B / TraDo-8B and TraDo-4B (published SDAR-*-Chat config.json): Qwen3 with GQA, head_dim 128
+    (so 32 heads x 128 = 4096 query columns on the 2560-wide 4B), untied head, block 4, no shift; the
+    parameter counts by hand; the narrowed stand-ins keep head_dim proportional to the width."""
+    from maskrl.plan.memory import narrow_widths
+
+    base = ["model.path=Gen-Verse/TraDo-8B-Instruct"]
+    s8 = model_shape(load_config([], base))
+    assert (s8.family, s8.block_size, s8.head_dim, s8.num_kv_heads, s8.shift, s8.tie) == ("sdar", 4, 128, 8, False, False)
+    assert param_memory(s8, torch.bfloat16, None)["params"] == _qwen3_params(4096, 36, 32, 8, 128, 12288, 151936)
+    s4 = model_shape(load_config([], ["model.path=Gen-Verse/TraDo-4B-Instruct"]))
+    assert param_memory(s4, torch.bfloat16, None)["params"] == _qwen3_params(2560, 36, 32, 8, 128, 9728, 151936)
+    assert type(s4.hf_config()).__name__ == "Qwen3Config" and s4.hf_config().head_dim == 128
+    assert narrow_widths(s4) == (160, 320) and s4.hf_config(160, 1).head_dim == 8  # 128 x 160 / 2560
+    assert narrow_widths(s8) == (256, 512) and s8.hf_config(512, 1).head_dim == 16
+    assert model_shape(load_config([], ["model.path=Dream-org/Dream-v0-Instruct-7B"])).shift
+
+
+def test_block_model_work_is_the_doubled_row():
+    """A block-diffusion model's likelihood rows are x_t ⊕ x_0 (likelihood/blocks.py): P = 6, L = 8,
+    block 4 -> the context copy P + L = 14 columns, the noisy copy from the first block holding a
+    completion position (position 4) to the end, 10 columns: 24; full attention: 14. The stand-in
+    carries the planned model's block size."""
+    from maskrl.plan import standin_config
+
+    one = TINY + ["train.inner_iterations=1", "objective.beta=0"]
+    full = [c for c in record_work(load_config([], one), prompt_length=6) if c.phase == "theta"]
+    block = [c for c in record_work(load_config([], one + ["model.tiny.block_size=4"]), prompt_length=6)
+             if c.phase == "theta"]
+    assert [(c.rows, c.seq, c.scored) for c in full] == [(2, 14, 16)]
+    assert [(c.rows, c.seq, c.scored) for c in block] == [(2, 24, 16)]
+    cached = record_work(load_config([], one + ["model.tiny.block_size=4", "rollout.cache=block",
+                                                "rollout.early_stop=true"]), prompt_length=6)
+    roll = [c for c in cached if c.phase == "rollout"]  # the block cache: one prefill, then cached block steps
+    assert roll[0].past == 0 and all(c.past > 0 and c.seq <= 2 * 4 for c in roll[1:]) and len(roll) > 1
+    sdar = load_config([], ["model.path=JetLM/SDAR-8B-Chat"])
+    assert standin_config(sdar).model.tiny.block_size == 4 and standin_config(sdar).model.path == ""
+
+
 def test_plan_options_are_checked(tmp_path):
     assert parse_bytes("80GB") == parse_bytes("80 GiB") == 80 * GIB
     with pytest.raises(PlanError, match="--gpu-memory"):
@@ -206,7 +255,7 @@ def test_every_shipped_recipe_is_covered():
     """Issue 21: ``maskrl plan`` runs on every shipped recipe -- the two lists together are every YAML
     under configs/ that is not an accelerate launch config."""
     every = {p for p in CONFIGS.rglob("*.yaml") if "accelerate" not in p.parts}
-    assert set(RECIPES_SMALL) | set(RECIPES_8B) == every and len(RECIPES_8B) >= 12
+    assert set(RECIPES_SMALL) | set(RECIPES_8B) == every and len(RECIPES_8B) >= 16
     assert CONFIGS / "table" / "sudoku.yaml" in RECIPES_SMALL
 
 

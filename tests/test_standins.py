@@ -20,7 +20,7 @@ from conftest import WAIT_CAP_S
 import torch
 
 from maskrl.models import load, save_model
-from maskrl.models.standins import (DREAM_7B_CONFIG, LLADA_8B_CONFIG, SPECIAL_IDS, TOKENIZER_SIZE, build_tokenizer,
+from maskrl.models.standins import (SDAR_8B_CONFIG, DREAM_7B_CONFIG, LLADA_8B_CONFIG, SPECIAL_IDS, TOKENIZER_SIZE, build_tokenizer,
                                     family_config, read_tensors, reference_logits, tensor_shapes, write_standin)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,18 +44,20 @@ def test_published_shapes_match_the_published_parameter_count_and_the_plans_mode
     from maskrl.plan import KNOWN_MODELS, ModelShape, param_memory
 
     assert _params(LLADA_8B_CONFIG) == 8_015_581_184
-    for cfg, hub in ((LLADA_8B_CONFIG, "GSAI-ML/LLaDA-8B-Instruct"), (DREAM_7B_CONFIG, "Dream-org/Dream-v0-Instruct-7B")):
+    for cfg, hub in ((LLADA_8B_CONFIG, "GSAI-ML/LLaDA-8B-Instruct"), (DREAM_7B_CONFIG, "Dream-org/Dream-v0-Instruct-7B"),
+                     (SDAR_8B_CONFIG, "Gen-Verse/TraDo-8B-Instruct")):
         for layers in (1, 2):
-            fam = "llada" if "d_model" in cfg else "dream"
+            fam = "llada" if "d_model" in cfg else cfg["model_type"].lower()
             shape = ModelShape(**{**KNOWN_MODELS[hub], "num_layers": layers})
             pm = param_memory(shape, torch.bfloat16, None)
             assert _params(family_config(fam, layers)) == pm["params"], (fam, layers)
 
 
 def test_family_config_keeps_every_published_value_but_the_depth():
-    for fam, full, key in (("llada", LLADA_8B_CONFIG, "n_layers"), ("dream", DREAM_7B_CONFIG, "num_hidden_layers")):
+    for fam, full, key in (("llada", LLADA_8B_CONFIG, "n_layers"), ("dream", DREAM_7B_CONFIG, "num_hidden_layers"),
+                           ("sdar", SDAR_8B_CONFIG, "num_hidden_layers")):
         cfg = family_config(fam, 2)
-        assert cfg[key] == 2 and full[key] in (32, 28)
+        assert cfg[key] == 2 and full[key] in (32, 28, 36)
         assert {k: v for k, v in cfg.items() if k not in (key, "max_window_layers")} == \
                {k: v for k, v in full.items() if k not in (key, "max_window_layers")}
     with pytest.raises(ValueError, match="family"):
@@ -64,21 +66,22 @@ def test_family_config_keeps_every_published_value_but_the_depth():
         family_config("llada", 0)
 
 
-@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
 def test_tokenizer_has_the_family_size_ids_and_template(family):
     tok = build_tokenizer(family, CORPUS, bpe_size=512)
     assert len(tok) == TOKENIZER_SIZE[family]
     for text, i in SPECIAL_IDS[family].items():
         assert tok.convert_tokens_to_ids(text) == i
-    mask = {"llada": 126336, "dream": 151666}[family]
-    assert tok.mask_token_id == mask and tok.eos_token_id == tok.pad_token_id == {"llada": 126081, "dream": 151643}[family]
+    mask = {"llada": 126336, "dream": 151666, "sdar": 151669}[family]
+    assert tok.mask_token_id == mask and tok.eos_token_id == tok.pad_token_id == {"llada": 126081, "dream": 151643,
+                                                                                  "sdar": 151643}[family]
     chat = tok.apply_chat_template([{"role": "user", "content": CORPUS[0]}], add_generation_prompt=True, tokenize=False)
     ids = tok(chat, add_special_tokens=False).input_ids
     assert tok.decode(ids) == chat  # byte-level BPE: lossless
     start = {"llada": "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n",
-             "dream": "<|im_start|>system\n"}[family]
+             "dream": "<|im_start|>system\n", "sdar": "<|im_start|>user\n"}[family]
     assert chat.startswith(start) and CORPUS[0] in chat
-    assert ids[0] == {"llada": 126080, "dream": 151644}[family]
+    assert ids[0] == {"llada": 126080, "dream": 151644, "sdar": 151644}[family]
     # the same corpus gives the same tokenizer
     again = build_tokenizer(family, CORPUS, bpe_size=512)
     assert again.get_vocab() == tok.get_vocab() and again(chat).input_ids == tok(chat).input_ids
@@ -88,21 +91,25 @@ def test_tokenizer_has_the_family_size_ids_and_template(family):
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("standins")
     return {fam: write_standin(root / fam, fam, num_layers=2, width_divisor=16, corpus=CORPUS, bpe_size=512, seed=3)
-            for fam in ("llada", "dream")}
+            for fam in ("llada", "dream", "sdar")}
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
 def test_standin_loads_with_the_family_ids_and_matches_the_layout_reader(folders, family):
     """The real vocabulary, ids and layout at width / 16: maskrl's loader and the independent reader agree."""
     folder = folders[family]
     ad = load(folder, dtype="float32")
     assert ad.family == family
     assert (ad.mask_id, ad.eos_id, ad.pad_id) == {"llada": (126336, 126081, 126081),
-                                                  "dream": (151666, 151643, 151643)}[family]
+                                                  "dream": (151666, 151643, 151643),
+                                                  "sdar": (151669, 151643, 151643)}[family]
+    assert ad.block_size == (4 if family == "sdar" else None)
     if family == "llada":
         assert ad.stop_ids == (126348,)
-    v = {"llada": 126464, "dream": 152064}[family]
+    if family == "sdar":  # generation_config.json's [151645, 151643]: both end a completion
+        assert ad.stop_ids == (151645,)
+    v = {"llada": 126464, "dream": 152064, "sdar": 151936}[family]
     assert ad.model.get_output_embeddings().weight.shape[0] == v
     if family == "dream":  # the output layer has rows no tokenizer id reaches, as Dream-7B does
         assert v - len(ad.tokenizer) == 397
@@ -119,6 +126,11 @@ def test_standin_loads_with_the_family_ids_and_matches_the_layout_reader(folders
     if family == "dream":
         raw = reference_logits(folder, ids, aligned=False)
         assert (raw[:, 1:-1] - got[:, 1:-1]).abs().max() > 100 * 1e-4 * scale
+    if family == "sdar":  # block-causal: a later block's tokens change no earlier block's logits
+        later = ids.clone()
+        later[0, 4:] = 200
+        moved = reference_logits(folder, later)
+        assert torch.equal(moved[:, :4], ref[:, :4]) and (moved[:, 4:] - ref[:, 4:]).abs().max() > 1e-2 * scale
 
 
 def test_standin_weights_follow_the_seed_not_the_sharding(tmp_path, folders):
@@ -140,7 +152,7 @@ def test_standin_weights_follow_the_seed_not_the_sharding(tmp_path, folders):
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
 def test_the_layout_reader_reads_maskrls_exports(folders, family, tmp_path):
     """An export of a changed model (``save_model``) read by the family's layout reader gives the exported
     adapter's logits: the reader checks exports, not only stand-ins."""

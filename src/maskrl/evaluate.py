@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from maskrl.eval_store import (SETTINGS_FILE, check_settings, default_eval_dir, read_samples, samples_path,
                                write_lines)
 from maskrl.models.adapter import ModelAdapter
+from maskrl.models.families import model_block_size
 from maskrl.sampling import SamplerConfig, generate
 from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
@@ -163,7 +164,7 @@ def harness_samplers(gen_lengths: str | int | Sequence[int] = DEFAULT_GEN_LENGTH
     """The evaluation sampler of each completion length (docs/spec.md §5): greedy (τ = 0), block
     ``block_length``, ``steps`` denoising steps (0: ``L/2``), and the decoding rule of the prompt card
     (``used["rule"]``: the model's own, e.g. Dream's ``schedule: dream``, ``remasking: entropy``,
-    ``top_k: 50``), else LLaDA's: fixed schedule, low-confidence remasking.
+    ``top_k: 50``), else LLaDA's: fixed schedule, low-confidence remasking. A block model: steps 0 = ``L`` (SDAR's).
 
     Args:
         gen_lengths, block_length, steps: the settings.
@@ -181,14 +182,14 @@ def harness_samplers(gen_lengths: str | int | Sequence[int] = DEFAULT_GEN_LENGTH
     def origin(name: str) -> str:
         return setting_origin(used, name) if used is not None else SETTING_FLAGS[name]
 
-    out: dict[int, SamplerConfig] = {}
+    out, block_model = {}, bool((used or {}).get("model_block_size", {}).get("value"))  # {L: sampler}
     for L in parse_gen_lengths(gen_lengths):
-        s = steps if steps else L // 2
+        s = steps if steps else (L if block_model else L // 2)
         try:
             rule = (used or {}).get("rule", {}).get("value") or {}  # none: SamplerConfig's (LLaDA's fixed / low_confidence)
             out[L] = SamplerConfig(gen_length=L, block_length=block_length, steps=s, temperature=0.0, **rule)
         except ValueError as e:
-            hint = "" if steps else f" (steps defaults to gen_length/2 = {s}; set it with steps / --steps)"
+            hint = "" if steps else f" (steps defaults to gen_length{'' if block_model else '/2'} = {s}; set it with --steps)"
             card = f"; prompt card: {used['card']['value']}" if used is not None else ""
             raise ValueError(f"gen_length {L} ({origin('gen_lengths')}), block_length {block_length} "
                              f"({origin('block_length')}), steps {s} ({origin('steps')}{card}): {e}{hint}") from None
@@ -227,12 +228,13 @@ def resolve_prompt_settings(model, task_name: str, gen_lengths=None, block_lengt
     """Each prompt / sampler setting of an evaluation and where it comes from: the argument (a flag)
     when it is not ``None``, else the model folder's prompt card (``maskrl_prompt.json``, written when
     the model was trained; used only when it is for ``task_name``), else the default (docs/spec.md §5 lengths
-    128,256,512, block 32, steps ``L/2``, the task's own template, chat template on).
+    128,256,512, block 32, steps ``L/2``, the task's own template, chat template on; a block model
+    (:func:`model_block_size`): its block size, steps ``L``, ``cache: block``, ``early_stop``).
 
     Returns:
-        ``{name: {"value": v, "from": "flag" | "model card" | "default"}}`` for ``gen_lengths``,
-        ``block_length``, ``steps``, ``prompt_template`` (``None`` = the task's default) and
-        ``chat_template``; plus ``"card"``: ``{"value": path or None, "from": why}``.
+        ``{name: {"value": v, "from": "flag" | "model card" | "default"}}`` for ``gen_lengths``, ``block_length``,
+        ``steps``, ``prompt_template`` (``None`` = the task's default) and ``chat_template``; plus ``"card"``
+        (``{"value": path or None, "from": why}``), ``"rule"`` and ``"model_block_size"``.
 
     Raises:
         ValueError: an unreadable prompt card.
@@ -261,13 +263,15 @@ def resolve_prompt_settings(model, task_name: str, gen_lengths=None, block_lengt
     lengths = pick("gen_lengths", gen_lengths, [es["gen_length"]] if "gen_length" in es else None,
                    list(DEFAULT_GEN_LENGTHS))
     lengths = out["gen_lengths"]["value"] = parse_gen_lengths(lengths)
-    block = pick("block_length", block_length, es.get("block_length"), DEFAULT_BLOCK_LENGTH)
+    out["model_block_size"] = {"value": (model_block := model_block_size(model)), "from": "model config"}
+    block = pick("block_length", block_length, es.get("block_length"), model_block or DEFAULT_BLOCK_LENGTH)
     same = card is not None and parse_gen_lengths(lengths) == [es.get("gen_length")] and block == es.get("block_length")
     pick("steps", steps, es.get("steps") if same else None, 0)
     pick("prompt_template", prompt_template, card["prompt_template"] if card else None, None)
     pick("chat_template", chat_template, card["chat_template"] if card else None, True)
     rule = {k: es[k] for k in RULE_FIELDS if k in es}
-    out["rule"] = {"value": rule, "from": "model card"} if rule else {"value": {}, "from": "default"}
+    out["rule"] = ({"value": rule, "from": "model card"} if rule else {"value": {"cache": "block", "early_stop": True},
+                   "from": "default (block model)"} if model_block else {"value": {}, "from": "default"})
     return out
 
 
@@ -275,13 +279,13 @@ def describe_settings(used: dict[str, dict]) -> str:
     """One line saying which prompt and sampler settings an evaluation used and where each came from."""
     parts = []
     for name, d in used.items():
-        if name == "card":
+        if name in ("card", "model_block_size"):
             continue
         v = d["value"]
         if name == "prompt_template" and v is None:
             v = "the task's default"
         elif name == "steps" and v == 0:
-            v = "gen_length/2"
+            v = "gen_length" if used.get("model_block_size", {}).get("value") else "gen_length/2"
         elif name == "chat_template":
             v = "on" if v else "off"
         elif name == "prompt_template":

@@ -180,7 +180,12 @@ class MaskrlLM(LM):
         card = read_prompt_card(pretrained)
         given = dict(gen_length=gen_length, steps=steps, block_length=block_length, schedule=schedule,
                      threshold=threshold, cache=cache, temperature=temperature, remasking=remasking)
-        base = dict(card["eval_sampler"]) if card else {"gen_length": 256, "block_length": 32}
+        from maskrl.models.families import model_block_size
+
+        block = model_block_size(pretrained)  # a block model decodes the block way (docs/sampler.md)
+        default = ({"gen_length": 256, "block_length": 32} if block is None else
+                   {"gen_length": 256, "block_length": block, "cache": "block", "early_stop": True})
+        base = dict(card["eval_sampler"]) if card else default
         other_length = gen_length is not None and int(gen_length) != base.get("gen_length")
         if other_length and steps is None:
             base.pop("steps", None)  # a card's steps belong to its gen_length: gen_length // 2 instead
@@ -193,8 +198,8 @@ class MaskrlLM(LM):
                     settings[k] = casts[k](v)
                 except (TypeError, ValueError):
                     raise ValueError(f"model_args {k}={v!r}: expected {casts[k].__name__}") from None
-        if not settings.get("steps"):
-            settings["steps"] = max(1, settings["gen_length"] // 2)
+        if not settings.get("steps"):  # L/2; a block model: L, one token a step (SDAR's steps per block = b)
+            settings["steps"] = max(1, settings["gen_length"] // (1 if block else 2))
         try:
             self.sampler = SamplerConfig(**settings)
         except (TypeError, ValueError) as e:
@@ -434,7 +439,10 @@ class MaskrlLM(LM):
         The ELBO (:func:`maskrl.likelihood.elbo.elbo`, ``elbo_nodes`` × ``elbo_draws`` masks) draws its
         masks from a generator seeded with :func:`request_seed` of ``seed`` and the ids; ``is_greedy``:
         every continuation token is the argmax at its position when the whole continuation is masked
-        (one forward of this request alone, no padding).
+        (one forward of this request alone, no padding). On a block-diffusion model both are the block
+        way: the ELBO through the doubled x_t ⊕ x_0 forward (:mod:`maskrl.likelihood.blocks`), and the
+        argmax of each block with the block masked and the earlier blocks clean (one doubled forward,
+        :func:`~maskrl.likelihood.blocks.block_logits`).
 
         Args:
             context_ids: ``P >= 1`` token ids (:meth:`encode_pair`).
@@ -453,7 +461,13 @@ class MaskrlLM(LM):
                      group_ids=torch.zeros(1, dtype=torch.long, device=a.device))
         gen = torch.Generator(device=a.device).manual_seed(request_seed(self.seed, context_ids, continuation_ids))
         ll = float(elbo(a, ro, gen, nodes=self.elbo_nodes, draws=self.elbo_draws).sum())
-        x = torch.cat([ids, torch.full_like(comp, a.mask_id)], dim=1)  # [1, P + L]
+        masked = torch.full_like(comp, a.mask_id)
+        if a.block_size is not None:
+            from maskrl.likelihood.blocks import block_logits
+
+            greedy = block_logits(a, ids, ro.prompt_mask, masked, comp).argmax(-1).eq(comp).all()
+            return ll, bool(greedy)
+        x = torch.cat([ids, masked], dim=1)  # [1, P + L]
         greedy = a.logits(x, torch.ones_like(x, dtype=torch.bool))[:, ids.shape[1]:].argmax(-1).eq(comp).all()
         return ll, bool(greedy)
 

@@ -4,6 +4,11 @@ Objective (LLaDA SFT): for each example draw ``t ~ U(ε, 1)``, mask every comple
 probability t (the prompt is never masked), and minimise ``Σ_masked CE / t`` divided by the number
 of completion tokens. The completion is the target text followed by eos, padded with eos to the
 generation length, so the model learns where to stop.
+
+On a block-diffusion model (``adapter.block_size`` set, no logit shift) each block is scored as it is
+decoded: its own noisy tokens over the *clean* earlier blocks, through the doubled x_t ⊕ x_0 forward
+(:func:`maskrl.likelihood.blocks.block_logits`; SDAR's training forward). A plain block-causal forward
+of x_t would let a block read the masks drawn in earlier blocks, a context the block sampler never gives.
 """
 from __future__ import annotations
 
@@ -50,16 +55,22 @@ def sft_loss(adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: torch
         eps: lower bound of t.
 
     Returns:
-        Scalar: ``mean_N (1/L) Σ_{masked i} CE_i / t``.
+        Scalar: ``mean_N (1/L) Σ_{masked i} CE_i / t``; on a block-diffusion model each block's logits
+        are those over clean earlier blocks (module docstring).
     """
     n, L = answer_ids.shape
     dev = answer_ids.device
     t = eps + (1 - eps) * torch.rand((n, 1), generator=generator, device=dev)  # [N, 1]
     masked = torch.rand((n, L), generator=generator, device=dev) < t  # [N, L]
     noisy = torch.where(masked, adapter.mask_id, answer_ids)
-    x = torch.cat([prompt_ids, noisy], 1)
-    attn = torch.cat([prompt_mask.bool(), torch.ones_like(noisy, dtype=torch.bool)], 1)
-    logits = adapter.logits(x, attn)[:, prompt_ids.shape[1]:].float()  # [N, L, V]
+    if getattr(adapter, "block_size", None) is not None and not adapter.shift:
+        from maskrl.likelihood.blocks import block_logits
+
+        logits = block_logits(adapter, prompt_ids, prompt_mask, noisy, answer_ids).float()  # [N, L, V]
+    else:
+        x = torch.cat([prompt_ids, noisy], 1)
+        attn = torch.cat([prompt_mask.bool(), torch.ones_like(noisy, dtype=torch.bool)], 1)
+        logits = adapter.logits(x, attn)[:, prompt_ids.shape[1]:].float()  # [N, L, V]
     ce = torch.nn.functional.cross_entropy(logits.reshape(n * L, -1), answer_ids.reshape(-1), reduction="none")
     ce = ce.view(n, L) * masked / t  # [N, L]
     return ce.sum() / (n * L)

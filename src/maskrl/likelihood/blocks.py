@@ -144,6 +144,32 @@ def score_blocks(adapter: ModelAdapter, prompt: torch.Tensor, prompt_mask: torch
     return adapter.log_probs_at(ids, None, rows, cols + offset, targets, layout=(mask, positions))
 
 
+def block_logits(adapter: ModelAdapter, prompt: torch.Tensor, prompt_mask: torch.Tensor, noisy: torch.Tensor,
+                 context: torch.Tensor) -> torch.Tensor:
+    """Logits of every completion position of ``noisy`` when its block is as in ``noisy`` and the earlier
+    blocks as in ``context``: the doubled forward's noisy copy (:func:`doubled_rows`), e.g. each block's
+    greedy prediction with the block masked and the earlier blocks clean (the lm-eval model's
+    ``is_greedy``).
+
+    Args:
+        adapter: a block-diffusion model (``block_size`` set, no logit shift).
+        prompt, prompt_mask: ``[R, P]`` the rows' prompts and real-token masks.
+        noisy, context: ``[R, L]`` long.
+
+    Returns:
+        ``[R, L, V]`` logits in the model's dtype.
+
+    Raises:
+        ValueError: as :func:`score_blocks`.
+    """
+    if adapter.block_size is None or adapter.shift:
+        raise ValueError("block_logits needs a block-diffusion adapter without a logit shift (block_size set)")
+    ids, mask, positions, offset = doubled_rows(prompt, prompt_mask, noisy, context, int(adapter.block_size),
+                                                adapter.dtype)
+    logits = adapter._raw_logits(ids, None, layout=(mask, positions))  # the package's own adapter
+    return logits[:, offset: offset + noisy.shape[1]]
+
+
 def score_rows(adapter: ModelAdapter, prompt: torch.Tensor, prompt_mask: torch.Tensor, noisy: torch.Tensor,
                context: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The scoring forward of every estimator: the plain forward of ``noisy``

@@ -1,4 +1,5 @@
-"""Real-width stand-ins of LLaDA-8B-Instruct and Dream-v0-Instruct-7B, and an independent reader of their layouts.
+"""Real-width stand-ins of LLaDA-8B-Instruct, Dream-v0-Instruct-7B and SDAR-8B-Chat / TraDo-8B, and an
+independent reader of their layouts.
 
 A stand-in is a checkpoint folder in the family's own published layout -- the published
 ``config.json`` keys and values (width, heads, MLP size, vocabulary, RoPE θ, norm ε, special ids),
@@ -21,6 +22,13 @@ Published facts used (docs/spec.md §1.1; the configs of ``GSAI-ML/LLaDA-8B-Inst
   untied; eos = pad 151643 (``<|endoftext|>``), ``<|im_start|>`` 151644, ``<|im_end|>`` 151645, bos
   151665, mask 151666 (``<|mask|>``); the tokenizer has 151,667 ids, so the output layer's last 397
   rows have no tokenizer entry (as in the real model).
+* SDAR-8B-Chat / TraDo-8B-Instruct (JetAstra/SDAR ``training/model/SDAR-8B-Chat/``, commit c2041a8):
+  Qwen3 -- ``hidden_size`` 4096, 36 layers, 32 query / 8 key-value heads of ``head_dim`` 128, per-head
+  RMSNorm of queries and keys (``q_norm`` / ``k_norm``) before RoPE, no biases, ``intermediate_size``
+  12288, ``vocab_size`` 151936, ``rope_theta`` 1e6, ``rms_norm_eps`` 1e-6, untied; ``block_size`` 4
+  (bidirectional inside a block, causal across blocks, blocks from position 0), no logit shift;
+  eos = pad 151643, ``<|im_start|>`` 151644, ``<|im_end|>`` 151645 (``generation_config.json`` ends at
+  ``[151645, 151643]``), mask 151669 (``<|MASK|>``), no bos; the tokenizer has 151,670 ids.
 
 The tokenizer is not the published one (which needs a download): a byte-level BPE trained with
 ``tokenizers`` on a corpus the caller gives (task prompts), padded with ``<|reserved_i|>`` entries to
@@ -45,7 +53,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-FAMILIES = ("llada", "dream")
+FAMILIES = ("llada", "dream", "sdar")
 
 #: published GSAI-ML/LLaDA-8B-Instruct config.json (32 blocks)
 LLADA_8B_CONFIG: dict = {
@@ -76,16 +84,33 @@ DREAM_7B_CONFIG: dict = {
     "use_cache": False, "use_sliding_window": False, "vocab_size": 152064,
 }
 
+#: published JetLM/SDAR-8B-Chat config.json (36 blocks); TraDo-8B-Instruct has the same
+SDAR_8B_CONFIG: dict = {
+    "architectures": ["SDARForCausalLM"], "model_type": "sdar",
+    "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModel": "modeling_sdar.SDARModel",
+                 "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
+    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "block_size": 4, "mask_token_id": 151669, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 12288, "max_position_embeddings": 32768, "max_window_layers": 36,
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_cache": False, "use_sliding_window": False, "vocab_size": 151936,
+}
+#: SDAR's generation_config.json end ids (all of them end a completion)
+SDAR_GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
+
 #: special tokens at their published ids, and the tokenizer size (ids below it have an entry)
 SPECIAL_IDS = {
     "llada": {"<|startoftext|>": 126080, "<|endoftext|>": 126081, "<|mdm_mask|>": 126336,
               "<|start_header_id|>": 126346, "<|end_header_id|>": 126347, "<|eot_id|>": 126348},
     "dream": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|beginoftext|>": 151665,
               "<|mask|>": 151666},
+    "sdar": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|MASK|>": 151669},
 }
-TOKENIZER_SIZE = {"llada": 126464, "dream": 151667}
+TOKENIZER_SIZE = {"llada": 126464, "dream": 151667, "sdar": 151670}
 _ROLES = {"llada": dict(bos="<|startoftext|>", eos="<|endoftext|>", pad="<|endoftext|>", mask="<|mdm_mask|>"),
-          "dream": dict(bos="<|beginoftext|>", eos="<|endoftext|>", pad="<|endoftext|>", mask="<|mask|>")}
+          "dream": dict(bos="<|beginoftext|>", eos="<|endoftext|>", pad="<|endoftext|>", mask="<|mask|>"),
+          "sdar": dict(bos=None, eos="<|endoftext|>", pad="<|endoftext|>", mask="<|MASK|>")}
 #: chat templates of each family's shape (Jinja, as transformers applies them)
 CHAT_TEMPLATES = {
     "llada": ("{{ '<|startoftext|>' }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
@@ -94,6 +119,8 @@ CHAT_TEMPLATES = {
     "dream": ("{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}"
               "{% endif %}{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
               "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
+    "sdar": ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+             "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
 }
 #: text the BPE is always trained on besides the caller's corpus (digits, operators, answer tags)
 BASE_CORPUS = ("0123456789 + - * / = ( ) . , ? ! : ; <answer> </answer> <reasoning> </reasoning> \\boxed{} "
@@ -102,7 +129,7 @@ BASE_CORPUS = ("0123456789 + - * / = ( ) . , ? ! : ; <answer> </answer> <reasoni
 
 
 def family_config(family: str, num_layers: int) -> dict:
-    """The published ``config.json`` of ``family`` (``llada`` | ``dream``) with ``num_layers`` blocks.
+    """The published ``config.json`` of ``family`` (``llada`` | ``dream`` | ``sdar``) with ``num_layers`` blocks.
 
     Raises:
         ValueError: an unknown family or ``num_layers`` < 1.
@@ -111,7 +138,7 @@ def family_config(family: str, num_layers: int) -> dict:
         raise ValueError(f"family {family!r}: expected one of {', '.join(FAMILIES)}")
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-    cfg = dict(LLADA_8B_CONFIG if family == "llada" else DREAM_7B_CONFIG)
+    cfg = dict({"llada": LLADA_8B_CONFIG, "dream": DREAM_7B_CONFIG, "sdar": SDAR_8B_CONFIG}[family])
     if family == "llada":
         cfg["n_layers"] = num_layers
     else:
@@ -136,6 +163,8 @@ def narrowed_config(family: str, num_layers: int, width_divisor: int = 1) -> dic
             raise ValueError(f"width_divisor {k}: hidden_size 3584 / {k} must keep an even head size over 28 heads")
         cfg["hidden_size"] //= k
         cfg["intermediate_size"] //= k
+        if "head_dim" in cfg:  # SDAR: heads x head_dim is the width, both shrink alike
+            cfg["head_dim"] //= k
     return cfg
 
 
@@ -146,14 +175,14 @@ def build_tokenizer(family: str, corpus: Iterable[str] = (), bpe_size: int = 409
     """A byte-level BPE ``PreTrainedTokenizerFast`` of the family's size, special ids and chat template.
 
     Args:
-        family: ``llada`` or ``dream``.
+        family: ``llada``, ``dream`` or ``sdar``.
         corpus: training text for the BPE merges (with :data:`BASE_CORPUS`); e.g. the task prompts.
         bpe_size: tokens learnt by the BPE trainer (alphabet included); ids ``[bpe_size, size)`` are
             ``<|reserved_i|>`` fillers, except the family's special tokens at their published ids.
 
     Returns:
-        A tokenizer with ``len(tok)`` = 126,464 (LLaDA) or 151,667 (Dream), ``mask_token``,
-        ``eos_token``, ``pad_token``, ``bos_token`` set and ``chat_template`` of the family's shape.
+        A tokenizer with ``len(tok)`` = 126,464 (LLaDA), 151,667 (Dream) or 151,670 (SDAR), ``mask_token``,
+        ``eos_token``, ``pad_token``, ``bos_token`` (SDAR: none) set and ``chat_template`` of the family's shape.
 
     Raises:
         ValueError: an unknown family, or ``bpe_size`` reaching the first special id.
@@ -192,8 +221,9 @@ def build_tokenizer(family: str, corpus: Iterable[str] = (), bpe_size: int = 409
 # weights in the family's layout
 # ----------------------------------------------------------------------------------------------
 def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """Checkpoint tensor name -> shape of a LLaDA (``d_model`` key) or Dream config dict, in the
-    family's own names (LLaDA: ``model.transformer.blocks.{i}.ff_proj.weight`` ...; Dream: Qwen2's)."""
+    """Checkpoint tensor name -> shape of a LLaDA (``d_model`` key), Dream or SDAR config dict, in the
+    family's own names (LLaDA: ``model.transformer.blocks.{i}.ff_proj.weight`` ...; Dream: Qwen2's, with
+    q/k/v biases; SDAR: Qwen3's, ``head_dim`` wide heads, per-head ``q_norm`` / ``k_norm``, no biases)."""
     if "d_model" in cfg:
         d, f, v, n = cfg["d_model"], cfg["mlp_hidden_size"], cfg["embedding_size"], cfg["n_layers"]
         kv = cfg["n_kv_heads"] * d // cfg["n_heads"]
@@ -206,16 +236,17 @@ def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         out |= {"model.transformer.ln_f.weight": (d,), "model.transformer.ff_out.weight": (v, d)}
         return out
     d, f, v, n = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
-    kv = cfg["num_key_value_heads"] * d // cfg["num_attention_heads"]
+    hd = cfg.get("head_dim") or d // cfg["num_attention_heads"]
+    q, kv, qwen3 = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd, cfg["model_type"] == "sdar"
     out = {"model.embed_tokens.weight": (v, d)}
     for i in range(n):
         b = f"model.layers.{i}."
-        out |= {b + "input_layernorm.weight": (d,), b + "self_attn.q_proj.weight": (d, d),
-                b + "self_attn.q_proj.bias": (d,), b + "self_attn.k_proj.weight": (kv, d),
-                b + "self_attn.k_proj.bias": (kv,), b + "self_attn.v_proj.weight": (kv, d),
-                b + "self_attn.v_proj.bias": (kv,), b + "self_attn.o_proj.weight": (d, d),
-                b + "post_attention_layernorm.weight": (d,), b + "mlp.gate_proj.weight": (f, d),
-                b + "mlp.up_proj.weight": (f, d), b + "mlp.down_proj.weight": (d, f)}
+        out |= {b + "input_layernorm.weight": (d,), b + "self_attn.q_proj.weight": (q, d),
+                b + "self_attn.k_proj.weight": (kv, d), b + "self_attn.v_proj.weight": (kv, d),
+                b + "self_attn.o_proj.weight": (d, q), b + "post_attention_layernorm.weight": (d,),
+                b + "mlp.gate_proj.weight": (f, d), b + "mlp.up_proj.weight": (f, d), b + "mlp.down_proj.weight": (d, f)}
+        out |= ({b + "self_attn.q_norm.weight": (hd,), b + "self_attn.k_norm.weight": (hd,)} if qwen3 else
+                {b + "self_attn.q_proj.bias": (q,), b + "self_attn.k_proj.bias": (kv,), b + "self_attn.v_proj.bias": (kv,)})
     out |= {"model.norm.weight": (d,), "lm_head.weight": (v, d)}
     return out
 
@@ -247,8 +278,8 @@ def write_standin(folder: str | os.PathLike, family: str, num_layers: int = 2, *
 
     Args:
         folder: output folder (created; existing files are replaced).
-        family: ``llada`` or ``dream``.
-        num_layers: blocks (32 / 28 in the published models).
+        family: ``llada``, ``dream`` or ``sdar``.
+        num_layers: blocks (32 / 28 / 36 in the published models).
         seed: weights' seed.
         corpus: text for the tokenizer's BPE (task prompts).
         dtype: stored dtype (bf16, as published).
@@ -291,6 +322,8 @@ def write_standin(folder: str | os.PathLike, family: str, num_layers: int = 2, *
     (folder / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
     (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    if family == "sdar":
+        (folder / "generation_config.json").write_text(json.dumps(SDAR_GENERATION_CONFIG, indent=2) + "\n")
     build_tokenizer(family, corpus, bpe_size).save_pretrained(folder)
     return folder
 
@@ -343,17 +376,19 @@ def _lin(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> tor
 
 
 def reference_logits(folder: str | os.PathLike, input_ids: torch.Tensor, aligned: bool = True) -> torch.Tensor:
-    """Logits of a LLaDA or Dream layout folder from a plain float32 PyTorch forward (module docstring).
+    """Logits of a LLaDA, Dream or SDAR layout folder from a plain float32 PyTorch forward (module docstring).
 
-    Every query attends to every position (no causal mask, no padding: give unpadded rows). Weights
+    Every query attends to every position (no causal mask, no padding: give unpadded rows); SDAR's
+    queries attend the keys of their own and earlier blocks (``position // block_size``, positions from
+    0), after RMSNorm of each head's query and key. Weights
     are read one block at a time and upcast per matrix product, so memory stays near one block.
 
     Args:
-        folder: a folder with a LLaDA (``d_model`` key) or Dream ``config.json`` and its tensors.
+        folder: a folder with a LLaDA (``d_model`` key), Dream or SDAR ``config.json`` and its tensors.
         input_ids: ``[N, T]`` long.
         aligned: Dream's raw logit at ``i`` predicts token ``i + 1``; with ``aligned`` the result is
-            shifted so that ``out[:, i]`` predicts token ``i`` (position 0 is then NaN); LLaDA is
-            unshifted either way.
+            shifted so that ``out[:, i]`` predicts token ``i`` (position 0 is then NaN); LLaDA and SDAR
+            are unshifted either way.
 
     Returns:
         ``[N, T, V]`` float32.
@@ -371,8 +406,11 @@ def reference_logits(folder: str | os.PathLike, input_ids: torch.Tensor, aligned
         top = read_tensors(folder, ["model.embed_tokens.weight"])
         x = top["model.embed_tokens.weight"][input_ids].float()
     del top
-    hd = d // h
+    hd = cfg.get("head_dim") or d // h
     nq, t = input_ids.shape
+    sdar = cfg.get("model_type") == "sdar"
+    blk = torch.arange(t) // cfg["block_size"] if sdar else torch.zeros(t, dtype=torch.long)
+    hidden = blk[None, :] > blk[:, None]  # [T(query), T(key)]: a later block's key
     for i in range(n):
         if llada:
             p = f"model.transformer.blocks.{i}."
@@ -386,15 +424,20 @@ def reference_logits(folder: str | os.PathLike, input_ids: torch.Tensor, aligned
                      "fn": "post_attention_layernorm.weight", "g": "mlp.gate_proj.weight", "u": "mlp.up_proj.weight",
                      "dn": "mlp.down_proj.weight", "qb": "self_attn.q_proj.bias", "kb": "self_attn.k_proj.bias",
                      "vb": "self_attn.v_proj.bias"}
+            if sdar:
+                names = {k: v for k, v in names.items() if k not in ("qb", "kb", "vb")}
+                names |= {"qn": "self_attn.q_norm.weight", "kn": "self_attn.k_norm.weight"}
         w = {k: v for k, v in zip(names, read_tensors(folder, [p + s for s in names.values()]).values())}
         a = _rms(x, w["an"], eps)
         q = _lin(a, w["q"], w.get("qb")).view(nq, t, h, hd).transpose(1, 2)
         k = _lin(a, w["k"], w.get("kb")).view(nq, t, kvh, hd).transpose(1, 2)
         v = _lin(a, w["v"], w.get("vb")).view(nq, t, kvh, hd).transpose(1, 2)
+        if sdar:
+            q, k = _rms(q, w["qn"], eps), _rms(k, w["kn"], eps)
         q, k = _rope(q, theta), _rope(k, theta)
         k, v = k.repeat_interleave(h // kvh, dim=1), v.repeat_interleave(h // kvh, dim=1)
-        att = torch.softmax((q @ k.transpose(-1, -2)) / math.sqrt(hd), dim=-1)
-        x = x + _lin((att @ v).transpose(1, 2).reshape(nq, t, d), w["o"])
+        scores = ((q @ k.transpose(-1, -2)) / math.sqrt(hd)).masked_fill(hidden, float("-inf"))
+        x = x + _lin((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(nq, t, h * hd), w["o"])
         f = _rms(x, w["fn"], eps)
         x = x + _lin(torch.nn.functional.silu(_lin(f, w["g"])) * _lin(f, w["u"]), w["dn"])
         del w
@@ -404,7 +447,7 @@ def reference_logits(folder: str | os.PathLike, input_ids: torch.Tensor, aligned
         return out
     w = read_tensors(folder, ["model.norm.weight", "lm_head.weight"])
     raw = _lin(_rms(x, w["model.norm.weight"], eps), w["lm_head.weight"])
-    if not aligned:
+    if not aligned or sdar:
         return raw
     out = torch.full_like(raw, float("nan"))
     out[:, 1:] = raw[:, :-1]

@@ -3,7 +3,9 @@
 How each number is obtained -- counted on the library's own code, not from hand formulas:
 
 * **Work** (forward rows, scored positions): the recipe's trainer runs on a *stand-in* -- a
-  1-layer, 32-wide built-in model with the recipe's sampler (L, block, steps, schedule, cache),
+  1-layer, 32-wide built-in model with the recipe's sampler (L, block, steps, schedule, cache) and the
+  planned model's block size (a block-diffusion model: the block sampler's cached block steps and the
+  block likelihood's doubled x_t ⊕ x_0 rows are what is recorded),
   B, G, μ, objective, likelihood and credit modules, on synthetic prompts of ``prompt_length``
   tokens and random 0/1 rewards (a seeded generator), with early stopping switched off (every
   completion runs to L tokens, the worst case) and each credit module as its
@@ -19,7 +21,8 @@ How each number is obtained -- counted on the library's own code, not from hand 
   record its rows R, sequence length S and scored positions M. Phases follow the trainer's rules
   (``optimize``): θ_old when μ > 1 and the objective uses a ratio, the reference when it needs one,
   θ always (forward + backward), each μ times.
-* **FLOPs**: ``torch.utils.flop_counter.FlopCounterMode`` on the recipe's real model shape built on
+* **FLOPs**: ``torch.utils.flop_counter.FlopCounterMode`` on the recipe's real model shape (the family's
+  transformers class, head size, logit shift and block-causal attention) built on
   the ``meta`` device (no memory), through the same adapter calls (``log_probs_at`` with and without
   backward, ``decoder_forward`` with a key/value cache, the output layer), at (R, M) = (1, 1), (2, 1),
   (1, 2) per sequence length; every count is affine in R and M (rows and scored positions are batch

@@ -18,7 +18,8 @@ def _dtype(name: str) -> torch.dtype:
 def build_adapter(shape: ModelShape, dtype: torch.dtype, lora: dict | None, checkpointing: bool, device="meta",
                   hidden_size: int | None = None, num_layers: int | None = None, seed: int = 0):
     """A :class:`~maskrl.models.ModelAdapter` of ``shape`` (optionally narrowed) on ``device``, with LoRA
-    (``{rank, alpha, targets}``) and gradient checkpointing as the recipe has them."""
+    (``{rank, alpha, targets}``) and gradient checkpointing as the recipe has them; the family's logit
+    shift and block size (a block-diffusion shape runs block-causal, as the loaded model does)."""
     from transformers import AutoModelForCausalLM
 
     from maskrl.models import ModelAdapter, apply_lora, enable_gradient_checkpointing
@@ -29,8 +30,8 @@ def build_adapter(shape: ModelShape, dtype: torch.dtype, lora: dict | None, chec
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.eval()
     v = shape.vocab_size
-    ad = ModelAdapter(model=model, mask_id=v - 1, eos_id=v - 2, pad_id=v - 2, shift=shape.family == "dream",
-                      family=shape.family)
+    ad = ModelAdapter(model=model, mask_id=v - 1, eos_id=v - 2, pad_id=v - 2, shift=shape.shift,
+                      family=shape.family, block_size=shape.block_size)
     if checkpointing:
         enable_gradient_checkpointing(ad)
     if lora:
@@ -91,12 +92,13 @@ class FlopModel:
                 kv = None
                 if past:
                     cfg = ad.model.config
-                    hd = cfg.hidden_size // cfg.num_attention_heads
+                    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
                     kv = [(torch.zeros((rows, cfg.num_key_value_heads, past, hd), dtype=ad.dtype, device=dev),) * 2
                           for _ in range(cfg.num_hidden_layers)]
                 pos = torch.arange(past, past + seq, device=dev).expand(rows, seq)
+                keys = torch.arange(past + seq, device=dev).expand(rows, past + seq)  # a block model reads them
                 hidden, _ = ad.decoder_forward(ids, torch.ones((rows, past + seq), dtype=torch.bool, device=dev), pos,
-                                               past=kv)
+                                               past=kv, key_positions=keys)
                 if scored:
                     ad.head(hidden.reshape(-1, hidden.shape[-1])[:1].expand(scored, -1))
         return fc.get_total_flops()

@@ -113,13 +113,23 @@ def profiled_peak(fn) -> tuple[int, int]:
 
 def narrow_widths(shape: ModelShape) -> tuple[int, int]:
     """The two narrow hidden widths of the activation fit: d/16 and d/8 when both keep the head count
-    with an even head size and an integer MLP width, else 2·heads and 4·heads (the narrowest such)."""
+    with an even head size and an integer MLP width, else 2·heads and 4·heads (a stated head size: the
+    narrowest such width w >= 2·heads and 2w; ``(d, d)`` when the wider reaches d). A stated head size (Qwen3's 128) shrinks with the width
+    (:meth:`~maskrl.plan.shapes.ModelShape.hf_config`), so it, not d / heads, must stay an even integer."""
     d, h = shape.hidden_size, shape.num_heads
-    picks = [d // f for f in (16, 8) if d % f == 0 and (d // f) % (2 * h) == 0
-             and (shape.intermediate_size * (d // f)) % d == 0]
+
+    def fits(w: int) -> bool:
+        head = shape.head_size * w
+        return head % d == 0 and (head // d) % 2 == 0 and (shape.intermediate_size * w) % d == 0 and (
+            shape.head_dim is not None or w % h == 0)
+
+    picks = [d // f for f in (16, 8) if d % f == 0 and fits(d // f)]
     if len(picks) == 2:
         return picks[0], picks[1]
-    return (2 * h, 4 * h) if 4 * h < d else (d, d)
+    if shape.head_dim is None:
+        return (2 * h, 4 * h) if 4 * h < d else (d, d)
+    w = next((w for w in range(2 * h, d) if fits(w)), d)
+    return (w, 2 * w) if 2 * w < d else (d, d)
 
 
 def _affine(x1: float, y1: float, x2: float, y2: float, x: float) -> float:
@@ -335,7 +345,7 @@ def memory_gib(cfg, calls: list, shape: ModelShape, dtype: torch.dtype, am: Acti
     phases: dict[str, float] = {}
     kv = 0.0
     if cfg.rollout.cache != "none":
-        hd = shape.hidden_size // shape.num_heads
+        hd = shape.head_size
         n_rows = max((c.rows for c in calls if c.phase == "rollout"), default=0)
         seq = prompt_length + cfg.rollout.gen_length
         kv = 2.0 * shape.num_layers * n_rows * shape.num_kv_heads * hd * seq * torch.finfo(dtype).bits / 8

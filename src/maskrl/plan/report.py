@@ -86,7 +86,8 @@ def merges_lora(cfg, hw: Hardware) -> bool:
 
 
 #: what every plan's numbers assume (the plan's ``notes``)
-NOTES = ("prompt_length is an estimate (pass --prompt-length); completions run to L tokens (no early stop)",
+NOTES = ("prompt_length is an estimate (pass --prompt-length); completions run to L tokens (no early stop, "
+         "a block model's per-row early stop included: it only shortens rows)",
          "DiSPO's step term is its worst case: every branched state kept (B*G*Z rows; a run keeps only "
          "states whose Z rewards differ)",
          "DTCA's step selection is its worst case: max_steps states per sequence (a run keeps the fewest "

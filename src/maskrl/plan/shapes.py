@@ -13,14 +13,21 @@ GIB = 2**30
 #: n_kv_heads 32, mlp_hidden_size 12288, embedding_size 126464, no biases, untied). Dream:
 #: Dream-org/Dream-v0-Instruct-7B config.json (Qwen2-7B shape: hidden_size 3584, num_hidden_layers 28,
 #: num_attention_heads 28, num_key_value_heads 4, intermediate_size 18944, vocab_size 152064, q/k/v
-#: biases, untied).
+#: biases, untied). SDAR / TraDo (JetAstra/SDAR ``training/model/SDAR-{4B,8B}-Chat/config.json``, commit
+#: c2041a8; TraDo-4B/8B are SDAR-4B/8B trained further, same config): Qwen3 shapes, head_dim 128 (so
+#: heads × head_dim is not the width at 4B), 8 key/value heads, vocab 151936, untied, RoPE θ 1e6, block 4.
 _LLADA = dict(family="llada", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32,
-              intermediate_size=12288, vocab_size=126464, tie=False)
+              intermediate_size=12288, vocab_size=126464, tie=False, rope_theta=500000.0)
 _DREAM = dict(family="dream", hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4,
-              intermediate_size=18944, vocab_size=152064, tie=False)
+              intermediate_size=18944, vocab_size=152064, tie=False, rope_theta=1e6)
+_SDAR_8B = dict(family="sdar", hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
+                intermediate_size=12288, vocab_size=151936, tie=False, head_dim=128, block_size=4, rope_theta=1e6)
+_SDAR_4B = dict(_SDAR_8B, hidden_size=2560, intermediate_size=9728)
 KNOWN_MODELS: dict[str, dict] = {
     "GSAI-ML/LLaDA-8B-Instruct": _LLADA, "GSAI-ML/LLaDA-8B-Base": _LLADA,
     "Dream-org/Dream-v0-Instruct-7B": _DREAM, "Dream-org/Dream-v0-Base-7B": _DREAM,
+    "JetLM/SDAR-8B-Chat": _SDAR_8B, "Gen-Verse/TraDo-8B-Instruct": _SDAR_8B, "Gen-Verse/TraDo-8B-Thinking": _SDAR_8B,
+    "JetLM/SDAR-4B-Chat": _SDAR_4B, "Gen-Verse/TraDo-4B-Instruct": _SDAR_4B,
 }
 STRATEGIES = ("single", "ddp", "fsdp", "zero2", "zero3")
 
@@ -34,11 +41,17 @@ class ModelShape:
     """Architecture of a model family member (docs/spec.md §1.1).
 
     Attributes:
-        family: ``llada`` (Llama blocks, no biases), ``dream`` (Qwen2 blocks, q/k/v biases) or ``tiny``
-            (the built-in Llama).
+        family: a registered family's name (:data:`maskrl.models.families.FAMILIES`: ``llada``, ``dream``,
+            ``sdar``, ``fast_dllm``, ...) or ``tiny`` (the built-in Llama); the family gives the transformers
+            class (its ``model_class``) and the logit shift (:attr:`shift`).
         hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, vocab_size: the shape.
         tie: output layer tied to the embedding.
         source: where the numbers come from.
+        head_dim: size of one attention head when the config states it (Qwen3: 128, whatever the width);
+            ``None``: ``hidden_size // num_heads``.
+        block_size: tokens per block of a block-diffusion model (the family's reading of its config),
+            ``None`` for full attention.
+        rope_theta: RoPE base (``None``: the transformers class's default).
     """
 
     family: str
@@ -50,11 +63,29 @@ class ModelShape:
     vocab_size: int
     tie: bool = False
     source: str = ""
+    head_dim: int | None = None
+    block_size: int | None = None
+    rope_theta: float | None = None
+
+    @property
+    def head_size(self) -> int:
+        """Size of one attention head (:attr:`head_dim`, else ``hidden_size // num_heads``)."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def shift(self) -> bool:
+        """The family's logit shift (``logits[i]`` predicts token ``i + 1``: Dream, Fast-dLLM v2)."""
+        return bool(getattr(_family(self.family), "shift", False))
 
     def hf_config(self, hidden_size: int | None = None, num_layers: int | None = None):
-        """A transformers config of this shape (optionally narrowed: ``hidden_size`` with the same head
-        count, so head_dim = hidden/heads; intermediate scaled by the same factor)."""
-        from transformers import LlamaConfig, Qwen2Config
+        """A transformers config of this shape in the family's class (optionally narrowed: ``hidden_size``
+        with the same head count, head size and intermediate size scaled by the same factor, so every
+        width-proportional dimension shrinks alike).
+
+        Raises:
+            PlanError: a narrowed width that gives a fractional head size or MLP width.
+        """
+        import transformers
 
         h = hidden_size or self.hidden_size
         inter = self.intermediate_size * h // self.hidden_size
@@ -62,18 +93,34 @@ class ModelShape:
                   num_hidden_layers=num_layers or self.num_layers, num_attention_heads=self.num_heads,
                   num_key_value_heads=self.num_kv_heads, tie_word_embeddings=self.tie, max_position_embeddings=8192,
                   rms_norm_eps=1e-5, pad_token_id=None)
-        if self.family == "dream":
-            return Qwen2Config(**kw, rope_theta=1e6)
-        return LlamaConfig(**kw, rope_theta=500000.0, attention_bias=False, mlp_bias=False)
+        if self.head_dim is not None:
+            if (self.head_dim * h) % self.hidden_size:
+                raise PlanError(f"model width {h}: head_dim {self.head_dim} x {h} / {self.hidden_size} is not an integer")
+            kw["head_dim"] = self.head_dim * h // self.hidden_size
+        cls_name = getattr(_family(self.family), "model_class", "") or "LlamaForCausalLM"
+        config_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
+        extra = {"attention_bias": False, "mlp_bias": False} if cls_name == "LlamaForCausalLM" else {}
+        theta = self.rope_theta or (500000.0 if cls_name == "LlamaForCausalLM" else 1e6)
+        return config_cls(**kw, **extra, rope_theta=theta)
+
+
+def _family(name: str):
+    """The registered family class of ``name`` (``None`` for ``tiny`` or an unregistered name)."""
+    from maskrl.models.families import FAMILIES
+
+    return FAMILIES.get(name) if name in FAMILIES else None
 
 
 def model_shape(cfg) -> ModelShape:
     """The shape of ``cfg.model``: a known Hub id (:data:`KNOWN_MODELS`), a local folder's ``config.json``
-    (LLaDA or standard keys), or the built-in tiny model (``model.path`` empty).
+    (read by the family that claims it, :func:`maskrl.models.families.detect`: LLaDA's OLMo keys or
+    the standard ones, the family's block size), or the built-in tiny model (``model.path`` empty,
+    ``model.tiny.block_size`` its block size).
 
     Raises:
         PlanError: a path that is neither known nor a folder with a readable config.json, or a
-            Mixture-of-Experts config (``num_experts``), which the dense shapes here cannot express.
+            config.json no registered family claims, or a Mixture-of-Experts config (``num_experts``),
+            which the dense shapes here cannot express.
     """
     path = cfg.model.path
     if not path:
@@ -83,7 +130,7 @@ def model_shape(cfg) -> ModelShape:
         t = cfg.model.tiny
         tok = tiny_tokenizer(t.tokenizer) or build_char_tokenizer()
         return ModelShape("tiny", t.hidden_size, t.num_layers, t.num_heads, t.num_heads, t.intermediate_size, len(tok),
-                          source="model.tiny")
+                          source="model.tiny", block_size=t.block_size)
     if path in KNOWN_MODELS:
         return ModelShape(**KNOWN_MODELS[path], source=f"{path} config.json (published values, maskrl.plan.KNOWN_MODELS)")
     f = Path(path) / "config.json"
@@ -95,14 +142,28 @@ def model_shape(cfg) -> ModelShape:
         raise PlanError(f"model.path: {path!r} is a Mixture-of-Experts checkpoint (model_type "
                         f"{c.get('model_type')!r}, {c['num_experts']} experts); maskrl plan does not count MoE models "
                         "yet (resident vs active experts, routing: issue 52 item 5)")
+    return _folder_shape(c, str(f))
+
+
+def _folder_shape(c: dict, source: str) -> ModelShape:
+    """The shape of a ``config.json`` dict, read by the family that claims it."""
+    from maskrl.models.families import detect
+
+    try:
+        fam = detect(c, Path(source).parent)
+    except ValueError as e:
+        raise PlanError(f"model.path: {e}") from None
     if "d_model" in c:  # LLaDA's OLMo-style keys
-        return ModelShape("llada", c["d_model"], c["n_layers"], c["n_heads"], c.get("n_kv_heads") or c["n_heads"],
+        return ModelShape(fam.name, c["d_model"], c["n_layers"], c["n_heads"], c.get("n_kv_heads") or c["n_heads"],
                           c["mlp_hidden_size"], c.get("embedding_size") or c["vocab_size"], bool(c.get("weight_tying")),
-                          source=str(f))
-    fam = "dream" if str(c.get("model_type", "")).lower() in ("dream", "qwen2") else "llada"
-    return ModelShape(fam, c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                          source=source, rope_theta=c.get("rope_theta"))
+    from maskrl.models.families import declared_block_size
+
+    block = declared_block_size(c)
+    return ModelShape(fam.name, c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
                       c.get("num_key_value_heads") or c["num_attention_heads"], c["intermediate_size"], c["vocab_size"],
-                      bool(c.get("tie_word_embeddings")), source=str(f))
+                      bool(c.get("tie_word_embeddings")), source=source, head_dim=c.get("head_dim"),
+                      block_size=block, rope_theta=c.get("rope_theta"))
 
 
 def parse_bytes(text: str) -> float:

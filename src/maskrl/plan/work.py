@@ -85,16 +85,27 @@ def credit_rows_bound(cfg) -> int:
 dispo_step_rows = credit_rows_bound
 
 
-def standin_config(cfg):
+def standin_config(cfg, block_size: int | None = None):
     """The recipe on the stand-in model: 1-layer 32-wide tiny Llama (char tokenizer), float32, no LoRA
     or checkpointing (neither changes which forwards run), each credit module as its
     :meth:`~maskrl.credit.base.CreditModule.for_planning` says (its data-dependent work at the worst
     case, e.g. DiSPO keeping every branched state, :func:`credit_rows_bound`; inputs that only
-    reweight dropped, e.g. DTCA's POS table); every other section as in the recipe."""
+    reweight dropped, e.g. DTCA's POS table); every other section as in the recipe.
+
+    A block-diffusion model (``block_size``, default: the planned model's,
+    :func:`~maskrl.plan.shapes.model_shape`) makes the stand-in block-diffusion too
+    (``model.tiny.block_size``), so the recorded work is that model's: the block sampler's calls (a
+    block step attends the cached earlier blocks plus the current block) and the block likelihood's
+    doubled x_t ⊕ x_0 rows (:mod:`maskrl.likelihood.blocks`), about P + 2L columns each."""
+    if block_size is None:
+        from maskrl.plan.shapes import model_shape
+
+        block_size = model_shape(cfg).block_size
     c = copy.deepcopy(cfg)
     c.model = dataclasses.replace(c.model, path="", dtype="float32", lora_rank=0, gradient_checkpointing=False,
                                   tiny=dataclasses.replace(c.model.tiny, hidden_size=32, num_layers=1, num_heads=2,
-                                                           intermediate_size=64, tokenizer="char"))
+                                                           intermediate_size=64, tokenizer="char",
+                                                           block_size=block_size))
     c.credit = [m.for_planning() if hasattr(m, "for_planning") else m for m in c.credit]
     return c
 

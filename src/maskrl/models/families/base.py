@@ -150,3 +150,34 @@ def detect(cfg: dict, folder=None) -> type[Family]:
     if len(best) > 1:
         raise ValueError(f"{str(folder or '')!r}: families {best} all claim model_type={cfg.get('model_type')!r}")
     return FAMILIES.get(best[0])
+
+
+def declared_block_size(cfg: dict, folder=None) -> int | None:
+    """Tokens per block a ``config.json`` dict declares, as its family reads it (SDAR's ``block_size``,
+    Fast-dLLM v2's ``bd_size``, maskrl's own layout's ``maskrl_block_size``), ``None`` for full attention.
+
+    Raises:
+        ValueError: no family claims ``cfg`` (:func:`detect`), or a malformed block size (named).
+    """
+    fam = detect(cfg, folder)
+    if fam.marker_key is not None and fam.marker_key in cfg:  # maskrl's own layout states it itself
+        return cfg.get("maskrl_block_size")
+    reader = getattr(fam(), "block_size", None)
+    return reader(cfg) if reader is not None else None
+
+
+def model_block_size(model) -> int | None:
+    """The block size of ``model`` before (or without) loading it: a loaded adapter's ``block_size``, a
+    folder's ``config.json`` (:func:`declared_block_size`), a Hub id whose shape the planner knows
+    (:data:`maskrl.plan.KNOWN_MODELS`), else ``None`` (full attention, or not known before loading)."""
+    if hasattr(model, "block_size") and hasattr(model, "model"):
+        return model.block_size
+    f = Path(str(model)) / "config.json"
+    if f.is_file():
+        try:
+            return declared_block_size(json.loads(f.read_text()), f.parent)
+        except (ValueError, OSError):
+            return None  # the loader names what is wrong with the folder
+    from maskrl.plan.shapes import KNOWN_MODELS
+
+    return KNOWN_MODELS.get(str(model), {}).get("block_size")
