@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -53,6 +54,12 @@ def _adapter(name: str):
     if name not in ADAPTERS:
         ad = BENCH.tiny_adapter(name)
         digest = BENCH.weights_digest(ad.model.state_dict())
+        if digest != RECORD["models"][name]["weights"] and os.environ.get("ATEN_CPU_CAPABILITY"):
+            # torch's vectorised and portable kernels draw normal_ differently: under a forced kernel set the
+            # tiny model's random initialisation is another model, which Dream's code never decoded
+            pytest.skip(f"tiny model {name!r}: its random initialisation differs under ATEN_CPU_CAPABILITY="
+                        f"{os.environ['ATEN_CPU_CAPABILITY']} (weights {digest}); the replay runs with the "
+                        "machine's own kernels (make test's first pass)")
         assert digest == RECORD["models"][name]["weights"], (
             f"tiny model {name!r} no longer has the recorded weights ({digest}): re-record "
             "tests/golden/dream_code_greedy.json with benchmarks/references/dream_reference_greedy.py")
