@@ -240,7 +240,7 @@ def test_8b_recipe_plans_and_dry_runs(path):
     cfg = load_config([path], short if path.name.startswith(("trado", "sdar")) else [])
     one = make_plan(cfg, Hardware(gpus=1, gpu_memory=80 * GIB), prompt_length=200, search=False)
     eight = make_plan(cfg, Hardware(gpus=8, gpu_memory=80 * GIB, strategy="fsdp"), prompt_length=200, search=False)
-    assert one["memory_gib"]["peak"] > one["memory_gib"]["static"]["weights"] > 10
+    assert one["memory_gib"]["peak"] > one["memory_gib"]["static"]["weights"] > 5  # GiB: TraDo-4B holds 9.2
     assert eight["memory_gib"]["static"]["weights"] == pytest.approx(one["memory_gib"]["static"]["weights"] / 8)
     # per process: B prompts each, the same work but for the rollout, which samples from the merged LoRA
     # copy on one GPU (no LoRA branch, plus the merge) and through the peft model under FSDP (merges_lora)
