@@ -57,6 +57,23 @@ def communicate_for(what: str, proc, cap_s: float = WAIT_CAP_S) -> tuple:
         raise AssertionError(f"{what}: still running after {cap_s:.0f} s (a hang)") from err
 
 
+def benchmark_script(rel: str, name: str | None = None):
+    """The module of ``benchmarks/<rel>`` (a script, not a package), loaded once and kept in ``sys.modules``
+    under ``name`` (default: the file's stem), so tests reuse a recorder's models and rules."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = name or Path(rel).stem
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / rel
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
 def cli_sets(*overrides: str) -> list[str]:
     """``--set`` arguments for the CLI: ``cli_sets("a=1", "b=2")`` -> ``["--set", "a=1", "--set", "b=2"]``."""
     return [arg for o in overrides for arg in ("--set", o)]

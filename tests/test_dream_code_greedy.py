@@ -17,13 +17,12 @@ another CPU's kernels may break it the other way. Every other decision must be D
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_script
 import torch
 
 from maskrl.sampling import SamplerConfig
@@ -39,11 +38,7 @@ NOISE = 64 * torch.finfo(torch.float32).eps
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("dream_reference_greedy", ROOT / "benchmarks" / "references" / "dream_reference_greedy.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["dream_reference_greedy"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("references/dream_reference_greedy.py")
 
 
 BENCH = _bench()

@@ -20,13 +20,9 @@ PROMPTS = ["a", "ab", "abc", "abcd", "x + y = 3", "the cat sat on", "12 * 7", "h
 
 def block_model(block_size: int = 4, eos_bias: float = 0.0, scale: float = 20.0):
     """The tiny block model of ``benchmarks/references/sdar_generate_reference.py`` (sharpened attention, ``[MASK]`` logit -20)."""
-    import importlib.util
-    from pathlib import Path
+    from conftest import benchmark_script
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "references" / "sdar_generate_reference.py"
-    spec = importlib.util.spec_from_file_location("sdar_reference_models", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = benchmark_script("references/sdar_generate_reference.py", "sdar_reference")
     return mod.tiny_block_model(eos_bias=eos_bias, scale=scale, block_size=block_size)
 
 

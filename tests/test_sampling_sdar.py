@@ -10,12 +10,11 @@ argmax, every confidence order and every threshold comparison along the row's tr
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_script
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,11 +22,7 @@ RECORD = json.loads((ROOT / "tests" / "golden" / "sdar_reference.json").read_tex
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("sdar_reference", ROOT / "benchmarks" / "references" / "sdar_generate_reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["sdar_reference"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("references/sdar_generate_reference.py", "sdar_reference")
 
 
 BENCH = _bench()
