@@ -188,3 +188,21 @@ def test_a_cut_short_model_folder_is_one_line_before_anything_loads(tmp_path, ca
     for cmd, key, line in zip(("eval", "sft"), ("--model", "model.path"), errs[-2:]):
         assert line.startswith(f"maskrl {cmd}: error: {key}: {folder / 'model.safetensors'} cannot be read (")
     assert not (tmp_path / "e").exists() and not (tmp_path / "s").exists()
+
+
+def test_the_demo_sft_cache_is_keyed_by_the_package_code_too(monkeypatch):
+    """A code change must not serve an SFT model made by older code: the cache key holds the package's
+    source digest beside the settings."""
+    from maskrl import demo
+    from maskrl.config import RunConfig
+
+    cfg = RunConfig()
+    digest = demo.package_source_digest()
+    assert len(digest) == 16 and digest == demo.package_source_digest()  # deterministic
+    keys = set()
+    for code in ("a" * 16, "b" * 16):
+        monkeypatch.setattr(demo, "package_source_digest", lambda code=code: code)
+        keys.add(demo.sft_cache_key(cfg))
+    assert len(keys) == 2
+    monkeypatch.setattr(demo, "package_source_digest", lambda: "a" * 16)
+    assert demo.sft_cache_key(cfg) in keys  # same code, same settings: the same key

@@ -6,7 +6,7 @@ gain --, steps, wall time, where the evaluation rows came from and, when they ar
 the task's test file, ``eval_note``, also the last printed line), the per-row results of both
 evaluations (``eval_base.jsonl``, ``eval_final.jsonl``) and ``<output_dir>/curves.png`` (rollout reward and evaluation
 accuracy against RL steps), and prints a small table. The SFT model is cached under
-``<output_dir>/sft-cache/<hash of the settings it depends on>`` and reused by later runs.
+``<output_dir>/sft-cache/<hash of the settings it depends on and of the package code>`` and reused by later runs.
 
 Honesty rules: the evaluation rows are never used for training (training puzzles are generated and
 filtered against them), the reported final model is the last RL step (no checkpoint picking on the
@@ -35,13 +35,22 @@ from maskrl.trainer import RLTrainer
 METRIC_KEYS = ("accuracy", "accuracy_ci95", "cell_accuracy", "cell_accuracy_ci95", "mean_reward", "mean_reward_ci95", "n")
 
 
-def sft_cache_key(cfg: RunConfig) -> str:
-    """Hash of every setting the SFT model depends on."""
-    from maskrl import __version__
+def package_source_digest() -> str:
+    """sha256 (16 hex) of every ``.py`` file of the installed ``maskrl`` package, by relative path and
+    content: any change to the code that builds, trains or saves a model gives another digest."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
+
+def sft_cache_key(cfg: RunConfig) -> str:
+    """Hash of every setting the SFT model depends on, and of the package's code
+    (:func:`package_source_digest`): a code change never serves an SFT model that older code made."""
     blob = json.dumps({"model": to_dict(cfg.model), "sft": to_dict(cfg.sft), "task": cfg.task.name,
                        "train_size": cfg.task.train_size, "train_seed": cfg.task.train_seed,
-                       "gen_length": cfg.rollout.gen_length, "version": __version__}, sort_keys=True)
+                       "gen_length": cfg.rollout.gen_length, "code": package_source_digest()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
