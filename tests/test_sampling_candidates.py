@@ -98,7 +98,8 @@ def test_stop_candidates_wait_under_dreams_random_position_draws(kw, block_lengt
 class HoldReference:
     """Observer (block scope, no exact logits: its view holds the step's own logits) that recomputes
     each step's commits with a slow rule -- candidates by argmax, or by Gumbel-max on a copy of the
-    sampler's generator (one ``[n, b, V]`` float64 draw per step, as the sampler) -- and checks them:
+    sampler's generator (one ``[m, V]`` float64 draw per step over the block's ``m`` still-masked
+    positions, as the sampler) -- and checks them:
     the threshold schedule's top-1 + confident, or the fixed schedule's top-k, stops ranked last, and
     no stop committed while a non-stop candidate of the block stays uncommitted."""
 
@@ -115,10 +116,12 @@ class HoldReference:
         logits = v.logits[vidx.gather(1, pos)]  # [n, b, V], the step's own
         if self.gen is None:
             cand = logits.argmax(-1)
-        else:
-            u = torch.rand(logits.shape, generator=self.gen, dtype=torch.float64)
-            cand = (logits.double() / self.cfg.temperature - torch.log(-torch.log(u))).argmax(-1)
-        prob = torch.softmax(logits.float(), -1).gather(-1, cand[..., None]).squeeze(-1)  # float32, as committed
+        else:  # drawn at the still-masked positions only, row-major, as the sampler draws
+            drawn = v.masked.gather(1, pos)
+            u = torch.rand(logits[drawn].shape, generator=self.gen, dtype=torch.float64)
+            cand = torch.full(drawn.shape, -1, dtype=torch.long)
+            cand[drawn] = (logits[drawn].double() / self.cfg.temperature - torch.log(-torch.log(u))).argmax(-1)
+        prob = torch.softmax(logits.float(), -1).gather(-1, cand.clamp(min=0)[..., None]).squeeze(-1)  # as committed
         for r in range(v.rows.numel()):
             key = (int(v.rows[r]), int(v.block_start[r]))
             j = self.block_steps.get(key, 0)

@@ -24,8 +24,9 @@ from maskrl.models.merged import sampling_policy
 from maskrl.sampling import SamplerConfig, generate
 
 
-def build(width: int, layers: int, vocab: int) -> ModelAdapter:
-    """A random LLaDA-layout model with float32 LoRA (rank 128) whose B is random (seeded)."""
+def random_llada(width: int, layers: int, vocab: int) -> ModelAdapter:
+    """A random LLaDA-layout model (bidirectional Llama, hidden ``width``, heads width/128, MLP 3x,
+    ``layers`` blocks, ``vocab`` ids, [M] = vocab - 1) in float32, seeded."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=width, intermediate_size=3 * width, num_hidden_layers=layers,
@@ -34,8 +35,12 @@ def build(width: int, layers: int, vocab: int) -> ModelAdapter:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = LlamaForCausalLM(cfg).eval()
-    policy = apply_lora(ModelAdapter(model=model, mask_id=vocab - 1, eos_id=vocab - 2, pad_id=vocab - 2,
-                                     family="llada"), rank=128, alpha=64.0)
+    return ModelAdapter(model=model, mask_id=vocab - 1, eos_id=vocab - 2, pad_id=vocab - 2, family="llada")
+
+
+def build(width: int, layers: int, vocab: int) -> ModelAdapter:
+    """:func:`random_llada` with float32 LoRA (rank 128) whose B is random (seeded)."""
+    policy = apply_lora(random_llada(width, layers, vocab), rank=128, alpha=64.0)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for n, p in policy.model.named_parameters():

@@ -4,7 +4,8 @@
 One step of the sampler is, on the ``[n, b]`` positions of each row's current block::
 
     logits = candidate_logits(head_output, mask_id, token_count)  # ids that can never be committed: -inf
-    cand, prob = propose(logits, temperature, generator)          # x̂_i and c_i = softmax(logits)[x̂_i]
+    cand, prob = propose(logits[eligible], temperature, generator)  # [m]: x̂_i, c_i = softmax(logits)[x̂_i],
+    cand, prob = scatter_drawn(eligible, cand, -1), scatter_drawn(eligible, prob, 0.0)  # drawn at the masks only
     score = commit_scores(prob, eligible, remasking, generator, stop)
     rank = rank_positions(score)
     take = select_fixed(rank, k, eligible)  or  select_threshold(rank, prob, threshold, eligible)
@@ -74,6 +75,17 @@ def propose(logits: torch.Tensor, temperature: float,
     tokens = gumbel_max(logits, temperature, generator)
     prob = torch.softmax(logits.float(), dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
     return tokens, prob
+
+
+def scatter_drawn(drawn: torch.Tensor, values: torch.Tensor | None, fill: float) -> torch.Tensor | None:
+    """``[n, b]``: the values ``[m]`` computed at the ``m = drawn.sum()`` positions ``drawn [n, b]`` bool
+    (row-major), ``fill`` elsewhere (a position with no candidate: the sampler never reads it there);
+    ``None`` stays ``None``."""
+    if values is None:
+        return None
+    out = torch.full(drawn.shape, fill, dtype=values.dtype, device=values.device)
+    out[drawn] = values
+    return out
 
 
 def commit_scores(prob: torch.Tensor, eligible: torch.Tensor, remasking: str, generator: torch.Generator | None,

@@ -6,9 +6,9 @@ Departures from the reference implementations, on purpose:
 
 - the ``[M]`` token's own logit is excluded from candidates (it is never a valid output), and so are
   the ids without a tokenizer entry (the padded output rows of Qwen2-based models such as Dream);
-- Gumbel noise is drawn only for the current block's positions (float64), so memory is ``N·b·V``
-  per step rather than ``N·L·V`` (Dream's rule draws what Dream's code draws instead,
-  :mod:`maskrl.sampling.dream`);
+- Gumbel noise (float64) is drawn only for the current block's positions that may be committed at
+  the step (still masked; :meth:`Denoising.drawn`), so memory is at most ``N·b·V`` per step rather
+  than ``N·L·V`` (Dream's rule draws what Dream's code draws instead, :mod:`maskrl.sampling.dream`);
 - in threshold mode each row advances through its blocks independently, so a row's trajectory is the
   same whether it is decoded alone or in a batch; ``steps`` is ignored there (a block ends when it
   has no masks, at most ``block_length`` steps).
@@ -25,7 +25,8 @@ from maskrl.sampling.blockcache import BlockKVCache
 from maskrl.sampling.checks import check_call
 from maskrl.sampling.cache import Hidden, KVCache, head_at, plan_forwards
 from maskrl.sampling.commit import (block_candidates, candidate_logits, commit_scores, hold_stops, open_sub_block,
-                                    propose, rank_positions, select_block, select_fixed, select_threshold)
+                                    propose, rank_positions, scatter_drawn, select_block, select_fixed,
+                                    select_threshold)
 from maskrl.sampling.config import SamplerConfig
 from maskrl.sampling.dream import EXP_CHUNK, dream_commit_counts, dream_reveal_prob, dream_timesteps
 from maskrl.sampling.dream_step import DreamLayout, dream_step, forced_candidates
@@ -48,7 +49,13 @@ class Denoising:
             mod b for a block-diffusion model (blocks counted from its first real token, so the first
             block is shared with the prompt's partial last block and the last one is cut at L), else 0.
         n_blocks: ``[N]`` long blocks each row decodes; stopped: ``[N]`` bool rows ended by ``early_stop``.
+        draw_whole_block: class-level switch, False: candidates are drawn only where a step may commit
+            one (:meth:`drawn`); True draws them at every position of the block, as the sampler did
+            before (the baseline of ``benchmarks/speed/draw_speed.py``; the tests' check that no path
+            reads a candidate it did not draw).
     """
+
+    draw_whole_block = False
 
     def __init__(self, adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  config: SamplerConfig) -> None:
@@ -114,28 +121,46 @@ class Denoising:
         if config.sub_block_length is not None:
             eligible = eligible & open_sub_block(st.pos + self.offset[st.rows, None], eligible, self.b,
                                                  config.sub_block_length)
-        z = logits[fidx.gather(1, st.pos)]  # [n, b, V]
+        at = fidx.gather(1, st.pos)  # [n, b] row of each block position in logits
+        lone = first = None
+        if config.block_first == "forced":  # Fast-dLLM v2: a block's first position alone, the argmax
+            first = eligible & (st.pos == st.start[:, None]) & ((st.pos + self.offset[st.rows, None]) % self.b == 0)
+            lone = (first.any(-1) & (self.block_step[st.rows] == 0))[:, None]  # [n, 1]
+        drawn = self.drawn(eligible, lone)
+        z = logits[at[drawn]]  # [m, V]: only the positions that get a candidate
         if config.block_rule:
-            cand, conf, prob, ent = block_candidates(z, config.temperature, config.top_k, config.top_p, generator,
-                                                     config.remasking == "entropy_bounded")
+            cand, conf, prob, ent = (scatter_drawn(drawn, v, fill) for v, fill in zip(
+                block_candidates(z, config.temperature, config.top_k, config.top_p, generator,
+                                 config.remasking == "entropy_bounded"), (-1, 0.0, 0.0, 0.0)))
             k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
             take = select_block(config.remasking, eligible, k, conf, ent, config.threshold, config.eb_threshold)
             return take, cand, prob
-        take, cand, prob = self._llada_commits(st, z, eligible, generator)
-        if config.block_first == "forced":  # Fast-dLLM v2: a block's first position alone, the argmax
-            first = eligible & (st.pos == st.start[:, None]) & ((st.pos + self.offset[st.rows, None]) % self.b == 0)
-            lone = first.any(-1) & (self.block_step[st.rows] == 0)  # [n]
-            top = z.argmax(-1)
-            cand = torch.where(lone[:, None], top, cand)
-            prob = torch.where(lone[:, None], torch.softmax(z.float(), -1).gather(-1, top[..., None]).squeeze(-1), prob)
-            take = torch.where(lone[:, None], first, take)
+        cand, prob = (scatter_drawn(drawn, v, fill) for v, fill in zip(propose(z, config.temperature, generator), (-1, 0.0)))
+        take = self._llada_commits(st, cand, prob, eligible, generator)
+        if lone is not None and lone.any():
+            one = first & lone  # [n, b]
+            zf = logits[at[one]]  # [f, V]
+            top = zf.argmax(-1)
+            cand[one], prob[one] = top, torch.softmax(zf.float(), -1).gather(-1, top[:, None]).squeeze(-1)
+            take = torch.where(lone, first, take)
         return take, cand, prob
 
-    def _llada_commits(self, st: StepRows, z: torch.Tensor, eligible: torch.Tensor,
-                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """LLaDA's rule (fixed or threshold schedule) on the block's candidate logits ``z [n, b, V]``."""
+    def drawn(self, eligible: torch.Tensor, lone: torch.Tensor | None) -> torch.Tensor:
+        """``[n, b]`` bool: the block positions a step draws a candidate for (Gumbel noise, confidence):
+        the ``eligible`` ones, those of the rows whose step commits their block's first position alone
+        (``lone [n, 1]``, Fast-dLLM v2) excepted. A committed position's candidate is never read (every
+        selection is ``& eligible``), so the noise over the rest of the block would be drawn for nothing
+        (docs/sampler.md, "What is drawn where"). :attr:`draw_whole_block` draws every position instead,
+        as the sampler did before: the baseline ``benchmarks/speed/draw_speed.py`` times."""
+        if self.draw_whole_block:
+            return torch.ones_like(eligible)
+        return eligible & ~lone if lone is not None else eligible
+
+    def _llada_commits(self, st: StepRows, cand: torch.Tensor, prob: torch.Tensor, eligible: torch.Tensor,
+                       generator: torch.Generator | None) -> torch.Tensor:
+        """LLaDA's rule (fixed or threshold schedule) on the block's candidates ``cand [n, b]`` and
+        their confidences ``prob [n, b]`` (read where ``eligible`` only): ``take [n, b]`` bool."""
         config = self.config
-        cand, prob = propose(z, config.temperature, generator)  # [n, b]
         stop = self.adapter.is_stop(cand) if config.suppress_eos else None
         rank = rank_positions(commit_scores(prob, eligible, config.remasking, generator, stop))
         if config.schedule == "fixed":
@@ -143,7 +168,7 @@ class Denoising:
             take = select_fixed(rank, k, eligible)
         else:
             take = select_threshold(rank, prob, config.threshold, eligible)
-        return (hold_stops(take, stop, eligible) if stop is not None else take), cand, prob
+        return hold_stops(take, stop, eligible) if stop is not None else take
 
     def _dream_commits(self, st: StepRows, logits: torch.Tensor, fidx: torch.Tensor, generator: torch.Generator | None,
                        raw: torch.Tensor, parts: Sequence[Hidden]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
