@@ -260,3 +260,40 @@ def test_refusals():
     cfg = SamplerConfig(gen_length=8, block_length=4, steps=8, remasking="low_confidence_dynamic", edit_threshold=0.5)
     with pytest.raises(ValueError, match="edit_threshold.*block-diffusion model"):
         _run(adapter, [1, 2, 3], cfg)
+
+
+# ------------------------------------------------------------------ who reads edited rollouts
+EDIT_RUN = ["rollout.remasking=low_confidence_dynamic", "rollout.edit_threshold=0.5", "rollout.temperature=0.9"]
+
+
+@pytest.mark.parametrize("extra,who", [
+    (["likelihood={name: state}"], "likelihood 'state'"), (["objective={name: tracerl}"], "likelihood 'state'"),
+    (["objective={name: rldf}"], "likelihood 'state'"), (["credit=[{name: dps}]"], "credit module 'dps'"),
+    (["credit=[{name: dispo}]"], "credit module 'dispo'"), (["credit=[{name: dtca}]"], "credit module 'dtca'"),
+    (["credit=[{name: rldf_steps}]"], "credit module 'rldf_steps'"), (["rollout.mismatch_every=2"], "mismatch_every"),
+])
+def test_the_config_refuses_readers_of_states_on_edited_rollouts(extra, who):
+    from maskrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=rf"rollout\.edit_threshold: .*last write.*{who}"):
+        load_config([], EDIT_RUN + extra)
+    load_config([], [item for item in EDIT_RUN if "edit_threshold" not in item] + extra)  # without editing: taken
+
+
+@pytest.mark.parametrize("extra", [[], ["objective={name: wd1}"], ["objective={name: spg}"], ["objective={name: ebpo}"],
+                                   ["likelihood={name: stratified}"], ["likelihood={name: elbo}"]])
+def test_readers_of_the_final_completion_take_edited_rollouts(extra):
+    from maskrl.config import load_config
+
+    assert load_config([], EDIT_RUN + extra).rollout.edit_threshold == 0.5
+
+
+def test_the_state_likelihood_refuses_an_edited_rollout_passed_directly():
+    from maskrl.likelihood.state import state
+
+    adapter = _adapter()
+    cfg = SamplerConfig(gen_length=L, block_length=B, steps=L, remasking="low_confidence_dynamic", threshold=0.3,
+                        edit_threshold=0.5)
+    ro = _run(adapter, PROMPTS[0], cfg)
+    with pytest.raises(ValueError, match="likelihood 'state': the rollout was sampled with edit_threshold"):
+        state(adapter, ro, torch.Generator().manual_seed(0))

@@ -59,6 +59,16 @@ def edit_block_done(had_masks: torch.Tensor, filled: torch.Tensor, edited: torch
     return (~had_masks & ~edited) | (filled & (post_steps >= max_post_steps))
 
 
+def refuse_edited(rollout, who: str) -> None:
+    """``ValueError`` naming ``who`` when ``rollout`` was sampled with ``edit_threshold`` set (its
+    ``sampler``): for the readers of :data:`EDIT_REFUSED`, called on the data itself, so that a direct API call
+    is refused as the config check refuses a run."""
+    if getattr(getattr(rollout, "sampler", None), "edit_threshold", None) is not None:
+        raise ValueError(f"{who}: the rollout was sampled with edit_threshold (LLaDA2.1's token editing), which "
+                         "records each position's last write, not the states the sampler saw; it cannot be read here "
+                         "(docs/sampler.md, LLaDA2.x)")
+
+
 def edit_refusal(likelihood: str, credits: list[str], mismatch_every: int) -> str | None:
     """Why a run cannot train on edited rollouts (``rollout.edit_threshold`` set), or ``None``: the
     ``likelihood`` / ``credits`` names of :data:`EDIT_REFUSED`, and ``rollout.mismatch_every > 0`` (it
