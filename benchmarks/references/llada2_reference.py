@@ -26,7 +26,9 @@ mask ``tril(ones(nb, nb))`` repeated to the block size (4 here), positions ``0 .
 ``reference.safetensors``: ``input_ids [N, T]``, their ``logits [N, T, V]`` in float32, and the same forward
 of the weights in bfloat16 as ``from_pretrained`` would build it (``logits_bf16``, :func:`as_loaded_in_bf16`); plus ``generate.json``: the tokens of their
 ``generate()`` at temperature 0 (their argmax path), block 4, 4 steps per block, threshold 0.3, for
-eight prompts of 2 to 9 tokens.
+eight prompts of 2 to 9 tokens; and ``generate_edit.json``: LLaDA2.1's ``generate()`` (the same commit's
+``dllm/pipelines/llada21/models/``, token editing) and LLaDA2.0's eos stop, :data:`EDIT_SETTINGS`, with their
+forward counts (:func:`record_edits`).
 
     PYTHONPATH=src python benchmarks/references/llada2_reference.py --dllm /path/to/ZHZisZZ-dllm-checkout --out tests/data/llada2_tiny
 """
