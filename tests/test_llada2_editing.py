@@ -223,6 +223,22 @@ def test_batch_equals_single_rows_and_cache_equals_none(cache, eos):
                                    atol=64 * torch.finfo(torch.float32).eps)
 
 
+@pytest.mark.numerics
+def test_sampled_editing_with_the_block_cache_equals_none():
+    """At τ > 0 (candidates drawn at every block position, committed ones too) the block cache draws and
+    decides what the full forwards do; editing changes the step counts against the same draws without it."""
+    adapter = _adapter(7)
+    cfg = SamplerConfig(gen_length=L, block_length=B, steps=L, schedule="fixed", remasking="low_confidence_dynamic",
+                        threshold=0.3, temperature=1.0, edit_threshold=0.2, max_post_steps=3, early_stop=True)
+    runs = {c: generate(adapter, *_left_pad(adapter, PROMPTS), SamplerConfig(**{**cfg.__dict__, "cache": c}),
+                        generator=torch.Generator().manual_seed(3)) for c in ("none", "block")}
+    assert torch.equal(runs["none"].completion_ids, runs["block"].completion_ids)
+    assert torch.equal(runs["none"].commit_step, runs["block"].commit_step)
+    plain = generate(adapter, *_left_pad(adapter, PROMPTS), SamplerConfig(**{**cfg.__dict__, "edit_threshold": None}),
+                     generator=torch.Generator().manual_seed(3))
+    assert not torch.equal(plain.num_steps, runs["none"].num_steps)
+
+
 # ------------------------------------------------------------------ the rule's pieces by hand
 def test_select_edits_by_hand():
     cand = torch.tensor([[5, 6, 7, 8]])
