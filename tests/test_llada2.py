@@ -85,6 +85,7 @@ def test_mini_config_gets_the_familys_ids_and_block_size(tmp_path, monkeypatch):
     family = FAMILIES.get("llada2")()
     fields = family.adapter_fields(cfg, tmp_path, None, torch.bfloat16, None)
     assert (fields["mask_id"], fields["eos_id"], fields["pad_id"], fields["block_size"]) == (156895, 156892, 156892, 32)
+    assert fields["stop_ids"] == ()  # generate() stops at its eos_id only
     c = seen["config"]
     assert seen["cls"].__name__ == "LLaDA2MoeModelLM"
     assert (c.use_qk_norm, c.use_bias, c.partial_rotary_factor, c.head_dim, c.first_k_dense_replace) == (True, False, 0.5, 128, 1)

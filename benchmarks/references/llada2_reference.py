@@ -26,7 +26,9 @@ mask ``tril(ones(nb, nb))`` repeated to the block size (4 here), positions ``0 .
 ``reference.safetensors``: ``input_ids [N, T]``, their ``logits [N, T, V]`` in float32, and the same forward
 of the weights in bfloat16 as ``from_pretrained`` would build it (``logits_bf16``, :func:`as_loaded_in_bf16`); plus ``generate.json``: the tokens of their
 ``generate()`` at temperature 0 (their argmax path), block 4, 4 steps per block, threshold 0.3, for
-eight prompts of 2 to 9 tokens.
+eight prompts of 2 to 9 tokens; and ``generate_edit.json``: LLaDA2.1's ``generate()`` (the same commit's
+``dllm/pipelines/llada21/models/``, token editing) and LLaDA2.0's eos stop, :data:`EDIT_SETTINGS`, with their
+forward counts (:func:`record_edits`).
 
     PYTHONPATH=src python benchmarks/references/llada2_reference.py --dllm /path/to/ZHZisZZ-dllm-checkout --out tests/data/llada2_tiny
 """
@@ -70,12 +72,12 @@ TINY_CONFIG = {
 MASK_ID, EOS_ID = 95, 93
 
 
-def import_their_code(dllm: Path):
+def import_their_code(dllm: Path, source_dir: str = SOURCE_DIR, files: tuple[str, str] = FILES, package: str = PACKAGE):
     """Their two files (read at ``COMMIT`` from the checkout ``dllm``) as a package, with the stubs above."""
-    code = Path(tempfile.mkdtemp()) / PACKAGE
+    code = Path(tempfile.mkdtemp()) / package
     code.mkdir()
-    for name in FILES:
-        text = subprocess.run(["git", "--git-dir", str(dllm), "show", f"{COMMIT}:{SOURCE_DIR}/{name}"], check=True,
+    for name in files:
+        text = subprocess.run(["git", "--git-dir", str(dllm), "show", f"{COMMIT}:{source_dir}/{name}"], check=True,
                               capture_output=True, text=True).stdout
         (code / name).write_text(text)
     (code / "__init__.py").write_text("")
@@ -91,8 +93,7 @@ def import_their_code(dllm: Path):
 
     rope_utils.ROPE_INIT_FUNCTIONS["default"] = default_rope
     sys.path.insert(0, str(code.parent))
-    return (importlib.import_module(f"{PACKAGE}.configuration_llada2_moe"),
-            importlib.import_module(f"{PACKAGE}.modeling_llada2_moe"))
+    return tuple(importlib.import_module(f"{package}.{name[:-3]}") for name in files)
 
 
 def block_mask(length: int, block: int) -> torch.Tensor:
@@ -124,6 +125,78 @@ def as_loaded_in_bf16(modeling, config, model: torch.nn.Module) -> torch.nn.Modu
         torch.set_default_dtype(torch.float32)
     out.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
     return out
+
+
+#: LLaDA2.1's ``generate()`` (token editing) and LLaDA2.0's eos stop, recorded into ``generate_edit.json``:
+#: name -> (source folder, generate() keywords beyond the shared ones); ``FREQUENT`` stands in for eos in the
+#: stop settings (the tiny model seldom emits 93, and generate() takes eos_id as an argument)
+FREQUENT = 7
+EDIT_SETTINGS = {
+    "edit_0.5": ("llada21", {"threshold": 0.3, "editing_threshold": 0.5, "max_post_steps": 4}),
+    "edit_0.0": ("llada21", {"threshold": 0.5, "editing_threshold": 0.0, "max_post_steps": 4}),
+    "edit_0.5_post_0": ("llada21", {"threshold": 0.3, "editing_threshold": 0.5, "max_post_steps": 0}),
+    "edit_0.5_eos_early_stop": ("llada21", {"threshold": 0.3, "editing_threshold": 0.5, "max_post_steps": 4,
+                                            "eos_early_stop": True, "eos_id": FREQUENT}),
+    "llada20_eos_stop": ("llada2", {"threshold": 0.3, "steps": BLOCK, "eos_id": FREQUENT}),
+}
+EDIT_PROMPT_LENGTHS = (4, 8, 5, 12, 3, 4, 6, 8)
+#: LLaDA2.1's block loop has no step bound: where the argmax at the most confident mask is ``[M]`` itself (their
+#: candidates include it) it writes ``[M]`` back and never ends; a prompt whose call passes this many forwards
+#: is drawn again
+MAX_FORWARDS = 200
+
+
+class Stuck(RuntimeError):
+    """Their ``generate()`` passed :data:`MAX_FORWARDS` forwards."""
+
+
+def record_edits(dllm: Path, state: dict, modeling20, g: torch.Generator) -> dict:
+    """Run :data:`EDIT_SETTINGS` on the weights ``state`` at temperature 0 (their argmax branch), block 4,
+    gen_length 12, for prompts of :data:`EDIT_PROMPT_LENGTHS` tokens drawn from ``g`` (one on which a call
+    does not end, :data:`MAX_FORWARDS`, drawn again: counted in ``redrawn``); per case the returned tokens and
+    the number of model forwards their loop ran."""
+    configuration, modeling21 = import_their_code(dllm, "dllm/pipelines/llada21/models",
+                                                  ("configuration_llada21_moe.py", "modeling_llada21_moe.py"),
+                                                  "_llada21_reference_code")
+    models = {}
+    for name, modeling, cfg_mod in (("llada21", modeling21, configuration), ("llada2", modeling20, None)):
+        cfg_cls = cfg_mod.LLaDA2MoeConfig if cfg_mod else modeling.LLaDA2MoeConfig
+        config = cfg_cls(**{k: v for k, v in TINY_CONFIG.items() if k != "auto_map"})
+        config._attn_implementation = "sdpa"
+        model = modeling.LLaDA2MoeModelLM(config).eval()
+        model.load_state_dict(state)
+        forward, calls = model.forward, [0]
+
+        def counted(x, attention_mask=None, _f=forward, _c=calls, **kw):
+            _c[0] += 1
+            if _c[0] > MAX_FORWARDS:
+                raise Stuck
+            return _f(x, attention_mask=attention_mask.float(), **kw)
+
+        model.forward = counted
+        models[name] = (model, calls)
+    settings = {key: {"temperature": 0.0, "block_length": BLOCK, "gen_length": 12, "mask_id": MASK_ID,
+                      "eos_id": EOS_ID, "eos_early_stop": False} | kw for key, (which, kw) in EDIT_SETTINGS.items()}
+    cases, redrawn = {key: [] for key in EDIT_SETTINGS}, 0
+    for n in EDIT_PROMPT_LENGTHS:
+        while True:
+            q = torch.randint(0, 93, (1, n), generator=g)
+            try:
+                got = {}
+                for key, (which, _) in EDIT_SETTINGS.items():
+                    model, calls = models[which]
+                    calls[0] = 0
+                    with torch.no_grad():
+                        gen = model.generate(inputs=q, **settings[key])[0].tolist()
+                    got[key] = {"prompt": q[0].tolist(), "generated": gen, "forwards": calls[0]}
+                break
+            except Stuck:
+                redrawn += 1
+        for key in EDIT_SETTINGS:
+            cases[key].append(got[key])
+    return {key: {"source": f"ZHZisZZ/dllm@{COMMIT} dllm/pipelines/{which}/models LLaDA2MoeModelLM.generate",
+                  "settings": settings[key], "redrawn": redrawn, "cases": cases[key]}
+            for key, (which, _) in EDIT_SETTINGS.items()}
 
 
 def main() -> None:
@@ -167,6 +240,9 @@ def main() -> None:
                            "threshold": 0.3, "eos_id": EOS_ID, "mask_id": MASK_ID, "eos_early_stop": False},
               "cases": [{"prompt": q[0].tolist(), "generated": out} for q, out in zip(prompts, gens)]}
     (args.out / "generate.json").write_text(json.dumps(record, indent=1) + "\n")
+    model.forward = forward
+    edits = record_edits(args.dllm, model.state_dict(), modeling, g)
+    (args.out / "generate_edit.json").write_text(json.dumps(edits, indent=1) + "\n")
     print(f"wrote {args.out}: logits {tuple(logits.shape)}, max |logit| {logits.abs().max():.3f}, "
           f"bf16 max diff {(logits_bf16.float() - logits).abs().max():.4f}, generated {gens}")
 

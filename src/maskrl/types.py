@@ -23,9 +23,10 @@ class Rollout:
         completion_mask: ``[N, L]`` bool, True on valid completion tokens: up to and including the
             first eos; positions after it are padding for the loss.
         commit_step: ``[N, L]`` long, the step index (0-based, over the whole rollout) at which each
-            position was committed -- ``birth(i)`` in docs/spec.md §2.1.
+            position was committed -- ``birth(i)`` in docs/spec.md §2.1. With token editing
+            (``sampler.edit_threshold`` set) the step of the position's last write (docs/spec.md §1.2).
         commit_prob: ``[N, L]`` float32, the noise-free probability ``softmax(logits)[x_i]`` of the
-            committed token at its commit step.
+            committed token at its commit step (with editing: of the final token at its last write).
         num_steps: ``[N]`` long, how many denoising steps each row took (T; equal for the fixed schedule).
         step_stats: per-step statistics requested by credit modules through sampler observers,
             e.g. ``{"dps_s_prev": [N, T], ...}``. Empty unless asked for.

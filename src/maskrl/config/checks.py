@@ -69,6 +69,7 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if cfg.task.name != "file" and cfg.task.file != FileTaskConfig():
         raise ConfigError(f"task.file: only read by task.name: file (this run's task is {cfg.task.name!r}); remove it")
     _check_observer_logits(cfg)
+    _check_edits(cfg)
     t = cfg.model.tiny
     from pathlib import Path
 
@@ -141,6 +142,24 @@ def _check_observer_logits(cfg: "RunConfig") -> None:
                 "rollout states, which a cached step does not compute (no silent inexact credit). Use rollout.cache: "
                 "none, or rollout.observer_logits: exact (the sampler then runs one extra full forward per cached "
                 "step they read; rollouts cost more than with cache none).")
+
+
+def _check_edits(cfg: "RunConfig") -> None:
+    """``rollout.edit_threshold`` (LLaDA2.1's token editing): refuse the likelihood, credit modules and
+    ``mismatch_every`` that read the sampler's states or steps, which edited rollouts do not record
+    (:func:`maskrl.sampling.edit.edit_refusal`). Decided here, before any model is loaded."""
+    if cfg.rollout.edit_threshold is None:
+        return
+    from maskrl.config.schema import component_registry
+    from maskrl.sampling.edit import edit_refusal
+
+    likelihood = component_registry("likelihood").name_of(cfg.likelihood)
+    credits = [component_registry("credit").name_of(m) for m in cfg.credit]
+    why = edit_refusal(likelihood, credits, cfg.rollout.mismatch_every)
+    if why:
+        raise ConfigError(f"rollout.edit_threshold: edited rollouts record each position's last write only, but {why}; "
+                          "use a likelihood of the final completion (elbo, mean_field, stratified) and no step-reading "
+                          "credit module, or rollout.edit_threshold: null")
 
 
 def _check_dtype(cfg: "RunConfig") -> None:

@@ -47,6 +47,7 @@ from maskrl.credit.base import ShareCount, ShareMean
 from maskrl.likelihood.state import State
 from maskrl.objectives.diffu_grpo import DiffuGRPO
 from maskrl.sampling.commit import gumbel_max
+from maskrl.sampling.edit import refuse_edited
 from maskrl.types import LossTerm
 
 TIMINGS = ("late", "uniform", "early")
@@ -386,6 +387,7 @@ class DiSPO(CreditModule):
         return self._term(rollout, adv, filled if self.train_after_stop else filled & valid), metrics
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:
+        refuse_edited(batch.rollout, "dispo")
         weight = batch.base_weight * float(self.alpha_base)
         if self.alpha_step == 0:
             return dataclasses.replace(batch, base_weight=weight, metrics={})

@@ -33,6 +33,7 @@ import torch
 
 from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
 from maskrl.credit.base import ShareMean, ShareStd
+from maskrl.sampling.edit import refuse_edited
 
 DPS_TARGETS = ("confidence", "final")
 DPS_SCOPES = ("all", "block")
@@ -283,6 +284,7 @@ class DPS(CreditModule):
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:
         ro = batch.rollout
+        refuse_edited(ro, "dps")
         delta, valid, norm = self.scores(batch, ctx)
         birth = ro.commit_step.long().clamp(max=norm.shape[1] - 1)
         weight = 1.0 + self.lam * norm.gather(1, birth)  # [N, L]

@@ -37,6 +37,7 @@ from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
 from maskrl.credit.base import ShareMax, ShareMean, ShareMin
 from maskrl.credit.rldf import (check_state_likelihood, check_step_sampling, chosen_pairs, commit_observers,
                                 commit_probs, filter_metrics, replace_base, sample_steps, step_surprise, steps_term)
+from maskrl.sampling.edit import refuse_edited
 
 SELECTIONS = ("coverage", "sample")
 LAMBDA_CLIP = 0.95
@@ -326,6 +327,7 @@ class DTCA(CreditModule):
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:
         check_state_likelihood(ctx, "dtca")
+        refuse_edited(batch.rollout, "dtca")
         w = self.weights(batch, ctx)
         rows, steps = chosen_pairs(self.choose(batch, ctx, w))
         parts = steps_term(batch, ctx, rows, steps, self.keep_threshold, entropy=self.calibration)

@@ -27,6 +27,7 @@ import torch
 from maskrl.credit.base import CREDITS, CreditBatch, CreditContext, CreditModule
 from maskrl.credit.base import ShareMean
 from maskrl.likelihood.state import State
+from maskrl.sampling.edit import refuse_edited
 from maskrl.types import LossTerm, Rollout
 
 
@@ -368,6 +369,7 @@ class RLDFSteps(CreditModule):
 
     def __call__(self, batch: CreditBatch, ctx: CreditContext) -> CreditBatch:
         check_state_likelihood(ctx, "rldf_steps")
+        refuse_edited(batch.rollout, "rldf_steps")
         rows, steps = chosen_pairs(self.choose(batch, ctx))
         parts = steps_term(batch, ctx, rows, steps, self.keep_threshold)
         return replace_base(batch, ctx, parts, "rldf", self.weight, parts["advantages"], filter_metrics(parts, batch))

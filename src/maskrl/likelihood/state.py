@@ -36,6 +36,7 @@ from maskrl.likelihood.base import LIKELIHOODS, needed, scatter_scores
 from maskrl.likelihood.blocks import block_rounds, score_rows
 from maskrl.likelihood.mean_field import mask_prompt
 from maskrl.models.adapter import ModelAdapter
+from maskrl.sampling.edit import refuse_edited
 from maskrl.types import Rollout
 
 
@@ -123,6 +124,7 @@ def state(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator | 
         ValueError: as :func:`commit_states` for a bad ``commit_step`` (prefixed ``rollout.``), or if
             its shape differs from ``completion_ids``'.
     """
+    refuse_edited(rollout, "likelihood 'state'")
     cs = rollout.commit_step
     block_size = getattr(adapter, "block_size", None)
     rows, steps, state_of, n_idx, i_idx, key, ordered = _needed_states(rollout, need, block_size)

@@ -49,6 +49,9 @@ def check_blocks(adapter: ModelAdapter, config: SamplerConfig) -> None:
             raise ValueError(f"{'cache=block' if config.cache == 'block' else 'early_stop'} needs a block-diffusion "
                              "model (ModelAdapter.block_size set): with full attention every position sees the "
                              "later ones (use cache 'prefix' / 'dual', early_stop false)")
+        if config.edit_threshold is not None:
+            raise ValueError("edit_threshold (LLaDA2.1's token editing of the current block) needs a block-diffusion "
+                             "model (ModelAdapter.block_size set)")
         return
     if config.block_length != size:
         raise ValueError(f"block_length (={config.block_length}) must equal the model's block size ({size}): a "

@@ -66,6 +66,14 @@ class SamplerConfig:
         sub_block_length: Fast-dLLM v2's ``small_block_size``: each step commits only inside the first
             sub-block of this many positions (counted from the block's start) that still holds a mask;
             ``None`` (default): the whole block. Not with Dream's rule.
+        edit_threshold: LLaDA2.1's token-to-token editing (M2T + T2T; :mod:`maskrl.sampling.edit`), block-diffusion
+            strategies on a block-diffusion model only: besides the strategy's mask commits, each step replaces
+            every committed completion token of the row's current block whose candidate differs from it and
+            whose confidence exceeds this (strictly; 0 edits every change); ``None`` (default): off. An edited
+            position records the step and probability of its last write (docs/sampler.md says which
+            objectives and credit modules take such rollouts).
+        max_post_steps: with ``edit_threshold``: the edit-only steps a block may take once it has no mask left
+            (it ends at the first that edits nothing); LLaDA2.1's default 16.
         early_stop: block-diffusion models only: a row whose completed blocks hold a stop id (eos or a
             stop id) decodes no further block; its later positions are padding (``pad_id``, committed
             at the row's last step with probability 1, outside ``completion_mask``). With full attention
@@ -132,6 +140,8 @@ class SamplerConfig:
     eb_threshold: float = 0.35
     early_stop: bool = False
     sub_block_length: int | None = None
+    edit_threshold: float | None = None
+    max_post_steps: int = 16
     merge_lora: bool = True
 
     def __post_init__(self) -> None:
@@ -202,6 +212,7 @@ class SamplerConfig:
                              f"(={self.block_length}) or None")
         if sub is not None and self.dream_rule:
             raise ValueError("sub_block_length (Fast-dLLM v2's sub-blocks) is not defined for Dream's rule")
+        self._check_edits()
         if self.remasking not in BLOCK_REMASKING:
             return
         if self.schedule != "fixed":
@@ -211,6 +222,22 @@ class SamplerConfig:
         if self.alg_temp > 0 or self.suppress_eos or self.block_first != "ranked":
             raise ValueError(f"remasking {self.remasking!r} (SDAR's rule) takes none of alg_temp, suppress_eos, "
                              "block_first 'forced' (Dream's and LLaDA's options)")
+
+    def _check_edits(self) -> None:
+        """LLaDA2.1's editing settings (``edit_threshold``, ``max_post_steps``)."""
+        mps = self.max_post_steps
+        if isinstance(mps, bool) or not isinstance(mps, int) or mps < 0:
+            raise ValueError(f"max_post_steps (={mps!r}) must be an integer >= 0")
+        e = self.edit_threshold
+        if e is None:
+            return
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0.0 <= e <= 1.0:
+            raise ValueError(f"edit_threshold (={e!r}) must lie in [0, 1] or be None (off)")
+        if not self.block_rule:
+            raise ValueError(f"edit_threshold (LLaDA2.1's token editing) needs a block-diffusion strategy (remasking one "
+                             f"of {BLOCK_REMASKING}, schedule 'fixed'; got remasking {self.remasking!r})")
+        if self.sub_block_length is not None:
+            raise ValueError("edit_threshold edits the whole current block; it is not defined with sub_block_length")
 
     @property
     def block_rule(self) -> bool:

@@ -30,6 +30,7 @@ from maskrl.sampling.commit import (block_candidates, candidate_logits, commit_s
 from maskrl.sampling.config import SamplerConfig
 from maskrl.sampling.dream import EXP_CHUNK, dream_commit_counts, dream_reveal_prob, dream_timesteps
 from maskrl.sampling.dream_step import DreamLayout, dream_step, forced_candidates
+from maskrl.sampling.edit import edit_block_done, select_edits
 from maskrl.sampling.lockstep import IDLE, STOP, RankLockstep
 from maskrl.sampling.view import StepObserver, StepRows, observer_view, requested_positions
 from maskrl.types import Rollout
@@ -85,6 +86,7 @@ class Denoising:
             self.offset = prompt_mask.to(device).long().sum(-1) % self.b
         self.n_blocks = torch.div(self.offset + L + self.b - 1, self.b, rounding_mode="floor")
         self.stopped = torch.zeros(self.n_rows, dtype=torch.bool, device=device)
+        self.post_steps = torch.zeros(self.n_rows, dtype=torch.long, device=device)  # edit_threshold: edit-only steps
 
     def unfinished(self) -> torch.Tensor:
         """``[n]`` long rows with a block left."""
@@ -134,6 +136,10 @@ class Denoising:
                                  config.remasking == "entropy_bounded"), (-1, 0.0, 0.0, 0.0)))
             k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
             take = select_block(config.remasking, eligible, k, conf, ent, config.threshold, config.eb_threshold)
+            if config.edit_threshold is not None:  # LLaDA2.1's T2T: committed tokens of the block may change
+                editable = ~st.masked.gather(1, st.pos) & st.in_block.gather(1, st.pos)
+                current = st.xr[:, self.p_len:].gather(1, st.pos)
+                take = take | select_edits(cand, conf, current, editable, config.edit_threshold)
             return take, cand, prob
         cand, prob = (scatter_drawn(drawn, v, fill) for v, fill in zip(propose(z, config.temperature, generator), (-1, 0.0)))
         take = self._llada_commits(st, cand, prob, eligible, generator)
@@ -254,15 +260,26 @@ class Denoising:
             block_done = block_done | (self.block_step[rows] >= len(self.k_sched))
         elif self.config.schedule == "dream":  # Dream runs every step of its grid, even one left with no mask
             block_done = self.block_step[rows] >= len(self.k_sched)
+        if self.config.edit_threshold is not None:
+            block_done = self._edit_done(st, tokens, block_done)
         finished_rows = rows[block_done]
         self.block[finished_rows] += 1
         self.block_step[finished_rows] = 0
+        self.post_steps[finished_rows] = 0
         self.num_steps[rows] = st.index + 1
         if self.config.early_stop:
             done = block_done & self.adapter.is_stop(tokens).any(-1)  # later blocks still hold [M] only
             stop_rows = rows[done]
             self.stopped[stop_rows] = True
             self.block[stop_rows] = self.n_blocks[stop_rows]
+
+    def _edit_done(self, st: StepRows, tokens: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
+        """``edit_threshold``: ``[n]`` bool rows whose block ends after this step (:func:`edit_block_done`), from
+        ``filled [n]`` (no mask left in the block) and the step's edits (committed tokens of the block changed)."""
+        had_masks = (st.masked & st.in_block).any(-1)
+        edited = ((tokens != st.xr[:, self.p_len:]) & ~st.masked & st.in_block).any(-1)
+        self.post_steps[st.rows] += (~had_masks).long()
+        return edit_block_done(had_masks, filled, edited, self.post_steps[st.rows], self.config.max_post_steps)
 
     def rollout(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_ids: torch.Tensor | None,
                 observers: Sequence[StepObserver]) -> Rollout:
