@@ -166,3 +166,13 @@ def test_draw_speed_benchmark_smoke(tmp_path):
     assert res["noise_rows"] == {"masks_only": 2 * 36, "whole_block": 2 * 64}
     assert res["median_cpu_s"]["masks_only"] > 0 and res["median_cpu_s"]["whole_block"] > 0
     assert Denoising.draw_whole_block is False  # the switch is put back
+
+
+@pytest.mark.parametrize("cache", ["none", "block"])
+def test_editing_draws_the_committed_positions_it_may_edit(cache, monkeypatch):
+    """LLaDA2.1's T2T reads the candidates of the block's committed completion tokens: under editing
+    they are drawn too, so the masks-only draw equals the whole-block draw (a draw at the masks alone
+    leaves those candidates empty and edits nothing)."""
+    cfg = _block_cfg(remasking="low_confidence_dynamic", cache=cache, edit_threshold=0.05, max_post_steps=2)
+    masks_only, whole = _both(block_model(), PROMPTS, cfg, monkeypatch)
+    _assert_same(masks_only, whole)

@@ -128,7 +128,10 @@ class Denoising:
         if config.block_first == "forced":  # Fast-dLLM v2: a block's first position alone, the argmax
             first = eligible & (st.pos == st.start[:, None]) & ((st.pos + self.offset[st.rows, None]) % self.b == 0)
             lone = (first.any(-1) & (self.block_step[st.rows] == 0))[:, None]  # [n, 1]
-        drawn = self.drawn(eligible, lone)
+        editable = None
+        if config.edit_threshold is not None:  # LLaDA2.1's T2T: committed tokens of the block may change
+            editable = ~st.masked.gather(1, st.pos) & st.in_block.gather(1, st.pos)
+        drawn = self.drawn(eligible, lone, editable)
         z = logits[at[drawn]]  # [m, V]: only the positions that get a candidate
         if config.block_rule:
             cand, conf, prob, ent = (scatter_drawn(drawn, v, fill) for v, fill in zip(
@@ -136,8 +139,7 @@ class Denoising:
                                  config.remasking == "entropy_bounded"), (-1, 0.0, 0.0, 0.0)))
             k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
             take = select_block(config.remasking, eligible, k, conf, ent, config.threshold, config.eb_threshold)
-            if config.edit_threshold is not None:  # LLaDA2.1's T2T: committed tokens of the block may change
-                editable = ~st.masked.gather(1, st.pos) & st.in_block.gather(1, st.pos)
+            if editable is not None:
                 current = st.xr[:, self.p_len:].gather(1, st.pos)
                 take = take | select_edits(cand, conf, current, editable, config.edit_threshold)
             return take, cand, prob
@@ -151,16 +153,20 @@ class Denoising:
             take = torch.where(lone, first, take)
         return take, cand, prob
 
-    def drawn(self, eligible: torch.Tensor, lone: torch.Tensor | None) -> torch.Tensor:
+    def drawn(self, eligible: torch.Tensor, lone: torch.Tensor | None,
+              editable: torch.Tensor | None = None) -> torch.Tensor:
         """``[n, b]`` bool: the block positions a step draws a candidate for (Gumbel noise, confidence):
         the ``eligible`` ones, those of the rows whose step commits their block's first position alone
-        (``lone [n, 1]``, Fast-dLLM v2) excepted. A committed position's candidate is never read (every
-        selection is ``& eligible``), so the noise over the rest of the block would be drawn for nothing
-        (docs/sampler.md, "What is drawn where"). :attr:`draw_whole_block` draws every position instead,
-        as the sampler did before: the baseline ``benchmarks/speed/draw_speed.py`` times."""
+        (``lone [n, 1]``, Fast-dLLM v2) excepted, plus, under editing (``edit_threshold``), the
+        ``editable [n, b]`` committed completion positions of the block, whose candidates T2T reads.
+        Any other committed position's candidate is never read (every selection is ``& eligible``), so
+        the noise over the rest of the block would be drawn for nothing (docs/sampler.md, "What is drawn
+        where"). :attr:`draw_whole_block` draws every position instead, as the sampler did before: the
+        baseline ``benchmarks/speed/draw_speed.py`` times."""
         if self.draw_whole_block:
             return torch.ones_like(eligible)
-        return eligible & ~lone if lone is not None else eligible
+        out = eligible & ~lone if lone is not None else eligible
+        return out | editable if editable is not None else out
 
     def _llada_commits(self, st: StepRows, cand: torch.Tensor, prob: torch.Tensor, eligible: torch.Tensor,
                        generator: torch.Generator | None) -> torch.Tensor:
