@@ -104,9 +104,10 @@ class Denoising:
                 parts: Sequence[Hidden] = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The commit rule (:mod:`maskrl.sampling.commit`, or :mod:`maskrl.sampling.dream` when
         ``config.dream_rule``) on the block's ``[n, b]`` positions, from the step's candidate logits
-        ``[cover.sum(), V]`` (and, for Dream's rule and Fast-dLLM v2's, the raw output-layer logits ``raw`` of
-        the same positions, ``[M]`` kept; for Dream's, the step's forwards ``parts``):
-        ``(take [n, b] bool, cand [n, b] long, prob [n, b])``."""
+        ``[cover.sum(), V]`` (and, for Dream's rule, the raw output-layer logits ``raw`` of the same
+        positions and the step's forwards ``parts``; for Fast-dLLM v2's, ``raw`` is ``[cover.sum()]``, the
+        log-sum-exp of each position's raw logits, ``[M]`` kept): ``(take [n, b] bool, cand [n, b] long,
+        prob [n, b])``."""
         config, n = self.config, st.rows.numel()
         fidx = cover.flatten().long().cumsum(0).view(n, self.L) - 1  # [n, L] row in logits
         if config.dream_rule:
@@ -122,8 +123,8 @@ class Denoising:
             k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
             take = select_block(config.remasking, eligible, k, conf, ent, config.threshold, config.eb_threshold)
             return take, cand, prob
-        whole = raw[fidx.gather(1, st.pos)] if config.v2_rule else None  # [n, b, V], [M] kept
-        take, cand, prob = self._llada_commits(st, z, eligible, generator, whole)
+        lse = raw[fidx.gather(1, st.pos)] if config.v2_rule else None  # [n, b]: [M] kept
+        take, cand, prob = self._llada_commits(st, z, eligible, generator, lse)
         if config.block_first == "forced":  # Fast-dLLM v2: a block's first position alone, the argmax
             first = eligible & (st.pos == st.start[:, None]) & ((st.pos + self.offset[st.rows, None]) % self.b == 0)
             lone = first.any(-1) & (self.block_step[st.rows] == 0)  # [n]
@@ -134,21 +135,22 @@ class Denoising:
         return take, cand, prob
 
     def _llada_commits(self, st: StepRows, z: torch.Tensor, eligible: torch.Tensor, generator: torch.Generator | None,
-                       whole: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """LLaDA's rule (fixed or threshold schedule) on the block's candidate logits ``z [n, b, V]``; with
-        ``whole [n, b, V]`` (the same positions' logits, ``[M]`` not removed) Fast-dLLM v2's: the positions
-        ranked and thresholded (strictly) by the candidate's probability under ``softmax(whole)``, as its
-        ``sample_with_top_p`` keeps every id; the recorded ``prob`` stays ``softmax(z)[cand]``."""
+        ``lse [n, b]`` (the log-sum-exp of the same positions' logits, ``[M]`` not removed) Fast-dLLM v2's:
+        the positions ranked and thresholded (strictly) by the candidate's probability under the softmax
+        of every id, ``exp(z[cand] - lse)``, as its ``sample_with_top_p`` keeps them all; the recorded
+        ``prob`` stays ``softmax(z)[cand]``."""
         config = self.config
         cand, prob = propose(z, config.temperature, generator)  # [n, b]
-        conf = prob if whole is None else torch.softmax(whole.float(), -1).gather(-1, cand[..., None]).squeeze(-1)
+        conf = prob if lse is None else (z.gather(-1, cand[..., None]).squeeze(-1).float() - lse).exp()
         stop = self.adapter.is_stop(cand) if config.suppress_eos else None
         rank = rank_positions(commit_scores(conf, eligible, config.remasking, generator, stop))
         if config.schedule == "fixed":
             k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
             take = select_fixed(rank, k, eligible)
         else:
-            take = select_threshold(rank, conf, config.threshold, eligible, strict=whole is not None)
+            take = select_threshold(rank, conf, config.threshold, eligible, strict=lse is not None)
         return (hold_stops(take, stop, eligible) if stop is not None else take), cand, prob
 
     def _dream_commits(self, st: StepRows, logits: torch.Tensor, fidx: torch.Tensor, generator: torch.Generator | None,
@@ -384,7 +386,8 @@ def generate(
         lock.pad_decoders(st.xr, st.ar)
         cover = st.cover(plan.inside) & (plan.computed(dec.L) if cache.lead else True)  # [n, L]; lead: KVCache
         head = head_at(adapter, parts, cover, dec.p_len)  # [cover.sum(), V]: one output layer
-        raw = head.clone() if config.dream_rule or config.v2_rule else None  # Dream's / v2's softmax keep [M]
+        raw = head.clone() if config.dream_rule else None  # Dream's softmax keeps every id ([M] too)
+        raw = head.float().logsumexp(-1) if config.v2_rule else raw  # Fast-dLLM v2's too: its normaliser
         logits = to_candidates(head)
         take, cand, prob = dec.commits(st, logits, cover, generator, raw, parts)
         committed, tokens = dec.write(st, take, cand, prob)
