@@ -4,8 +4,9 @@ added from outside ``src/``.
 
 ``tests/data/sdar_tiny`` is a tiny checkpoint in SDAR's layout with the logits of SDAR's own
 ``SDARForCausalLM`` under ``generate.py``'s block mask (``benchmarks/references/sdar_reference.py``, JetAstra/SDAR
-c2041a8). Fast-dLLM v2's own code could not be run here (docs/models.md): its reference is the slow
-re-statement of ``tests/block_reference.py``, which is itself checked against SDAR's recorded logits.
+c2041a8). Fast-dLLM v2 is checked against its own code in ``tests/test_fast_dllm_v2_reference.py``;
+here against the slow re-statement of ``tests/block_reference.py`` (itself checked against SDAR's recorded
+logits), on a folder written in its layout.
 """
 from __future__ import annotations
 

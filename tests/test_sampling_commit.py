@@ -76,6 +76,13 @@ def test_rank_and_selection_by_hand():
     # threshold 0.4: the top-ranked one plus every eligible one with c >= 0.4 (0.95 is not eligible)
     assert select_threshold(rank, prob, 0.4, eligible).tolist() == [[False, True, True, False]]
     assert select_threshold(rank, prob, 0.99, eligible).tolist() == [[False, True, False, False]]
+    # a confidence equal to the threshold: committed by >= (LLaDA's), not by Fast-dLLM v2's strict >
+    assert select_threshold(rank, prob, 0.5, eligible).tolist() == [[False, True, True, False]]
+    assert select_threshold(rank, prob, 0.5, eligible, strict=True).tolist() == [[False, True, False, False]]
+    ones, all_ = torch.tensor([[1.0, 1.0, 1.0]]), torch.ones(1, 3, dtype=torch.bool)
+    top = rank_positions(commit_scores(ones, all_, "low_confidence", None))
+    assert select_threshold(top, ones, 1.0, all_).tolist() == [[True, True, True]]
+    assert select_threshold(top, ones, 1.0, all_, strict=True).tolist() == [[True, False, False]]
     # ties keep the left-to-right order
     assert rank_positions(torch.tensor([[0.5, 0.5, 0.5]])).tolist() == [[0, 1, 2]]
 

@@ -126,10 +126,14 @@ def select_fixed(rank: torch.Tensor, k: torch.Tensor, eligible: torch.Tensor) ->
     return (rank < k[:, None]) & eligible
 
 
-def select_threshold(rank: torch.Tensor, prob: torch.Tensor, threshold: float, eligible: torch.Tensor) -> torch.Tensor:
+def select_threshold(rank: torch.Tensor, prob: torch.Tensor, threshold: float, eligible: torch.Tensor,
+                     strict: bool = False) -> torch.Tensor:
     """Threshold schedule (Fast-dLLM): commit the best-ranked position plus every eligible one with
-    confidence ``prob >= threshold``; ``[n, b]`` bool."""
-    return ((rank == 0) | (prob >= threshold)) & eligible
+    confidence ``prob >= threshold`` (Fast-dLLM's LLaDA code drops a candidate only below it), or
+    ``prob > threshold`` when ``strict`` (Fast-dLLM v2's ``x1_p > threshold``: at ``threshold`` 1 only the
+    best-ranked position, even where float32 confidences round to 1); ``[n, b]`` bool."""
+    above = prob > threshold if strict else prob >= threshold
+    return ((rank == 0) | above) & eligible
 
 
 def hold_stops(take: torch.Tensor, stop: torch.Tensor, eligible: torch.Tensor) -> torch.Tensor:

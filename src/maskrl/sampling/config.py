@@ -56,7 +56,8 @@ class SamplerConfig:
             model with ``schedule="threshold"`` and ``remasking="low_confidence"``: Fast-dLLM v2's rule -- a
             block that starts at a block boundary first commits its first position alone, the argmax (for
             a shifted model the previous block's last position predicts it, autoregressively), then the
-            threshold steps.
+            threshold steps, whose threshold is strict and whose confidences keep ``[M]`` in the softmax
+            (Fast-dLLM v2's code; :attr:`v2_rule`).
         dream_dtype: the dtype of Dream's softmax, confidences and draws: ``"float32"`` (default; the
             logits upcast, as Dream's code runs on a float32 model) or ``"model"`` (the logits' own
             dtype, as Dream's code runs on the model: token for token equal to it for bf16 models,
@@ -243,6 +244,14 @@ class SamplerConfig:
     def block_rule(self) -> bool:
         """True when a step goes through the block-diffusion families' strategies (:data:`BLOCK_REMASKING`)."""
         return self.remasking in BLOCK_REMASKING
+
+    @property
+    def v2_rule(self) -> bool:
+        """True for Fast-dLLM v2's rule (LLaDA's threshold rule with ``block_first="forced"``, which only a
+        block-diffusion model runs): its threshold is strict (``>``) and its confidence is the candidate's
+        probability under the softmax of every output id, ``[M]`` included
+        (:meth:`~maskrl.sampling.sampler.Denoising.commits`)."""
+        return self.block_first == "forced" and not (self.dream_rule or self.block_rule)
 
     @property
     def exact_cache(self) -> bool:

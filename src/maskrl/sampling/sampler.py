@@ -114,7 +114,9 @@ class Denoising:
         """The commit rule (:mod:`maskrl.sampling.commit`, or :mod:`maskrl.sampling.dream` when
         ``config.dream_rule``) on the block's ``[n, b]`` positions, from the step's candidate logits
         ``[cover.sum(), V]`` (and, for Dream's rule, the raw output-layer logits ``raw`` of the same
-        positions and the step's forwards ``parts``): ``(take [n, b] bool, cand [n, b] long, prob [n, b])``."""
+        positions and the step's forwards ``parts``; for Fast-dLLM v2's, ``raw`` is ``[cover.sum()]``, the
+        log-sum-exp of each position's raw logits, ``[M]`` kept): ``(take [n, b] bool, cand [n, b] long,
+        prob [n, b])``."""
         config, n = self.config, st.rows.numel()
         fidx = cover.flatten().long().cumsum(0).view(n, self.L) - 1  # [n, L] row in logits
         if config.dream_rule:
@@ -143,8 +145,12 @@ class Denoising:
                 current = st.xr[:, self.p_len:].gather(1, st.pos)
                 take = take | select_edits(cand, conf, current, editable, config.edit_threshold)
             return take, cand, prob
-        cand, prob = (scatter_drawn(drawn, v, fill) for v, fill in zip(propose(z, config.temperature, generator), (-1, 0.0)))
-        take = self._llada_commits(st, cand, prob, eligible, generator)
+        cand, prob = propose(z, config.temperature, generator)  # [m]
+        # Fast-dLLM v2 ranks by the candidate's probability under the softmax of every id ([M] kept):
+        # exp(z[cand] - lse), ``raw`` holding each position's log-sum-exp; the recorded prob stays softmax(z)[cand]
+        conf = (z.gather(-1, cand[:, None]).squeeze(-1).float() - raw[at[drawn]]).exp() if config.v2_rule else prob
+        cand, prob, conf = (scatter_drawn(drawn, v, fill) for v, fill in zip((cand, prob, conf), (-1, 0.0, 0.0)))
+        take = self._llada_commits(st, cand, conf, eligible, generator, strict=config.v2_rule)
         if lone is not None and lone.any():
             one = first & lone  # [n, b]
             zf = logits[at[one]]  # [f, V]
@@ -168,18 +174,19 @@ class Denoising:
         out = eligible & ~lone if lone is not None else eligible
         return out | editable if editable is not None else out
 
-    def _llada_commits(self, st: StepRows, cand: torch.Tensor, prob: torch.Tensor, eligible: torch.Tensor,
-                       generator: torch.Generator | None) -> torch.Tensor:
+    def _llada_commits(self, st: StepRows, cand: torch.Tensor, conf: torch.Tensor, eligible: torch.Tensor,
+                       generator: torch.Generator | None, strict: bool = False) -> torch.Tensor:
         """LLaDA's rule (fixed or threshold schedule) on the block's candidates ``cand [n, b]`` and
-        their confidences ``prob [n, b]`` (read where ``eligible`` only): ``take [n, b]`` bool."""
+        their confidences ``conf [n, b]`` (read where ``eligible`` only): ``take [n, b]`` bool. ``strict``:
+        the threshold is passed only above it (Fast-dLLM v2's code; :attr:`SamplerConfig.v2_rule`)."""
         config = self.config
         stop = self.adapter.is_stop(cand) if config.suppress_eos else None
-        rank = rank_positions(commit_scores(prob, eligible, config.remasking, generator, stop))
+        rank = rank_positions(commit_scores(conf, eligible, config.remasking, generator, stop))
         if config.schedule == "fixed":
             k = self.k_sched[self.block_step[st.rows].clamp(max=len(self.k_sched) - 1)]  # [n]
             take = select_fixed(rank, k, eligible)
         else:
-            take = select_threshold(rank, prob, config.threshold, eligible)
+            take = select_threshold(rank, conf, config.threshold, eligible, strict=strict)
         return hold_stops(take, stop, eligible) if stop is not None else take
 
     def _dream_commits(self, st: StepRows, logits: torch.Tensor, fidx: torch.Tensor, generator: torch.Generator | None,
@@ -427,6 +434,7 @@ def generate(
         cover = st.cover(plan.inside) & (plan.computed(dec.L) if cache.lead else True)  # [n, L]; lead: KVCache
         head = head_at(adapter, parts, cover, dec.p_len)  # [cover.sum(), V]: one output layer
         raw = head.clone() if config.dream_rule else None  # Dream's softmax keeps every id ([M] too)
+        raw = head.float().logsumexp(-1) if config.v2_rule else raw  # Fast-dLLM v2's too: its normaliser
         logits = to_candidates(head)
         take, cand, prob = dec.commits(st, logits, cover, generator, raw, parts)
         committed, tokens = dec.write(st, take, cand, prob)

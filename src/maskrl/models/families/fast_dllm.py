@@ -11,6 +11,9 @@ Facts relied on (the family's ``modeling.py`` / ``configuration.py`` as publishe
 * **Shifted logits** like Dream: ``logits[i]`` predicts token ``i + 1`` (the adapter re-aligns them).
 * mask ``|<MASK>|`` 151665, stop ``<|im_end|>`` 151645.
 
+Checked against the family's own ``Fast_dLLM_QwenForCausalLM`` (its forward and its ``generate``, on a tiny
+checkpoint in its layout; ``benchmarks/references/fast_dllm_v2_reference.py``, docs/models.md).
+
 Refused (``NotImplementedError`` naming the key): sliding-window attention, a scaled RoPE, a non-SiLU
 activation. Exports: Qwen2 names and keys, ``model_type: "Fast_dLLM_Qwen"``, ``bd_size``,
 ``mask_token_id``, and the source's ``architectures`` / ``auto_map`` when it had them.
