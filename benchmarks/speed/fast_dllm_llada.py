@@ -122,8 +122,9 @@ def timed(fn):
     return time.process_time() - t0, out
 
 
-def measure(fd, ref, ad, prompts, args) -> dict:
-    """Every cell, alternated: ``{cell: {fast_dllm_s, maskrl_s, ratio, tokens_equal, ...}}``."""
+def measure(fd, ref, ad, prompts, args, on_rep=lambda cells: None) -> dict:
+    """Every cell, alternated: ``{cell: {fast_dllm_s, maskrl_s, ratio, tokens_equal, ...}}``; ``on_rep(cells)``
+    after each repetition (the record is written then, so a stopped run keeps the repetitions it finished)."""
     cells = {}
     for cache in CACHES:
         for schedule in SCHEDULES:
@@ -152,6 +153,12 @@ def measure(fd, ref, ad, prompts, args) -> dict:
             c["rows_equal"] = int((got["fast_dllm"][1] == got["maskrl"][1]).all(-1).sum())
             print(f"rep {rep} {key}: Fast-dLLM {got['fast_dllm'][0]:.2f} s, maskrl {got['maskrl'][0]:.2f} s, "
                   f"ratio {got['fast_dllm'][0] / got['maskrl'][0]:.2f}, tokens equal {same}", flush=True)
+        on_rep(summarize(cells, args))
+    return summarize(cells, args)
+
+
+def summarize(cells: dict, args) -> dict:
+    """Each cell's per-repetition ratios, their median and the tokens per second of both."""
     for c in cells.values():
         c["ratio_fast_dllm_over_maskrl"] = [f / m for f, m in zip(c["fast_dllm_s"], c["maskrl_s"])]
         c["median_ratio"] = statistics.median(c["ratio_fast_dllm_over_maskrl"])
@@ -189,19 +196,24 @@ def main(argv: list[str] | None = None) -> dict:
                                 generator=torch.Generator().manual_seed(1))
         logit_diff = float((ref(prompts).logits - ad.logits(prompts)).abs().max())
         print(f"max |logits(Fast-dLLM) - logits(maskrl)| = {logit_diff:.3g}", flush=True)
-        cells = measure(fd, ref, ad, prompts, args)
-    given = list(argv if argv is not None else sys.argv[1:])
-    kept = [a for i, a in enumerate(given) if not (a.startswith("--fast-dllm") or (i and given[i - 1] == "--fast-dllm"))]
-    record = {"command": "PYTHONPATH=src python benchmarks/speed/fast_dllm_llada.py --fast-dllm <Fast-dLLM>/llada "
-                         + " ".join(kept),
-              "fast_dllm": "NVlabs/Fast-dLLM 24cc59e, llada/generate.py + llada/model/modeling_llada.py",
-              "threads": 1, "timer": "process CPU seconds per generate call, alternated",
-              "processor": cpu_identity(), "torch": torch.__version__,
-              "cpu_load_1min_at_start": os.getloadavg()[0], "max_abs_logit_diff": logit_diff,
-              "args": {k: v for k, v in vars(args).items() if k not in ("fast_dllm", "out")},
-              "fast_dllm_batches": False, "cells": cells}
-    if args.out:
-        write_record(args.out, record)
+        given = list(argv if argv is not None else sys.argv[1:])
+        kept = [a for i, a in enumerate(given)
+                if not (a.startswith("--fast-dllm") or (i and given[i - 1] == "--fast-dllm"))]
+        record = {"command": "PYTHONPATH=src python benchmarks/speed/fast_dllm_llada.py --fast-dllm <Fast-dLLM>/llada "
+                             + " ".join(kept),
+                  "fast_dllm": "NVlabs/Fast-dLLM 24cc59e, llada/generate.py + llada/model/modeling_llada.py",
+                  "threads": 1, "timer": "process CPU seconds per generate call, alternated",
+                  "processor": cpu_identity(), "torch": torch.__version__,
+                  "cpu_load_1min_at_start": os.getloadavg()[0], "max_abs_logit_diff": logit_diff,
+                  "args": {k: v for k, v in vars(args).items() if k not in ("fast_dllm", "out")},
+                  "fast_dllm_batches": False, "complete": False, "cells": {}}
+
+        def save(cells, done=False):
+            record.update(cells=cells, complete=done, cpu_load_1min_at_end=os.getloadavg()[0])
+            if args.out:
+                write_record(args.out, record)
+
+        save(measure(fd, ref, ad, prompts, args, on_rep=save), done=True)
     return record
 
 
