@@ -110,6 +110,43 @@ def test_cached_window_forward_at_block_start_equals_full_forward(model, mode, r
     torch.testing.assert_close(got, full[:, start:start + width - shift], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize("model", ["tiny", "dream"])
+def test_window_written_in_place_equals_the_concatenated_cache_bit_for_bit(model, request):
+    """``decoder_forward(write_at=...)`` writes the window's keys/values into the given buffers and attends
+    them whole: the same keys in the same order as a fresh cache of the other columns with the window's
+    appended (the out-of-place path), so the hidden states are equal bit for bit; the buffers then hold
+    the window's own keys/values at the written columns and are left alone elsewhere."""
+    from maskrl.sampling.cache import others_then_window, window_forward
+
+    ad = request.getfixturevalue(model)
+    ids, mask = _batch(ad)
+    n, p = ids.shape
+    L, width = 12, 4
+    comp = torch.randint(5, 40, (n, L), generator=torch.Generator().manual_seed(0))
+    x = torch.cat([ids, comp], 1)
+    attn = torch.cat([mask, torch.ones(n, L, dtype=torch.bool)], 1)
+    pos = ad.position_ids(attn)
+    _, kv = ad.decoder_forward(x, attn, pos, return_kv=True)
+    w0 = torch.full((n,), p + 4)
+    order = others_then_window(w0, width, x.shape[1])
+    keep = order[:, :-width]
+    idx = lambda t, cols: t.gather(2, cols[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))  # noqa: E731
+    past = [(idx(k, keep), idx(v, keep)) for k, v in kv]
+    wcols = order[:, -width:]
+    want, win_kv = ad.decoder_forward(x.gather(1, wcols), attn.gather(1, order), pos.gather(1, wcols), past=past,
+                                      return_kv=True)
+    store = [(idx(k, order), idx(v, order)) for k, v in kv]
+    before = [(k.clone(), v.clone()) for k, v in store]
+    got = window_forward(ad, store, x, attn, pos, w0, width, order)
+    assert torch.equal(got, want)
+    for (k, v), (k0, v0), (wk, wv) in zip(store, before, win_kv):
+        assert torch.equal(k[:, :, :-width], k0[:, :, :-width]) and torch.equal(v[:, :, :-width], v0[:, :, :-width])
+        assert torch.equal(k[:, :, -width:], wk) and torch.equal(v[:, :, -width:], wv)
+    with pytest.raises(ValueError, match="leaves the"):
+        window_forward(ad, store, x, attn, pos, w0 + L, width, None)
+
+
 @pytest.mark.parametrize("model", ["tiny", "dream"])
 @pytest.mark.parametrize("mode", ["prefix", "dual"])
 def test_one_step_per_block_cache_equals_no_cache_exactly(model, mode, request):

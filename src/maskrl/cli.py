@@ -384,9 +384,11 @@ def cmd_bench(args) -> int:
         from maskrl.bench import run_sampler_bench
 
         lengths = [int(v) for v in args.gen_length.split(",")] if args.gen_length else None
+        batches = [int(v) for v in args.batch.split(",")] if args.batch else None
         run_sampler_bench(args.out, quick=args.quick, gen_lengths=lengths, reps=args.reps,
                           sudoku_model=args.sudoku_model, countdown_model=args.countdown_model,
-                          countdown_block=args.countdown_block, parts=args.parts.split(","))
+                          countdown_block=args.countdown_block, parts=args.parts.split(","), batches=batches,
+                          block_size=args.block_size)
         print(f"wrote {args.out}")
         return 0
     if args.bench == "overhead":
@@ -405,9 +407,11 @@ def _add_bench_parser(sub) -> None:
     p.set_defaults(func=cmd_bench)
     bench = p.add_subparsers(dest="bench", required=True)
     b = bench.add_parser("sampler", help="sampler speed (cache x schedule) and accuracy of trained models")
-    b.add_argument("--quick", action="store_true", help="completion length 64 only, 2 repetitions: about a minute (default: 64,128,256, 5 repetitions)")
+    b.add_argument("--quick", action="store_true", help="length 64, batches 1,8, 2 repetitions: about a minute (default: length 128, batches 1,8,64, 3 repetitions)")
     b.add_argument("--out", required=True, help="output JSON file")
-    b.add_argument("--gen-length", help="comma-separated completion lengths (default 64,128,256)")
+    b.add_argument("--gen-length", help="comma-separated completion lengths (default 128)")
+    b.add_argument("--batch", help="comma-separated batch sizes (default 1,8,64)")
+    b.add_argument("--block-size", type=int, help="bench the tiny block-diffusion model with this block (caches none, block)")
     b.add_argument("--reps", type=int, help="repetitions per setting")
     b.add_argument("--sudoku-model", help="Sudoku SFT model folder (maskrl sft --config configs/demo_sudoku.yaml)")
     b.add_argument("--countdown-model", help="Countdown SFT model folder (configs/countdown_diffu_grpo.yaml)")

@@ -68,14 +68,15 @@ def block_causal_mask(attention_mask: torch.Tensor, block_size: int, dtype: torc
 
 
 @functools.cache
-def _replacing_layer_class() -> type:
-    """The cache layer class of :meth:`ModelAdapter.decoder_forward`'s ``replace`` (built on first use:
+def _in_place_layer_class() -> type:
+    """The cache layer class of :meth:`ModelAdapter.decoder_forward`'s ``write_at`` (built on first use:
     transformers is imported lazily)."""
     from transformers.cache_utils import DynamicLayer
 
-    class ReplacingLayer(DynamicLayer):
-        """A cache layer whose ``update`` returns the cached keys/values with the new ones written over
-        columns ``cols [N, Q]`` (out of place), in the cached order (Fast-dLLM's dual cache)."""
+    class InPlaceLayer(DynamicLayer):
+        """A cache layer over preallocated keys/values ``[N, H, K, D]`` whose ``update`` writes the new ones
+        in place over columns ``cols [N, Q]`` and returns the whole buffers: no copy of the cache (Fast-dLLM's
+        dual cache writes the block's fresh keys over its cached ones the same way)."""
 
         def __init__(self, keys: torch.Tensor, values: torch.Tensor, cols: torch.Tensor) -> None:
             super().__init__()
@@ -84,12 +85,14 @@ def _replacing_layer_class() -> type:
 
         def update(self, key_states, value_states, *args, **kwargs):
             idx = self.cols[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[-1])
-            return self.keys.scatter(2, idx, key_states), self.values.scatter(2, idx, value_states)
+            self.keys.scatter_(2, idx, key_states)
+            self.values.scatter_(2, idx, value_states)
+            return self.keys, self.values
 
         def get_seq_length(self) -> int:
             return self.keys.shape[-2] - self.cols.shape[-1]
 
-    return ReplacingLayer
+    return InPlaceLayer
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -258,10 +261,19 @@ class ModelAdapter:
 
     def output_layer(self) -> torch.nn.Module | None:
         """The model's output layer (``get_output_embeddings()`` of the unwrapped model), or ``None``."""
+        get = getattr(self._unwrapped(), "get_output_embeddings", None)
+        return get() if callable(get) else None
+
+    def _unwrapped(self) -> torch.nn.Module:
+        """``accelerate``'s ``extract_model_from_parallel(self.model)``, looked up again only when :attr:`model`
+        is another object (the look-up asks the import system whether DeepSpeed is installed: ~2 ms a call,
+        once per sampler step otherwise)."""
         from accelerate.utils import extract_model_from_parallel
 
-        get = getattr(extract_model_from_parallel(self.model), "get_output_embeddings", None)
-        return get() if callable(get) else None
+        memo = self.__dict__.get("_unwrapped_memo")
+        if memo is None or memo[0] is not self.model:
+            memo = self.__dict__["_unwrapped_memo"] = (self.model, extract_model_from_parallel(self.model))
+        return memo[1]
 
     def log_probs_at(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, rows: torch.Tensor,
                      cols: torch.Tensor, targets: torch.Tensor,
@@ -342,7 +354,7 @@ class ModelAdapter:
 
     def decoder_forward(self, input_ids: torch.Tensor, key_mask: torch.Tensor, position_ids: torch.Tensor,
                         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                        return_kv: bool = False, replace: torch.Tensor | None = None,
+                        return_kv: bool = False, write_at: torch.Tensor | None = None,
                         key_positions: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]] | None]:
         """Bidirectional forward of the decoder stack only (no output layer), optionally against cached
@@ -359,13 +371,15 @@ class ModelAdapter:
             key_mask: ``[N, K + Q]`` bool, True on keys that may be attended (``K`` cached, then new).
             position_ids: ``[N, Q]`` long RoPE positions of the query tokens.
             past: per layer ``(keys, values)``, each ``[N, H, K, D]`` in the model's dtype; not modified
-                (a fresh ``transformers.DynamicCache`` is built from them). ``None``: no cache (K = 0).
+                (a fresh ``transformers.DynamicCache`` is built from them) unless ``write_at`` is given.
+                ``None``: no cache (K = 0).
             return_kv: also return every layer's ``(keys, values)`` of the ``Q`` query tokens,
                 ``[N, H, Q, D]`` (to fill a cache).
-            replace: ``[N, Q]`` long, or ``None``: the columns of ``past`` that the ``Q`` new keys/values
-                take the place of (Fast-dLLM's dual cache, which writes the block's fresh keys over its
-                cached ones): the keys are then attended in ``past``'s own order, ``key_mask`` is
-                ``[N, K]``, and ``past`` is still not modified.
+            write_at: ``[N, Q]`` long, or ``None``: the columns of ``past`` that the ``Q`` new keys/values are
+                written over, **in place** (``past`` then holds every key attended, in its own order, and
+                ``key_mask`` is ``[N, K]``): the window forwards of the prefix / dual cache, which recompute
+                their columns at every step and so never read the cached ones there. No copy of ``past`` is
+                made.
             key_positions: ``[N, K + Q]`` long positions of the keys (cached, then new). A block-diffusion
                 model (:attr:`block_size`) lets query ``i`` attend key ``j`` only when ``j`` is valid and
                 ``block(j) <= block(i)`` (:func:`block_causal_mask`); without a cache the keys are the
@@ -378,26 +392,29 @@ class ModelAdapter:
 
         Raises:
             NotImplementedError: for ``attention == "2d"`` models.
-            ValueError: a ``key_mask`` of the wrong shape; a block model given ``replace``, or a cache
+            ValueError: a ``key_mask`` of the wrong shape; a block model given ``write_at``, or a cache
                 without ``key_positions``.
         """
-        from transformers import DynamicCache
+        from transformers import Cache, DynamicCache
 
         if not self.supports_cache:
             raise NotImplementedError(f"decoder_forward needs a 4-D-mask decoder model (attention='4d'), not {self.attention!r}")
         n, q = input_ids.shape
         k_len = 0 if past is None else past[0][0].shape[-2]
-        keys = k_len if replace is not None else k_len + q
+        keys = k_len if write_at is not None else k_len + q
         if key_mask.shape != (n, keys):
-            raise ValueError(f"key_mask {tuple(key_mask.shape)} must be [N, {'K' if replace is not None else 'K + Q'}]"
+            raise ValueError(f"key_mask {tuple(key_mask.shape)} must be [N, {'K' if write_at is not None else 'K + Q'}]"
                              f" = [{n}, {keys}]")
         mask = torch.zeros((n, 1, q, keys), dtype=self.dtype, device=input_ids.device)
-        mask = mask.masked_fill(~self._attends(key_mask, position_ids, past, replace, key_positions)[:, None],
+        mask = mask.masked_fill(~self._attends(key_mask, position_ids, past, write_at, key_positions)[:, None],
                                 torch.finfo(self.dtype).min)
         use_cache = past is not None or return_kv
-        cache = (DynamicCache(ddp_cache_data=[(k, v) for k, v in past]) if past is not None else DynamicCache()) if use_cache else None
-        if replace is not None:
-            cache.layers = [_replacing_layer_class()(k, v, replace) for k, v in past]
+        if write_at is not None:  # the preallocated buffers themselves, written in place
+            cache = Cache(layers=[_in_place_layer_class()(k, v, write_at) for k, v in past])
+        elif use_cache:
+            cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in past]) if past is not None else DynamicCache()
+        else:
+            cache = None
         # transformers >= 5.2x names the argument ``cache`` (``past_key_values`` is deprecated)
         names = inspect.signature(self.model.get_decoder().forward).parameters
         cache_kw = "cache" if "cache" in names else "past_key_values"
@@ -408,15 +425,15 @@ class ModelAdapter:
             kv = [(layer.keys[..., k_len:, :], layer.values[..., k_len:, :]) for layer in cache.layers]
         return hidden, kv
 
-    def _attends(self, key_mask: torch.Tensor, position_ids: torch.Tensor, past: Any, replace: Any,
+    def _attends(self, key_mask: torch.Tensor, position_ids: torch.Tensor, past: Any, write_at: Any,
                  key_positions: torch.Tensor | None) -> torch.Tensor:
         """``[N, 1 or Q, K]`` bool, which keys each query of :meth:`decoder_forward` attends: every valid key,
         or for a block model the valid keys of its own and earlier blocks."""
         keep = key_mask.bool()[:, None, :]
         if self.block_size is None:
             return keep
-        if replace is not None:
-            raise ValueError("a block-diffusion model (block_size set) has no dual cache: replace must be None")
+        if write_at is not None:
+            raise ValueError("a block-diffusion model (block_size set) has no dual cache: write_at must be None")
         if key_positions is None and past is not None:
             raise ValueError("a block-diffusion model's decoder_forward against a cache needs key_positions")
         kp = position_ids if key_positions is None else key_positions

@@ -200,6 +200,13 @@ class KVCache:
     """Runs a step's :class:`StepForwards` for one :func:`~maskrl.sampling.generate` call, holding the
     rows' cached keys/values (per layer ``[N, H, S, D]``, filled at each row's block start).
 
+    A window forward writes its fresh keys/values into the store in place and attends the store itself
+    (:meth:`~maskrl.models.adapter.ModelAdapter.decoder_forward`'s ``write_at``): no copy of the cache
+    when every row of the batch takes part, one copy of those rows' caches otherwise. The window's
+    cached columns are never read (each window forward recomputes them), so writing over them changes
+    nothing. Under ``cache="dual"`` with ``block_first="ranked"`` each row's store is kept in the order
+    its window forwards attend (:func:`others_then_window`, laid out once at the row's block start).
+
     Args:
         adapter: the model.
         config: the sampler settings (``cache``, ``cfg_scale``).
@@ -217,16 +224,24 @@ class KVCache:
         self.shift = 1 if adapter.shift and config.block_first == "ranked" else 0
         #: block positions a window forward does not compute (:func:`plan_forwards`' ``lead``)
         self.lead = 1 if adapter.shift and config.block_first == "forced" else 0
+        #: the dual cache's window attends the other columns first, then its own (else: sequence order)
+        self.permuted = config.cache == "dual" and config.block_first != "forced"
         self.store: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def run(self, plan: StepForwards, rows: torch.Tensor, xr: torch.Tensor, ar: torch.Tensor,
             start: torch.Tensor) -> list[Hidden]:
         """The plan's forwards, in order, for the step's ``rows [n]`` (batch indices) with pre-step
         tokens ``xr [n, S]``, key validity ``ar [n, S]`` and block starts ``start [n]``."""
-        return [self._window(f.rows, rows, xr, ar, start) if f.window else self._full(f.rows, rows, xr, ar)
+        return [self._window(f.rows, rows, xr, ar, start) if f.window else self._full(f.rows, rows, xr, ar, start)
                 for f in plan.forwards]
 
-    def _full(self, loc, rows, xr, ar) -> Hidden:
+    def _span(self, start: torch.Tensor, n_cols: int) -> tuple[torch.Tensor, int]:
+        """``(w0 [g], W)``: the window forwards' first column and width for rows at block starts ``start``."""
+        w0 = self.p_len + start - self.shift
+        width = self.config.block_length + self.shift if self.config.cache == "dual" else n_cols - int(w0[0])
+        return w0, width
+
+    def _full(self, loc, rows, xr, ar, start) -> Hidden:
         ad, cached = self.adapter, self.config.cache != "none"
         if not ad.supports_cache or self.config.cfg_scale > 0:  # logits of the whole sequence
             return Hidden(loc, logits=full_logits(ad, xr[loc], ar[loc], self.p_len, self.config.cfg_scale))
@@ -235,18 +250,19 @@ class KVCache:
             if self.store is None:
                 self.store = [(torch.zeros((self.n_rows, *k.shape[1:]), dtype=k.dtype, device=k.device),
                                torch.zeros((self.n_rows, *v.shape[1:]), dtype=v.dtype, device=v.device)) for k, v in kv]
+            order = others_then_window(*self._span(start[loc], xr.shape[1]), xr.shape[1]) if self.permuted else None
             for (k_all, v_all), (k, v) in zip(self.store, kv):
-                k_all[rows[loc]] = k
-                v_all[rows[loc]] = v
+                k_all[rows[loc]] = k if order is None else _columns(k, order)
+                v_all[rows[loc]] = v if order is None else _columns(v, order)
         return Hidden(loc, h, torch.zeros(len(loc), dtype=torch.long, device=h.device))
 
     def _window(self, loc, rows, xr, ar, start) -> Hidden:
-        w0 = self.p_len + start[loc] - self.shift  # [g]
-        width = self.config.block_length + self.shift if self.config.cache == "dual" else xr.shape[1] - int(w0[0])
-        in_order = self.config.cache == "dual" and self.config.block_first == "forced"
-        h = window_hidden(self.adapter, self.store, xr[loc], ar[loc], self.pos_ids[rows[loc]], rows[loc], w0, width,
-                          in_order)
-        return Hidden(loc, h, w0)
+        w0, width = self._span(start[loc], xr.shape[1])
+        sr = rows[loc]
+        every = sr.numel() == self.n_rows and bool((sr == torch.arange(self.n_rows, device=sr.device)).all())
+        past = self.store if every else [(k[sr], v[sr]) for k, v in self.store]  # all rows: the store itself
+        order = others_then_window(w0, width, xr.shape[1]) if self.permuted else None
+        return Hidden(loc, window_forward(self.adapter, past, xr[loc], ar[loc], self.pos_ids[sr], w0, width, order), w0)
 
 
 def full_logits(adapter: ModelAdapter, xr: torch.Tensor, ar: torch.Tensor, p_len: int, cfg_scale: float) -> torch.Tensor:
@@ -270,7 +286,8 @@ def window_hidden(adapter: ModelAdapter, kv_store: Sequence[tuple[torch.Tensor, 
 
     Args:
         adapter: a model with :attr:`ModelAdapter.supports_cache`.
-        kv_store: per layer ``(keys, values)``, each ``[N_all, H, S, D]``, filled by a full forward.
+        kv_store: per layer ``(keys, values)``, each ``[N_all, H, S, D]`` in sequence order, filled by a full
+            forward; not modified (the rows' keys/values are copied once, then :func:`window_forward`).
         x, attn, pos_ids: ``[g, S]`` current tokens, key validity (bool) and RoPE positions of the rows.
         store_rows: ``[g]`` long, the rows' indices into ``kv_store``.
         w0: ``[g]`` long, first column of each row's window; width: window length ``W``.
@@ -284,25 +301,61 @@ def window_hidden(adapter: ModelAdapter, kv_store: Sequence[tuple[torch.Tensor, 
     Raises:
         ValueError: when a window leaves the ``S`` columns.
     """
-    g, n_cols = x.shape
-    cols = torch.arange(n_cols, device=x.device)
-    wcols = w0[:, None] + torch.arange(width, device=x.device)  # [g, W]
+    order = None if in_order else others_then_window(w0, width, x.shape[1])
+    past = [(k[store_rows] if order is None else _columns(k[store_rows], order),
+             v[store_rows] if order is None else _columns(v[store_rows], order)) for k, v in kv_store]
+    return window_forward(adapter, past, x, attn, pos_ids, w0, width, order)
+
+
+def others_then_window(w0: torch.Tensor, width: int, n_cols: int) -> torch.Tensor:
+    """``[g, S]`` long column order of a window forward that attends the other columns first (ascending),
+    then the window's ``[w0, w0 + W)``; raises ``ValueError`` when a window leaves the ``S`` columns."""
     if bool((w0 < 0).any()) or bool((w0 + width > n_cols).any()):
         raise ValueError(f"window [w0, w0 + {width}) leaves the {n_cols} columns")
-    if in_order:
-        past = [(k_all[store_rows], v_all[store_rows]) for k_all, v_all in kv_store]
-        h, _ = adapter.decoder_forward(x.gather(1, wcols), attn.bool(), pos_ids.gather(1, wcols), past=past,
-                                       replace=wcols)
-        return h
+    g = w0.shape[0]
+    cols = torch.arange(n_cols, device=w0.device)
+    wcols = w0[:, None] + torch.arange(width, device=w0.device)  # [g, W]
     in_win = (cols[None, :] >= w0[:, None]) & (cols[None, :] < w0[:, None] + width)
-    keep = cols.expand(g, -1)[~in_win].view(g, n_cols - width)  # [g, S - W], ascending
-    kidx = keep[:, None, :, None]
-    past = []
-    for k_all, v_all in kv_store:
-        idx = kidx.expand(-1, k_all.shape[1], -1, k_all.shape[-1])
-        past.append((k_all[store_rows].gather(2, idx), v_all[store_rows].gather(2, idx)))
-    key_mask = torch.cat([attn.gather(1, keep), attn.gather(1, wcols)], 1).bool()
-    h, _ = adapter.decoder_forward(x.gather(1, wcols), key_mask, pos_ids.gather(1, wcols), past=past)
+    return torch.cat([cols.expand(g, -1)[~in_win].view(g, n_cols - width), wcols], 1)
+
+
+def _columns(kv: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``kv [g, H, S, D]`` with its columns taken in ``order [g, S]`` (a copy)."""
+    return kv.gather(2, order[:, None, :, None].expand(-1, kv.shape[1], -1, kv.shape[-1]))
+
+
+def window_forward(adapter: ModelAdapter, past: Sequence[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor,
+                   attn: torch.Tensor, pos_ids: torch.Tensor, w0: torch.Tensor, width: int,
+                   order: torch.Tensor | None) -> torch.Tensor:
+    """The window forward of :func:`window_hidden` on keys/values already laid out: it writes the window's
+    fresh keys/values into ``past`` in place and attends ``past`` whole (no copy of the cache).
+
+    Args:
+        adapter: a model with :attr:`ModelAdapter.supports_cache`.
+        past: per layer ``(keys, values)``, each ``[g, H, S, D]``, the rows' caches in the column order
+            ``order``; the window's columns are overwritten.
+        x, attn, pos_ids: ``[g, S]`` current tokens, key validity (bool) and RoPE positions (sequence order).
+        w0: ``[g]`` long, first column of each row's window; width: window length ``W``.
+        order: ``[g, S]`` long (:func:`others_then_window`: the window is the last ``W`` columns of
+            ``past``), or ``None``: ``past`` in sequence order (the window at ``[w0, w0 + W)``).
+
+    Returns:
+        ``[g, W, d]`` hidden states of columns ``w0 .. w0 + W - 1``.
+
+    Raises:
+        ValueError: when a window leaves the ``S`` columns.
+    """
+    g, n_cols = x.shape
+    if bool((w0 < 0).any()) or bool((w0 + width > n_cols).any()):
+        raise ValueError(f"window [w0, w0 + {width}) leaves the {n_cols} columns")
+    wcols = w0[:, None] + torch.arange(width, device=x.device)  # [g, W]
+    if order is None:
+        key_mask, write_at = attn.bool(), wcols
+    else:
+        key_mask = attn.gather(1, order).bool()
+        write_at = (n_cols - width + torch.arange(width, device=x.device)).expand(g, -1)
+    h, _ = adapter.decoder_forward(x.gather(1, wcols), key_mask, pos_ids.gather(1, wcols), past=list(past),
+                                   write_at=write_at)
     return h
 
 
