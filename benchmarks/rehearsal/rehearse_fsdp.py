@@ -162,9 +162,10 @@ def faults_of(rec: dict) -> list[str]:
         if not w["every_block_a_unit"]:
             out.append(f"wrap: rank {r['rank']}: not every {w['block_class']} is an FSDP unit ({w['blocks']} vs "
                        f"{sorted(w['units'])})")
-        if not w["lora_all_dtensors"] or w["lora_numel_local"] >= w["lora_numel_full"]:
+        if w["lora_tensors"] and (not w["lora_all_dtensors"] or w["lora_numel_local"] >= w["lora_numel_full"]):
             out.append(f"shard: rank {r['rank']}: LoRA tensors not sharded ({w['lora_numel_local']} of "
                        f"{w['lora_numel_full']} local)")
+        out += moe_faults(r)
     up = rec.get("update", {})
     if up and not (up["keys_equal"] and up["max_abs_diff"] <= 1e-3 * up["update_max_abs"] and up["update_max_abs"] > 0):
         out.append(f"update: FSDP vs 1 process max |Δ| {up['max_abs_diff']:.3g} "
@@ -184,14 +185,41 @@ def faults_of(rec: dict) -> list[str]:
         if not v["equal"]:
             out.append(f"sampler: {key}: the sharded model's rollout differs from the unsharded model's "
                        f"({[f for f, e in v['fields_equal'].items() if not e]})")
-    for cache in CACHES:
+    for cache in (ranks[0]["decoder_forwards"] if ranks else ()):
         n = [r["decoder_forwards"][cache] for r in ranks]
         if len(set(n)) > 1:
             out.append(f"sampler: {cache}: decoder forwards differ between ranks {n}")
+    for r in ph.get("single", {}).get("ranks", []):
+        if r.get("expert_bias_unchanged") is False:
+            out.append("expert bias: the 1-process update changed it")
     for name in ("single", "fsdp", "reference"):
         if "error" in ph.get(name, {}):
             out.append(ph[name]["error"])
     return out
+
+
+def moe_faults(r: dict) -> list[str]:
+    """A rank's MoE checks: routed experts sharded, the expert bias neither trainable nor changed by the update."""
+    w, out = r["wrap"], []
+    if w["expert_tensors"] and (not w["experts_all_dtensors"] or w["experts_numel_local"] >= w["experts_numel_full"]):
+        out.append(f"shard: rank {r['rank']}: experts not sharded ({w['experts_numel_local']} of {w['experts_numel_full']})")
+    if w["trainable_expert_bias"] or r.get("expert_bias_unchanged") is False:
+        out.append(f"expert bias: rank {r['rank']}: trainable {w['trainable_expert_bias']}, "
+                   f"unchanged by the update: {r.get('expert_bias_unchanged')}")
+    return out
+
+
+#: ``--family llada2``: the recipe's objective and likelihood replaced by EBPO on the block ELBO (the family's
+#: RL objective), and per ``--variant`` LoRA as the recipe has it (bf16 base, fp32 LoRA; experts frozen) or full
+#: fine-tuning in float32 (``model.lora_rank=0``)
+LLADA2_OVERRIDES = ["objective={name: ebpo}", "likelihood={name: elbo}"]
+VARIANTS = {"lora": [], "full": ["model.lora_rank=0", "model.dtype=float32"]}
+
+
+def record_name(recipe: str, args) -> str:
+    """``<recipe>_fsdp_L<layers>[_w<k>]``; for LLaDA2 ``llada2_mini_<variant>_fsdp_L<layers>[_w<k>]``."""
+    head = f"llada2_mini_{args.variant}" if args.family == "llada2" else recipe
+    return f"{head}_fsdp_L{args.layers}" + ("" if args.width_divisor == 1 else f"_w{args.width_divisor}")
 
 
 def rehearse(recipe: str, args) -> dict:
@@ -201,21 +229,24 @@ def rehearse(recipe: str, args) -> dict:
     import torch
 
     shipped = load_recipe(recipe)
-    family = "dream" if shipped.model.path.startswith("Dream") else "llada"
-    work = Path(args.work) / f"fsdp_{recipe}_L{args.layers}_w{args.width_divisor}"
+    family = args.family or ("dream" if shipped.model.path.startswith("Dream") else "llada")
+    name = record_name(recipe, args)
+    work = Path(args.work) / f"fsdp_{name}"
     work.mkdir(parents=True, exist_ok=True)
     for f in work.glob("*.pt"):
         f.unlink()
     log = work / "log.txt"
     standin = ensure_standin(Path(args.work), family, args.layers, args.width_divisor)
     ov = fsdp_overrides(shipped, standin, work / "run")
+    if family == "llada2":
+        ov += LLADA2_OVERRIDES + VARIANTS[args.variant]
     args.recipe_name, args.run_work = recipe, work
     rec: dict = {"benchmark": "rehearse_fsdp", "recipe": recipe, "family": family, "layers": args.layers,
+                 "variant": args.variant if family == "llada2" else None,
                  "width_divisor": args.width_divisor, "standin": str(standin), "overrides": ov,
                  "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "torch": torch.__version__,
                           "threads_per_process": 1},
                  "date": time.strftime("%Y-%m-%d %H:%M:%S"), "phases": {}, "faults": []}
-    name = f"{recipe}_fsdp_L{args.layers}" + ("" if args.width_divisor == 1 else f"_w{args.width_divisor}")
     path = Path(args.out_dir) / f"{name}.json"
 
     def save():
@@ -241,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipes", default="llada8b_gsm8k_diffu_grpo", help="comma-separated recipe names")
     p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--family", choices=("llada", "dream", "llada2"), help="the stand-in's family (default: the "
+                   "recipe's model); llada2: LLaDA2.0-mini at real width, 8 experts (LLADA2_OVERRIDES)")
+    p.add_argument("--variant", choices=tuple(VARIANTS), default="lora", help="--family llada2: LoRA or full FT")
     p.add_argument("--width-divisor", type=int, default=1, help="1: real width; k > 1 divides the width")
     p.add_argument("--out-dir", default=str(DEFAULT_OUT))
     p.add_argument("--work", default="/tmp/maskrl_rehearse")

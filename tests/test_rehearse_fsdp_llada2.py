@@ -1,0 +1,58 @@
+"""The FSDP2 rehearsal (``benchmarks/rehearsal/rehearse_fsdp.py``) on the LLaDA2.0-mini stand-in (issue 52 item
+3): the MoE checks find what they look for, and (slow) one LoRA run at width / 16 on 2 gloo processes equals the
+1-process update, with the routed experts sharded, the expert bias untouched and gradient checkpointing on."""
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from conftest import benchmark_script
+
+
+def _fsdp():
+    return benchmark_script("rehearsal/rehearse_fsdp.py")
+
+
+def _rank(**changes) -> dict:
+    wrap = {"expert_tensors": 24, "experts_all_dtensors": True, "experts_numel_full": 100, "experts_numel_local": 50,
+            "trainable_expert_bias": []}
+    return {"rank": 0, "wrap": wrap | changes.pop("wrap", {}), "expert_bias_unchanged": True} | changes
+
+
+def test_moe_checks_name_unsharded_experts_and_a_trained_or_moved_expert_bias():
+    faults = _fsdp().moe_faults
+    assert faults(_rank()) == []
+    assert faults(_rank(wrap={"experts_numel_local": 100})) == ["shard: rank 0: experts not sharded (100 of 100)"]
+    assert faults(_rank(wrap={"experts_all_dtensors": False}))[0].startswith("shard: rank 0: experts not sharded")
+    assert "trainable ['x.expert_bias']" in faults(_rank(wrap={"trainable_expert_bias": ["x.expert_bias"]}))[0]
+    assert "unchanged by the update: False" in faults(_rank(expert_bias_unchanged=False))[0]
+    assert faults(_rank(wrap={"expert_tensors": 0, "experts_numel_local": 0, "experts_numel_full": 0})) == []
+
+
+def test_record_names():
+    name = _fsdp().record_name
+    args = types.SimpleNamespace(family="llada2", variant="full", layers=2, width_divisor=1)
+    assert name("sdar8b_math500_tracerl", args) == "llada2_mini_full_fsdp_L2"
+    args = types.SimpleNamespace(family=None, variant="lora", layers=1, width_divisor=16)
+    assert name("llada8b_gsm8k_diffu_grpo", args) == "llada8b_gsm8k_diffu_grpo_fsdp_L1_w16"
+
+
+@pytest.mark.slow
+@pytest.mark.numerics
+def test_llada2_lora_under_fsdp2_on_two_processes_equals_one_process(tmp_path):
+    """~3 minutes: the whole rehearsal at width / 16, 2 blocks (the dense first one and one MoE block)."""
+    out = tmp_path / "out"
+    assert _fsdp().main(["--recipes", "sdar8b_math500_tracerl", "--family", "llada2", "--variant", "lora",
+                         "--layers", "2", "--width-divisor", "16", "--out-dir", str(out), "--work",
+                         str(tmp_path / "work"), "--timeout", "900"]) == 0
+    rec = json.loads((out / "llada2_mini_lora_fsdp_L2_w16.json").read_text())
+    assert rec["faults"] == [] and rec["family"] == "llada2"
+    up = rec["update"]
+    assert up["keys_equal"] and up["tensors_moved"] > 0 and up["max_abs_diff"] <= 1e-3 * up["update_max_abs"]
+    for r in rec["phases"]["fsdp"]["ranks"]:
+        w = r["wrap"]
+        assert w["every_block_a_unit"] and w["gradient_checkpointing"] and w["expert_tensors"] == 3 * 8
+        assert w["experts_numel_local"] * 2 == w["experts_numel_full"] and r["expert_bias_unchanged"]
+        assert set(r["decoder_forwards"]) == {"none", "block"}
