@@ -56,3 +56,16 @@ def test_llada2_lora_under_fsdp2_on_two_processes_equals_one_process(tmp_path):
         assert w["every_block_a_unit"] and w["gradient_checkpointing"] and w["expert_tensors"] == 3 * 8
         assert w["experts_numel_local"] * 2 == w["experts_numel_full"] and r["expert_bias_unchanged"]
         assert set(r["decoder_forwards"]) == {"none", "block"}
+
+
+def test_update_check_allows_one_rounding_of_the_weight_and_a_float32_norm_of_n_entries():
+    """Full fine-tuning's measured case: entries one float32 step of the weight apart (7.5e-9 at |w| ~ 0.1)
+    pass, 3.7e-11 beyond that passes (1e-3 of the 1e-6 update), 2e-9 beyond does not; a float32 norm of
+    99.6 M entries 2.6e-4 from the float64 norm passes (eps·sqrt(n) = 1.2e-3), of 1 M entries it does not."""
+    faults = _fsdp().faults_of
+    up = {"keys_equal": True, "max_abs_diff": 7.45e-9, "beyond_one_rounding": 3.7e-11, "update_max_abs": 1e-6,
+          "grads_bitwise_equal_tensors": 46, "tensors": 46, "grad_norm_float64": 549.911, "grad_entries": 99_641_856}
+    rec = {"phases": {"single": {"ranks": [{"metrics": {"grad_norm": 549.770}}]}}, "update": up}
+    assert faults(rec) == []
+    assert faults(rec | {"update": up | {"beyond_one_rounding": 2e-9}})[0].startswith("update: FSDP vs 1 process")
+    assert faults(rec | {"update": up | {"grad_entries": 1_000_000}})[0].startswith("grad_norm: 1 process")

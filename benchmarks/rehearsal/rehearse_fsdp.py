@@ -136,15 +136,20 @@ def compare_updates(work: Path) -> dict:
     init, ref, grads = single["init"], single["weights"], single["grads"]
     rows = {}
     for k in sorted(ref):
-        d = float((ref[k].double() - fsdp[k].double()).abs().max())
+        delta = (ref[k].double() - fsdp[k].double()).abs()
+        d = float(delta.max())
         moved = float((ref[k].double() - init[k].double()).abs().max())
+        ulp = (torch.nextafter(ref[k].abs(), torch.tensor(float("inf"), dtype=ref[k].dtype)) - ref[k].abs()).double()
         rows[k] = {"max_abs_diff": d, "update_max_abs": moved, "equal": bool(torch.equal(ref[k], fsdp[k])),
+                   "beyond_one_rounding": float((delta - ulp).clamp(min=0).max()),
                    "dtype": str(ref[k].dtype), "grad_equal": bool(torch.equal(grads[k], fgrads[k])),
                    "grad_max_abs": float(grads[k].abs().max()),
                    "grad_max_abs_diff": float((grads[k].double() - fgrads[k].double()).abs().max())}
     diff = max(r["max_abs_diff"] for r in rows.values())
     moved = max(r["update_max_abs"] for r in rows.values())
     return {"tensors": len(rows), "keys_equal": sorted(ref) == sorted(fsdp), "max_abs_diff": diff,
+            "beyond_one_rounding": max(r["beyond_one_rounding"] for r in rows.values()),
+            "grad_entries": sum(g.numel() for g in grads.values()),
             "update_max_abs": moved, "bitwise_equal_tensors": sum(r["equal"] for r in rows.values()),
             "tensors_moved": sum(r["update_max_abs"] > 0 for r in rows.values()),
             "grads_bitwise_equal_tensors": sum(r["grad_equal"] for r in rows.values()),
@@ -167,18 +172,23 @@ def faults_of(rec: dict) -> list[str]:
                        f"{w['lora_numel_full']} local)")
         out += moe_faults(r)
     up = rec.get("update", {})
-    if up and not (up["keys_equal"] and up["max_abs_diff"] <= 1e-3 * up["update_max_abs"] and up["update_max_abs"] > 0):
-        out.append(f"update: FSDP vs 1 process max |Δ| {up['max_abs_diff']:.3g} "
-                   f"(update max {up['update_max_abs']:.3g})")
+    # an entry may differ by one rounding step of the updated weight (a clip coefficient a few float32 steps
+    # apart flips it); what is left must stay within 1e-3 of the update
+    beyond = up.get("beyond_one_rounding", up.get("max_abs_diff"))  # older records: the whole difference
+    if up and not (up["keys_equal"] and beyond <= 1e-3 * up["update_max_abs"] and up["update_max_abs"] > 0):
+        out.append(f"update: FSDP vs 1 process max |Δ| {up['max_abs_diff']:.3g}, {beyond:.3g} beyond one rounding "
+                   f"of the weight (update max {up['update_max_abs']:.3g})")
     if up and up["grads_bitwise_equal_tensors"] != up["tensors"]:
         out.append(f"gradients before clipping: {up['tensors'] - up['grads_bitwise_equal_tensors']} of {up['tensors']} "
                    f"tensors differ (max |Δ| {up['grad_max_abs_diff']:.3g})")
-    # float32 norms of ~1e7 entries, each reduced in its own order: both within 1e-4 of the float64 norm
+    # float32 norms of n entries, each reduced in its own order: both within eps·sqrt(n) of the float64 norm
+    # (1e-4 at least; 3.9e-4 for LLaDA-8B's 10.5 M LoRA entries, 1.2e-3 for the LLaDA2 stand-in's 99.6 M)
     single = ph.get("single", {}).get("ranks", [{}])[0].get("metrics", {})
     exact = up.get("grad_norm_float64")
+    rel = max(1e-4, 2.0 ** -23 * up.get("grad_entries", 0) ** 0.5)
     for who, g in [("1 process", single.get("grad_norm"))] + [(f"rank {r['rank']}", r["metrics"].get("grad_norm"))
                                                              for r in ranks]:
-        if exact is not None and (g is None or abs(g - exact) > 1e-4 * exact):
+        if exact is not None and (g is None or abs(g - exact) > rel * exact):
             out.append(f"grad_norm: {who} {g} vs {exact} (float64 norm of the same gradients)")
     ref = ph.get("reference", {}).get("ranks", [{}])[0].get("fsdp_update", {})
     for key, v in ref.items():
