@@ -6,6 +6,7 @@ for bit, and ``maskrl eval`` / the lm-eval model decode them the block way with 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from maskrl.models import load, save_model
 from test_export import read_family_folder
 
 DATA = Path(__file__).resolve().parent / "data" / "llada2_tiny"
-DLLM = Path("/work/.mirror/ZHZisZZ+dllm/repo")  # a checkout of ZHZisZZ/dllm, where one is at hand
+#: a git directory of ZHZisZZ/dllm holding the recorder's commit, where one is at hand
+DLLM = Path(os.environ.get("MASKRL_DLLM_GIT", "/work/.mirror/ZHZisZZ+dllm/repo"))
 KINDS = ("full", "lora")
 
 

@@ -42,7 +42,7 @@ def test_record_names():
 @pytest.mark.slow
 @pytest.mark.numerics
 def test_llada2_lora_under_fsdp2_on_two_processes_equals_one_process(tmp_path):
-    """~3 minutes: the whole rehearsal at width / 16, 2 blocks (the dense first one and one MoE block)."""
+    """About 1-3 minutes: the whole rehearsal at width / 16, 2 blocks (the dense first one and one MoE block)."""
     out = tmp_path / "out"
     assert _fsdp().main(["--recipes", "sdar8b_math500_tracerl", "--family", "llada2", "--variant", "lora",
                          "--layers", "2", "--width-divisor", "16", "--out-dir", str(out), "--work",
