@@ -343,3 +343,30 @@ def test_rescore_recomputes_the_plan_faults_from_the_record(tmp_path):
     assert new["faults"] == ["eval: something else"]  # the largest rank (3.3 GiB) is within 15 % of the plan
     assert new["plan_vs_measured"]["two_process_steps_2_3"]["measured_gib"] == pytest.approx(3.3)
     assert "rescored" in new and bench.rescore(tmp_path) == []  # a second pass changes nothing
+
+
+@pytest.mark.numerics
+def test_llada2_standin_is_the_mini_at_real_expert_width_with_reduced_experts_and_vocabulary(tmp_path):
+    """Real width (hidden 2048, experts of 512, 16 / 4 heads of 128) on the meta device; a width / 16 folder
+    loads through the family with the stand-in's ids, block 32 and per-expert names."""
+    from maskrl.models.llada2_moe import LLaDA2MoeConfig, parameter_counts
+    from maskrl.models.standins import LLADA2_STANDIN
+
+    cfg = family_config("llada2", 2)
+    shapes = tensor_shapes(cfg)
+    assert shapes["model.layers.1.mlp.experts.7.gate_proj.weight"] == (512, 2048)
+    assert shapes["model.layers.0.mlp.gate_proj.weight"] == (5120, 2048)  # the dense first block
+    assert shapes["model.layers.1.attention.query_key_value.weight"] == ((16 + 2 * 4) * 128, 2048)
+    assert shapes["model.layers.1.mlp.gate.expert_bias"] == (8,) and shapes["lm_head.weight"] == (4608, 2048)
+    keys = {k: v for k, v in cfg.items() if k in LLaDA2MoeConfig().to_dict() or k == "head_dim"}
+    assert _params(cfg) - 8 == parameter_counts(LLaDA2MoeConfig(**keys))["total"]  # the bias is a buffer
+    folder = write_standin(tmp_path / "llada2", "llada2", num_layers=2, width_divisor=16, corpus=CORPUS, bpe_size=512)
+    a = load(folder)
+    assert (a.family, a.block_size, a.mask_id, a.eos_id, a.pad_id) == ("llada2", 32, 4503, 4500, 4500)
+    assert a.tokenizer.mask_token_id == LLADA2_STANDIN["mask_token_id"] and len(a.tokenizer) == 4608
+    chat = a.tokenizer.apply_chat_template([{"role": "user", "content": "1+1?"}], add_generation_prompt=True,
+                                           tokenize=False)
+    assert chat == "<role>HUMAN</role>1+1?<|role_end|><role>ASSISTANT</role>"
+    ids = torch.randint(0, 4096, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.isfinite(a.logits(ids).float()).all()

@@ -136,15 +136,20 @@ def compare_updates(work: Path) -> dict:
     init, ref, grads = single["init"], single["weights"], single["grads"]
     rows = {}
     for k in sorted(ref):
-        d = float((ref[k].double() - fsdp[k].double()).abs().max())
+        delta = (ref[k].double() - fsdp[k].double()).abs()
+        d = float(delta.max())
         moved = float((ref[k].double() - init[k].double()).abs().max())
+        ulp = (torch.nextafter(ref[k].abs(), torch.tensor(float("inf"), dtype=ref[k].dtype)) - ref[k].abs()).double()
         rows[k] = {"max_abs_diff": d, "update_max_abs": moved, "equal": bool(torch.equal(ref[k], fsdp[k])),
+                   "beyond_one_rounding": float((delta - ulp).clamp(min=0).max()),
                    "dtype": str(ref[k].dtype), "grad_equal": bool(torch.equal(grads[k], fgrads[k])),
                    "grad_max_abs": float(grads[k].abs().max()),
                    "grad_max_abs_diff": float((grads[k].double() - fgrads[k].double()).abs().max())}
     diff = max(r["max_abs_diff"] for r in rows.values())
     moved = max(r["update_max_abs"] for r in rows.values())
     return {"tensors": len(rows), "keys_equal": sorted(ref) == sorted(fsdp), "max_abs_diff": diff,
+            "beyond_one_rounding": max(r["beyond_one_rounding"] for r in rows.values()),
+            "grad_entries": sum(g.numel() for g in grads.values()),
             "update_max_abs": moved, "bitwise_equal_tensors": sum(r["equal"] for r in rows.values()),
             "tensors_moved": sum(r["update_max_abs"] > 0 for r in rows.values()),
             "grads_bitwise_equal_tensors": sum(r["grad_equal"] for r in rows.values()),
@@ -162,36 +167,69 @@ def faults_of(rec: dict) -> list[str]:
         if not w["every_block_a_unit"]:
             out.append(f"wrap: rank {r['rank']}: not every {w['block_class']} is an FSDP unit ({w['blocks']} vs "
                        f"{sorted(w['units'])})")
-        if not w["lora_all_dtensors"] or w["lora_numel_local"] >= w["lora_numel_full"]:
+        if w["lora_tensors"] and (not w["lora_all_dtensors"] or w["lora_numel_local"] >= w["lora_numel_full"]):
             out.append(f"shard: rank {r['rank']}: LoRA tensors not sharded ({w['lora_numel_local']} of "
                        f"{w['lora_numel_full']} local)")
+        out += moe_faults(r)
     up = rec.get("update", {})
-    if up and not (up["keys_equal"] and up["max_abs_diff"] <= 1e-3 * up["update_max_abs"] and up["update_max_abs"] > 0):
-        out.append(f"update: FSDP vs 1 process max |Δ| {up['max_abs_diff']:.3g} "
-                   f"(update max {up['update_max_abs']:.3g})")
+    # an entry may differ by one rounding step of the updated weight (a clip coefficient a few float32 steps
+    # apart flips it); what is left must stay within 1e-3 of the update
+    beyond = up.get("beyond_one_rounding", up.get("max_abs_diff"))  # older records: the whole difference
+    if up and not (up["keys_equal"] and beyond <= 1e-3 * up["update_max_abs"] and up["update_max_abs"] > 0):
+        out.append(f"update: FSDP vs 1 process max |Δ| {up['max_abs_diff']:.3g}, {beyond:.3g} beyond one rounding "
+                   f"of the weight (update max {up['update_max_abs']:.3g})")
     if up and up["grads_bitwise_equal_tensors"] != up["tensors"]:
         out.append(f"gradients before clipping: {up['tensors'] - up['grads_bitwise_equal_tensors']} of {up['tensors']} "
                    f"tensors differ (max |Δ| {up['grad_max_abs_diff']:.3g})")
-    # float32 norms of ~1e7 entries, each reduced in its own order: both within 1e-4 of the float64 norm
+    # float32 norms of n entries, each reduced in its own order: both within eps·sqrt(n) of the float64 norm
+    # (1e-4 at least; 3.9e-4 for LLaDA-8B's 10.5 M LoRA entries, 1.2e-3 for the LLaDA2 stand-in's 99.6 M)
     single = ph.get("single", {}).get("ranks", [{}])[0].get("metrics", {})
     exact = up.get("grad_norm_float64")
+    rel = max(1e-4, 2.0 ** -23 * up.get("grad_entries", 0) ** 0.5)
     for who, g in [("1 process", single.get("grad_norm"))] + [(f"rank {r['rank']}", r["metrics"].get("grad_norm"))
                                                              for r in ranks]:
-        if exact is not None and (g is None or abs(g - exact) > 1e-4 * exact):
+        if exact is not None and (g is None or abs(g - exact) > rel * exact):
             out.append(f"grad_norm: {who} {g} vs {exact} (float64 norm of the same gradients)")
     ref = ph.get("reference", {}).get("ranks", [{}])[0].get("fsdp_update", {})
     for key, v in ref.items():
         if not v["equal"]:
             out.append(f"sampler: {key}: the sharded model's rollout differs from the unsharded model's "
                        f"({[f for f, e in v['fields_equal'].items() if not e]})")
-    for cache in CACHES:
+    for cache in (ranks[0]["decoder_forwards"] if ranks else ()):
         n = [r["decoder_forwards"][cache] for r in ranks]
         if len(set(n)) > 1:
             out.append(f"sampler: {cache}: decoder forwards differ between ranks {n}")
+    for r in ph.get("single", {}).get("ranks", []):
+        if r.get("expert_bias_unchanged") is False:
+            out.append("expert bias: the 1-process update changed it")
     for name in ("single", "fsdp", "reference"):
         if "error" in ph.get(name, {}):
             out.append(ph[name]["error"])
     return out
+
+
+def moe_faults(r: dict) -> list[str]:
+    """A rank's MoE checks: routed experts sharded, the expert bias neither trainable nor changed by the update."""
+    w, out = r["wrap"], []
+    if w["expert_tensors"] and (not w["experts_all_dtensors"] or w["experts_numel_local"] >= w["experts_numel_full"]):
+        out.append(f"shard: rank {r['rank']}: experts not sharded ({w['experts_numel_local']} of {w['experts_numel_full']})")
+    if w["trainable_expert_bias"] or r.get("expert_bias_unchanged") is False:
+        out.append(f"expert bias: rank {r['rank']}: trainable {w['trainable_expert_bias']}, "
+                   f"unchanged by the update: {r.get('expert_bias_unchanged')}")
+    return out
+
+
+#: ``--family llada2``: the recipe's objective and likelihood replaced by EBPO on the block ELBO (the family's
+#: RL objective), and per ``--variant`` LoRA as the recipe has it (bf16 base, fp32 LoRA; experts frozen) or full
+#: fine-tuning in float32 (``model.lora_rank=0``)
+LLADA2_OVERRIDES = ["objective={name: ebpo}", "likelihood={name: elbo}"]
+VARIANTS = {"lora": [], "full": ["model.lora_rank=0", "model.dtype=float32"]}
+
+
+def record_name(recipe: str, args) -> str:
+    """``<recipe>_fsdp_L<layers>[_w<k>]``; for LLaDA2 ``llada2_mini_<variant>_fsdp_L<layers>[_w<k>]``."""
+    head = f"llada2_mini_{args.variant}" if args.family == "llada2" else recipe
+    return f"{head}_fsdp_L{args.layers}" + ("" if args.width_divisor == 1 else f"_w{args.width_divisor}")
 
 
 def rehearse(recipe: str, args) -> dict:
@@ -201,21 +239,24 @@ def rehearse(recipe: str, args) -> dict:
     import torch
 
     shipped = load_recipe(recipe)
-    family = "dream" if shipped.model.path.startswith("Dream") else "llada"
-    work = Path(args.work) / f"fsdp_{recipe}_L{args.layers}_w{args.width_divisor}"
+    family = args.family or ("dream" if shipped.model.path.startswith("Dream") else "llada")
+    name = record_name(recipe, args)
+    work = Path(args.work) / f"fsdp_{name}"
     work.mkdir(parents=True, exist_ok=True)
     for f in work.glob("*.pt"):
         f.unlink()
     log = work / "log.txt"
     standin = ensure_standin(Path(args.work), family, args.layers, args.width_divisor)
     ov = fsdp_overrides(shipped, standin, work / "run")
+    if family == "llada2":
+        ov += LLADA2_OVERRIDES + VARIANTS[args.variant]
     args.recipe_name, args.run_work = recipe, work
     rec: dict = {"benchmark": "rehearse_fsdp", "recipe": recipe, "family": family, "layers": args.layers,
+                 "variant": args.variant if family == "llada2" else None,
                  "width_divisor": args.width_divisor, "standin": str(standin), "overrides": ov,
                  "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "torch": torch.__version__,
                           "threads_per_process": 1},
                  "date": time.strftime("%Y-%m-%d %H:%M:%S"), "phases": {}, "faults": []}
-    name = f"{recipe}_fsdp_L{args.layers}" + ("" if args.width_divisor == 1 else f"_w{args.width_divisor}")
     path = Path(args.out_dir) / f"{name}.json"
 
     def save():
@@ -241,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipes", default="llada8b_gsm8k_diffu_grpo", help="comma-separated recipe names")
     p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--family", choices=("llada", "dream", "llada2"), help="the stand-in's family (default: the "
+                   "recipe's model); llada2: LLaDA2.0-mini at real width, 8 experts (LLADA2_OVERRIDES)")
+    p.add_argument("--variant", choices=tuple(VARIANTS), default="lora", help="--family llada2: LoRA or full FT")
     p.add_argument("--width-divisor", type=int, default=1, help="1: real width; k > 1 divides the width")
     p.add_argument("--out-dir", default=str(DEFAULT_OUT))
     p.add_argument("--work", default="/tmp/maskrl_rehearse")

@@ -16,7 +16,8 @@ from rehearse_memory import proc_status, reset_peak
 GROUP = 2            # rollouts per prompt; one prompt per process
 WORLD = 2
 SAMPLE_SEED = 1234   # the sampler check's generator seed on rank r: SAMPLE_SEED + r
-CACHES = ("prefix", "dual")
+CACHES = ("prefix", "dual")     # a full-attention model's KV caches; a block model's: BLOCK_CACHES
+BLOCK_CACHES = ("none", "block")
 ROLLOUT_FIELDS = ("completion_ids", "completion_mask", "commit_step", "num_steps")
 
 
@@ -117,6 +118,18 @@ def sampler_config(cfg, cache: str):
     return dataclasses.replace(cfg.rollout, cache=cache)
 
 
+def caches_of(cfg) -> tuple[str, ...]:
+    """The caches the sampler check runs: a block model's recipe (``rollout.cache: block``) recomputation and
+    the exact block cache, else the approximate prefix and dual caches."""
+    return BLOCK_CACHES if cfg.rollout.cache == "block" else CACHES
+
+
+def buffers(model, part: str = "expert_bias") -> dict:
+    """Every buffer whose name holds ``part`` (the router's expert bias), full, by name."""
+    return {n: (b.full_tensor() if hasattr(b, "full_tensor") else b).detach().clone()
+            for n, b in model.named_buffers() if part in n}
+
+
 def _cfg(args):
     return load_recipe(args.recipe, json.loads(args.overrides_json))
 
@@ -140,9 +153,10 @@ def child_single(args) -> dict:
         batch = dataclasses.replace(batch, advantages=adv)
         out["advantages"] = "fixed pattern linspace(-1, 1, N) x loss mask (a group's rewards tied)"
     torch.save(batch, work / "batch.pt")
-    init, grads = trainable(tr.policy.model), capture_grads(tr)
+    init, grads, bias = trainable(tr.policy.model), capture_grads(tr), buffers(tr.policy.model)
     with ph("optimize"):
         metrics = tr.optimize(batch)
+    out["expert_bias_unchanged"] = all(torch.equal(b, buffers(tr.policy.model)[n]) for n, b in bias.items())
     torch.save({"init": init, "weights": trainable(tr.policy.model), "grads": grads}, work / "single.pt")
     tr.close()
     out.update(metrics={k: v for k, v in metrics.items() if "seconds" not in k}, phases=ph.rows,
@@ -186,12 +200,18 @@ def wrap_record(model, block: str) -> dict:
                           "dtensor": hasattr(p, "to_local")}
     full = sum(_numel(v["full"]) for v in lora.values())
     local = sum(_numel(v["local"]) for v in lora.values())
+    experts = {n: p for n, p in model.named_parameters() if ".mlp.experts." in n}
     in_root = sorted(n for n, _ in model.named_parameters() if not any(u and n.startswith(u + ".") for u in units))
     return {"units": units, "root_params": in_root, "block_class": block, "blocks": blocks,
             "every_block_a_unit": bool(blocks) and all(b in units for b in blocks),
             "lora_tensors": len(lora), "lora_numel_full": full, "lora_numel_local": local,
             "lora_all_dtensors": all(v["dtensor"] for v in lora.values()),
-            "lora_examples": dict(list(lora.items())[:4])}
+            "lora_examples": dict(list(lora.items())[:4]),
+            "expert_tensors": len(experts), "experts_all_dtensors": all(hasattr(p, "to_local") for p in experts.values()),
+            "experts_numel_full": sum(p.numel() for p in experts.values()),
+            "experts_numel_local": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in experts.values()),
+            "trainable_expert_bias": sorted(n for n, p in model.named_parameters() if "expert_bias" in n and p.requires_grad),
+            "gradient_checkpointing": any(getattr(m, "gradient_checkpointing", False) for m in model.modules())}
 
 
 def _numel(shape: list[int]) -> int:
@@ -230,9 +250,10 @@ def child_fsdp(args) -> dict:
     out = {"rank": rank, "distributed_type": str(acc.distributed_type), "model_class": type(tr.policy.model).__name__,
            "wrap": wrap_record(tr.policy.model, block)}
     batch = torch.load(work / "batch.pt", weights_only=False)
-    mine, grads = share(batch, rank), capture_grads(tr)
+    mine, grads, bias = share(batch, rank), capture_grads(tr), buffers(tr.policy.model)
     with ph("optimize"):
         metrics = tr.optimize(mine)
+    out["expert_bias_unchanged"] = all(torch.equal(b, buffers(tr.policy.model)[n]) for n, b in bias.items())
     with ph("gather"):
         weights = trainable(tr.policy.model)
     if rank == 0:
@@ -240,7 +261,7 @@ def child_fsdp(args) -> dict:
         torch.save(grads, work / "fsdp_grads.pt")
     del weights, grads
     rollouts, calls = {}, {}
-    for cache in CACHES:
+    for cache in caches_of(cfg):
         with ph(f"sample_{cache}"):
             rollouts[cache], calls[cache] = sample(tr.policy_eval, mine.rollout.prompt_ids, mine.rollout.prompt_mask,
                                                    sampler_config(cfg, cache), rank, tr.all_done, tr.ranks_max)
@@ -292,7 +313,7 @@ def child_reference(args) -> dict:
         if missing:
             raise KeyError(f"reference: {len(missing)} trainable tensors have no parameter here, e.g. {missing[0]}")
         rows = {}
-        for cache in CACHES:
+        for cache in caches_of(cfg):
             with ph(f"{src}_sample_{cache}"):
                 for r in range(WORLD):
                     mine = share(batch, r)

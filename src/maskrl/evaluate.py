@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from maskrl.eval_store import (SETTINGS_FILE, check_settings, default_eval_dir, read_samples, samples_path,
                                write_lines)
 from maskrl.models.adapter import ModelAdapter
-from maskrl.models.families import model_block_size
+from maskrl.models.families import model_block_size, model_decode_rule
 from maskrl.sampling import SamplerConfig, generate
 from maskrl.tasks.base import Example, Task
 from maskrl.text import decode_completions, encode_prompts
@@ -229,7 +229,7 @@ def resolve_prompt_settings(model, task_name: str, gen_lengths=None, block_lengt
     when it is not ``None``, else the model folder's prompt card (``maskrl_prompt.json``, written when
     the model was trained; used only when it is for ``task_name``), else the default (docs/spec.md §5 lengths
     128,256,512, block 32, steps ``L/2``, the task's own template, chat template on; a block model
-    (:func:`model_block_size`): its block size, steps ``L``, ``cache: block``, ``early_stop``).
+    (:func:`model_block_size`): its block size, steps ``L``, its family's rule, :func:`model_decode_rule`).
 
     Returns:
         ``{name: {"value": v, "from": "flag" | "model card" | "default"}}`` for ``gen_lengths``, ``block_length``,
@@ -270,7 +270,7 @@ def resolve_prompt_settings(model, task_name: str, gen_lengths=None, block_lengt
     pick("prompt_template", prompt_template, card["prompt_template"] if card else None, None)
     pick("chat_template", chat_template, card["chat_template"] if card else None, True)
     rule = {k: es[k] for k in RULE_FIELDS if k in es}
-    out["rule"] = ({"value": rule, "from": "model card"} if rule else {"value": {"cache": "block", "early_stop": True},
+    out["rule"] = ({"value": rule, "from": "model card"} if rule else {"value": model_decode_rule(model),
                    "from": "default (block model)"} if model_block else {"value": {}, "from": "default"})
     return out
 

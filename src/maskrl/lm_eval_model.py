@@ -180,11 +180,11 @@ class MaskrlLM(LM):
         card = read_prompt_card(pretrained)
         given = dict(gen_length=gen_length, steps=steps, block_length=block_length, schedule=schedule,
                      threshold=threshold, cache=cache, temperature=temperature, remasking=remasking)
-        from maskrl.models.families import model_block_size
+        from maskrl.models.families import model_block_size, model_decode_rule
 
         block = model_block_size(pretrained)  # a block model decodes the block way (docs/sampler.md)
         default = ({"gen_length": 256, "block_length": 32} if block is None else
-                   {"gen_length": 256, "block_length": block, "cache": "block", "early_stop": True})
+                   {"gen_length": 256, "block_length": block, **model_decode_rule(pretrained)})
         base = dict(card["eval_sampler"]) if card else default
         other_length = gen_length is not None and int(gen_length) != base.get("gen_length")
         if other_length and steps is None:

@@ -29,6 +29,12 @@ Published facts used (docs/spec.md §1.1; the configs of ``GSAI-ML/LLaDA-8B-Inst
   (bidirectional inside a block, causal across blocks, blocks from position 0), no logit shift;
   eos = pad 151643, ``<|im_start|>`` 151644, ``<|im_end|>`` 151645 (``generation_config.json`` ends at
   ``[151645, 151643]``), mask 151669 (``<|MASK|>``), no bos; the tokenizer has 151,670 ids.
+* LLaDA2.0-mini (:data:`LLADA2_MINI_CONFIG`): BailingMoeV2, ``hidden_size`` 2048, 16 query / 4 key-value heads
+  of 128, the first block dense (``intermediate_size`` 5120), the others MoE with experts of
+  ``moe_intermediate_size`` 512 and one shared expert, partial RoPE 0.5 (θ 600000), QK-norm, block 32. Its
+  stand-in also reduces the experts (8, 2 active) and the vocabulary (4,608 rows, eos = pad 4500, mask
+  4503, a ``<role>HUMAN</role>...<|role_end|>`` chat template: :data:`LLADA2_STANDIN`); its tensors are
+  the family's per-expert names (:mod:`maskrl.models.llada2_moe`).
 
 The tokenizer is not the published one (which needs a download): a byte-level BPE trained with
 ``tokenizers`` on a corpus the caller gives (task prompts), padded with ``<|reserved_i|>`` entries to
@@ -53,7 +59,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-FAMILIES = ("llada", "dream", "sdar")
+FAMILIES = ("llada", "dream", "sdar", "llada2")
 
 #: published GSAI-ML/LLaDA-8B-Instruct config.json (32 blocks)
 LLADA_8B_CONFIG: dict = {
@@ -99,6 +105,29 @@ SDAR_8B_CONFIG: dict = {
 #: SDAR's generation_config.json end ids (all of them end a completion)
 SDAR_GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "pad_token_id": 151643}
 
+#: inclusionAI LLaDA2.0-mini's config.json (dFactory ``configs/model_configs/llada2_mini``, commit 92b6890, with
+#: the Hub's ``model_type`` ``llada2_moe`` for dFactory's training type ``llada2_moe_veomni``; 20 blocks)
+LLADA2_MINI_CONFIG: dict = {
+    "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe",
+    "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig", "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+                 "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+    "attention_dropout": 0.0, "num_hidden_layers": 20, "hidden_size": 2048, "intermediate_size": 5120,
+    "first_k_dense_replace": 1, "hidden_act": "silu", "max_position_embeddings": 16384, "moe_intermediate_size": 512,
+    "norm_topk_prob": True, "num_experts_per_tok": 8, "norm_head": False, "num_attention_heads": 16, "num_experts": 256,
+    "num_key_value_heads": 4, "rope_theta": 600000, "rope_scaling": None, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_bias": False, "use_rmsnorm": True, "rms_norm_eps": 1e-06, "head_dim": 128,
+    "num_shared_experts": 1, "use_cache": False, "use_qkv_bias": False, "embedding_dropout": 0.0, "norm_softmax": False,
+    "output_dropout": 0.0, "vocab_size": 157184, "rotary_dim": 64, "using_split_qkv_in_self_attention": False,
+    "router_dtype": "fp32", "moe_router_enable_expert_bias": True, "routed_scaling_factor": 2.5, "n_group": 8,
+    "topk_group": 4, "score_function": "sigmoid", "initializer_range": 0.02, "max_window_layers": 28,
+    "output_router_logits": False, "pad_token_id": 156892, "partial_rotary_factor": 0.5, "use_sliding_window": False,
+}
+#: what the LLaDA2 stand-in reduces besides depth: 8 experts in 4 groups of 2 (2 groups kept), 2 active, the
+#: shared expert as published; a 4,608-row vocabulary with eos = pad 4,500 and mask 4,503 (156,892 and 156,895
+#: in the published model, which a reduced vocabulary cannot hold), written to config.json
+LLADA2_STANDIN: dict = {"num_experts": 8, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "vocab_size": 4608,
+                        "pad_token_id": 4500, "eos_token_id": 4500, "mask_token_id": 4503}
+
 #: special tokens at their published ids, and the tokenizer size (ids below it have an entry)
 SPECIAL_IDS = {
     "llada": {"<|startoftext|>": 126080, "<|endoftext|>": 126081, "<|mdm_mask|>": 126336,
@@ -106,11 +135,13 @@ SPECIAL_IDS = {
     "dream": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|beginoftext|>": 151665,
               "<|mask|>": 151666},
     "sdar": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|MASK|>": 151669},
+    "llada2": {"<|endoftext|>": 4500, "<|role_end|>": 4501, "<|mask|>": 4503, "<role>": 4504, "</role>": 4505},
 }
-TOKENIZER_SIZE = {"llada": 126464, "dream": 151667, "sdar": 151670}
+TOKENIZER_SIZE = {"llada": 126464, "dream": 151667, "sdar": 151670, "llada2": 4608}
 _ROLES = {"llada": dict(bos="<|startoftext|>", eos="<|endoftext|>", pad="<|endoftext|>", mask="<|mdm_mask|>"),
           "dream": dict(bos="<|beginoftext|>", eos="<|endoftext|>", pad="<|endoftext|>", mask="<|mask|>"),
-          "sdar": dict(bos=None, eos="<|endoftext|>", pad="<|endoftext|>", mask="<|MASK|>")}
+          "sdar": dict(bos=None, eos="<|endoftext|>", pad="<|endoftext|>", mask="<|MASK|>"),
+          "llada2": dict(bos=None, eos="<|endoftext|>", pad="<|endoftext|>", mask="<|mask|>")}
 #: chat templates of each family's shape (Jinja, as transformers applies them)
 CHAT_TEMPLATES = {
     "llada": ("{{ '<|startoftext|>' }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
@@ -121,6 +152,9 @@ CHAT_TEMPLATES = {
               "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
     "sdar": ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
              "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
+    "llada2": ("{% for m in messages %}{{ '<role>' + {'user': 'HUMAN'}.get(m['role'], m['role'] | upper) + '</role>' + "
+               "m['content'] + '<|role_end|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<role>ASSISTANT</role>' }}"
+               "{% endif %}"),
 }
 #: text the BPE is always trained on besides the caller's corpus (digits, operators, answer tags)
 BASE_CORPUS = ("0123456789 + - * / = ( ) . , ? ! : ; <answer> </answer> <reasoning> </reasoning> \\boxed{} "
@@ -129,7 +163,8 @@ BASE_CORPUS = ("0123456789 + - * / = ( ) . , ? ! : ; <answer> </answer> <reasoni
 
 
 def family_config(family: str, num_layers: int) -> dict:
-    """The published ``config.json`` of ``family`` (``llada`` | ``dream`` | ``sdar``) with ``num_layers`` blocks.
+    """The published ``config.json`` of ``family`` (``llada`` | ``dream`` | ``sdar`` | ``llada2``) with ``num_layers``
+    blocks (``llada2``: LLaDA2.0-mini with the experts and vocabulary of :data:`LLADA2_STANDIN`).
 
     Raises:
         ValueError: an unknown family or ``num_layers`` < 1.
@@ -138,7 +173,8 @@ def family_config(family: str, num_layers: int) -> dict:
         raise ValueError(f"family {family!r}: expected one of {', '.join(FAMILIES)}")
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-    cfg = dict({"llada": LLADA_8B_CONFIG, "dream": DREAM_7B_CONFIG, "sdar": SDAR_8B_CONFIG}[family])
+    cfg = dict({"llada": LLADA_8B_CONFIG, "dream": DREAM_7B_CONFIG, "sdar": SDAR_8B_CONFIG,
+                "llada2": LLADA2_MINI_CONFIG | LLADA2_STANDIN}[family])
     if family == "llada":
         cfg["n_layers"] = num_layers
     else:
@@ -165,6 +201,8 @@ def narrowed_config(family: str, num_layers: int, width_divisor: int = 1) -> dic
         cfg["intermediate_size"] //= k
         if "head_dim" in cfg:  # SDAR: heads x head_dim is the width, both shrink alike
             cfg["head_dim"] //= k
+        if "moe_intermediate_size" in cfg:  # LLaDA2: each expert's width too
+            cfg["moe_intermediate_size"] //= k
     return cfg
 
 
@@ -224,6 +262,13 @@ def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     """Checkpoint tensor name -> shape of a LLaDA (``d_model`` key), Dream or SDAR config dict, in the
     family's own names (LLaDA: ``model.transformer.blocks.{i}.ff_proj.weight`` ...; Dream: Qwen2's, with
     q/k/v biases; SDAR: Qwen3's, ``head_dim`` wide heads, per-head ``q_norm`` / ``k_norm``, no biases)."""
+    if cfg.get("model_type") == "llada2_moe":  # the module's own names are the family's (per expert)
+        from maskrl.models.families.llada2 import LLaDA2
+        from maskrl.models.llada2_moe import LLaDA2MoeModelLM
+
+        with torch.device("meta"):
+            model = LLaDA2MoeModelLM(LLaDA2().native_config(cfg))
+        return {k: tuple(t.shape) for k, t in model.state_dict().items()}
     if "d_model" in cfg:
         d, f, v, n = cfg["d_model"], cfg["mlp_hidden_size"], cfg["embedding_size"], cfg["n_layers"]
         kv = cfg["n_kv_heads"] * d // cfg["n_heads"]
@@ -302,7 +347,7 @@ def write_standin(folder: str | os.PathLike, family: str, num_layers: int = 2, *
     for name in shapes:
         if ".blocks." in name or ".layers." in name:
             shard = "block_" + name.split(".")[3 if ".blocks." in name else 2]
-        elif name in ("model.transformer.wte.weight", "model.embed_tokens.weight"):
+        elif name in ("model.transformer.wte.weight", "model.embed_tokens.weight", "model.word_embeddings.weight"):
             shard = "embedding"
         else:
             shard = "head"

@@ -57,6 +57,9 @@ class Family:
         code_repo: Hub repository of the family's own modelling code (exports' ``auto_map``), or ``None``.
         own_tokenizer: the family reads its own tokenizer: :meth:`adapter_fields` gets the caller's
             ``tokenizer`` argument as is (``None``: its own, ``False``: none, else that one).
+        block_rule: the decoding rule (:class:`~maskrl.sampling.SamplerConfig` fields) ``maskrl eval`` and the
+            lm-eval model use on the family's block-diffusion models unless told otherwise
+            (:func:`model_decode_rule`; default: the exact block cache and early stop).
         qwen_tokenizer: fall back to ``Qwen2Tokenizer`` (``vocab.json`` + ``merges.txt``) when the
             folder's tokenizer needs remote code.
     """
@@ -71,6 +74,7 @@ class Family:
     code_repo: ClassVar[str | None] = None
     qwen_tokenizer: ClassVar[bool] = False
     own_tokenizer: ClassVar[bool] = False
+    block_rule: ClassVar[dict] = {"cache": "block", "early_stop": True}
 
     # ------------------------------------------------------------------ detection
     @classmethod
@@ -181,3 +185,20 @@ def model_block_size(model) -> int | None:
     from maskrl.plan.shapes import KNOWN_MODELS
 
     return KNOWN_MODELS.get(str(model), {}).get("block_size")
+
+
+def model_decode_rule(model) -> dict:
+    """The decoding rule (:class:`~maskrl.sampling.SamplerConfig` fields) evaluation uses by default on
+    ``model`` (a loaded adapter, a folder or a Hub id): for a block-diffusion model (:func:`model_block_size`)
+    its family's :attr:`Family.block_rule` (LLaDA2's threshold rule, ...), else ``{}`` (the sampler's
+    defaults). A copy: changing it changes no family."""
+    if model_block_size(model) is None:
+        return {}
+    family = getattr(model, "family", None) if hasattr(model, "model") else None
+    f = Path(str(model)) / "config.json"
+    if family is None and f.is_file():
+        try:
+            return dict(detect(json.loads(f.read_text()), f.parent).block_rule)
+        except (ValueError, OSError):
+            pass
+    return dict((FAMILIES.get(family) if family in FAMILIES else Family).block_rule)

@@ -16,8 +16,18 @@ commit 92b6890):
 Refused with a one-line error: experts stored merged (dFactory's ``scripts/moe_convertor.py`` layout,
 ``model.layers.{l}.mlp.experts.{gate_proj,up_proj,down_proj}`` as ``[E, ...]`` tensors: split them back with
 that script's ``split`` mode), a ``score_function`` other than sigmoid, a non-SiLU activation, sliding-window
-attention, a scaled RoPE, ``num_experts`` not divisible by ``n_group``. Exports are not built yet (issue 52
-item 6): ``save_model`` refuses them.
+attention, a scaled RoPE, ``num_experts`` not divisible by ``n_group``.
+
+Exports (:func:`maskrl.models.save_model`, issue 52 item 6): the family's own layout. ``config.json`` is the
+source checkpoint's, every key kept as it was (kept whole on the model config as ``maskrl_source_config``;
+a model built without one starts from :data:`LLADA2_EXPORT_DEFAULTS`: ``architectures``, the family's
+``auto_map``, the routing and norm fields), with the shape and routing keys maskrl reads rewritten from the
+live model (equal unless the model changed), ``torch_dtype`` the written one, ``mask_token_id``, and
+``block_size`` only where the source had one or the block is not 32; tensors under the family's names (the
+module's own: ``model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.weight`` one per expert,
+``...mlp.gate.expert_bias``), safetensors shards + index. ``auto_map`` names modelling files in the same
+folder (``modeling_llada2_moe.LLaDA2MoeModelLM``): to run the family's own code on an export, copy those
+two files beside it (as for SDAR).
 """
 from __future__ import annotations
 
@@ -28,7 +38,7 @@ from typing import Any
 import torch
 
 from maskrl.models.families.base import FAMILIES
-from maskrl.models.families.native import NativeFamily, default_rope
+from maskrl.models.families.native import NativeFamily, check, default_rope
 from maskrl.models.families.sdar import block_size_of, source_facts
 from maskrl.models.loading import checkpoint_files
 
@@ -41,6 +51,17 @@ LLADA2_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_lay
                "tie_word_embeddings", "max_position_embeddings", "pad_token_id", "eos_token_id", "num_experts",
                "num_shared_experts", "num_experts_per_tok", "n_group", "topk_group", "routed_scaling_factor",
                "moe_intermediate_size", "first_k_dense_replace", "partial_rotary_factor")
+
+#: ``config.json`` keys of an export made from a model without a source config (the published LLaDA2.0-mini's
+#: non-shape keys, dFactory ``configs/model_configs/llada2_mini``)
+LLADA2_EXPORT_DEFAULTS = {
+    "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe",
+    "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+                 "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+                 "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+    "hidden_act": "silu", "score_function": "sigmoid", "moe_router_enable_expert_bias": True, "router_dtype": "fp32",
+    "norm_topk_prob": True, "use_rmsnorm": True, "rope_scaling": None, "use_sliding_window": False, "use_cache": False,
+}
 
 _MERGED = re.compile(r"\.mlp\.experts\.(gate_proj|up_proj|down_proj)(\.weight)?$")
 
@@ -79,6 +100,8 @@ class LLaDA2(NativeFamily):
     model_class = "LLaDA2MoeModelLM"
     mask_id, eos_id = LLADA2_MASK_ID, LLADA2_EOS_ID
     code_repo = "inclusionAI/LLaDA2.0-mini"
+    #: ``generate()``'s threshold rule (0.95; ``steps`` = gen length, 32 a block), on the exact block cache
+    block_rule = {"cache": "block", "early_stop": True, "remasking": "low_confidence_dynamic", "threshold": 0.95}
 
     def transformers_class(self) -> type:
         from maskrl.models.llada2_moe import LLaDA2MoeModelLM
@@ -91,8 +114,9 @@ class LLaDA2(NativeFamily):
         refuse_unsupported(cfg)
         theta = default_rope(cfg, self.display_name)["rope_theta"]
         keys = {k: cfg[k] for k in LLADA2_KEYS if cfg.get(k) is not None}
+        source = {k: v for k, v in cfg.items() if not k.startswith("maskrl_")}  # an export's own facts are rewritten
         return LLaDA2MoeConfig(**keys, rope_theta=theta, use_cache=False, mask_token_id=cfg.get("mask_token_id", self.mask_id),
-                               block_size=self.block_size(cfg), **source_facts(cfg))
+                               block_size=self.block_size(cfg), maskrl_source_config=source, **source_facts(cfg))
 
     def block_size(self, cfg: dict) -> int:
         return block_size_of(cfg, "block_size", LLADA2_BLOCK_SIZE, self.display_name)
@@ -102,8 +126,25 @@ class LLaDA2(NativeFamily):
         refuse_merged_experts(folder)
         return super().adapter_fields(cfg, folder, tokenizer, dtype, device)
 
-    def save(self, model: torch.nn.Module, adapter, path: Path, facts: dict) -> dict:
-        """Not built (issue 52 item 6): ``NotImplementedError``, so that no export is written that neither the
-        family's code nor maskrl's loader would read."""
-        raise NotImplementedError("save_model: exports of LLaDA2 (llada2_moe) checkpoints are not built yet "
-                                  "(issue 52 item 6)")
+    def export_config(self, model: torch.nn.Module, adapter) -> dict:
+        """The family's ``config.json`` of a :class:`~maskrl.models.llada2_moe.LLaDA2MoeModelLM` (module
+        docstring, "Exports").
+
+        Raises:
+            NotImplementedError: an adapter without a block size (full attention is not LLaDA2).
+        """
+        c = model.config
+        check(adapter.block_size is not None, self.name, "full attention (block_size None)")
+        source = dict(getattr(c, "maskrl_source_config", None) or LLADA2_EXPORT_DEFAULTS)
+        live = {k: getattr(c, k) for k in LLADA2_KEYS if getattr(c, k, None) is not None}
+        live |= {"rope_theta": c.rope_theta, "vocab_size": int(model.get_input_embeddings().weight.shape[0]),
+                 "mask_token_id": int(adapter.mask_id), "pad_token_id": int(adapter.pad_id)}
+        out = source | {k: v for k, v in live.items() if not (k in source and source[k] == v)}  # 600000 stays an int
+        out["torch_dtype"] = str(model.dtype).removeprefix("torch.")
+        if "block_size" in source or adapter.block_size != LLADA2_BLOCK_SIZE:
+            out["block_size"] = int(adapter.block_size)
+        return out
+
+    def how_to_load(self) -> str | None:
+        return ("`maskrl.models.load(folder)`, or LLaDA2's own code (`configuration_llada2_moe.py` and "
+                "`modeling_llada2_moe.py` copied beside the folder, `trust_remote_code=True`; block 32 by default)")
