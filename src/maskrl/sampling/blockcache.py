@@ -87,7 +87,7 @@ class BlockKVCache:
         The forward attends the first ``R = max(w0)`` cached columns (each row's columns from its own ``w0``
         on masked), then the window: it writes the window's keys/values in place at columns ``[R, R + W)``
         of the store and attends the store's first ``R + W`` columns (:meth:`_attend`), no copy of the cache
-        when every row takes part. Those columns hold no key a row reads later (:meth:`_attend`)."""
+        when the rows are consecutive (all of them, say). Those columns hold no key a row reads later (:meth:`_attend`)."""
         wcols = w0[:, None] + torch.arange(width, device=x.device)  # [g, W]
         pos = self.pos_ids[rows]
         reach = int(w0.max())  # cached columns any row of the forward may attend
@@ -107,16 +107,17 @@ class BlockKVCache:
         A row's columns from ``w0 + shift`` on (from ``w0`` in a refill) hold no key it reads before its next
         refill writes them, so the window may go there; a plain step of a shifted model whose ``w0 == R`` would
         overwrite its column ``w0`` (the previous block's last, read by the next refill): it is put back. A
-        refill row with ``w0 < R`` gets its keys/values copied to ``[w0, w0 + W)`` afterwards. A subset of
-        the rows attends a copy of their caches (every written column copied back in a refill)."""
+        refill row with ``w0 < R`` gets its keys/values copied to ``[w0, w0 + W)`` afterwards. Rows that are
+        not consecutive attend a copy of their caches (every written column copied back in a refill)."""
         g, width = wcols.shape
         cols = torch.arange(reach + width, device=x.device)
         at = (reach + torch.arange(width, device=x.device)).expand(g, -1)  # [g, W] the window's store columns
-        every = rows.numel() == self.n_rows and bool((rows == torch.arange(self.n_rows, device=rows.device)).all())
-        past = [(k[:, :, :reach + width], v[:, :, :reach + width]) if every
-                else (k[rows, :, :reach + width], v[rows, :, :reach + width]) for k, v in self.store]
+        r0 = int(rows[0])  # consecutive rows (all of them, say): a view of the store, else a copy of theirs
+        view = bool((rows == r0 + torch.arange(rows.numel(), device=rows.device)).all())
+        run = slice(r0, r0 + rows.numel()) if view else rows
+        past = [(k[run, :, :reach + width], v[run, :, :reach + width]) for k, v in self.store]
         kept = [(k[:, :, reach:reach + self.shift].clone(), v[:, :, reach:reach + self.shift].clone())
-                for k, v in past] if every and not write and self.shift else None
+                for k, v in past] if view and not write and self.shift else None
         key_mask = torch.cat([a[:, :reach] & (cols[None, :reach] < w0[:, None]), a.gather(1, wcols)], 1)
         key_pos = torch.cat([pos[:, :reach], pos.gather(1, wcols)], 1)
         h, _ = self.adapter.decoder_forward(x.gather(1, wcols), key_mask, pos.gather(1, wcols), past=past,
@@ -126,7 +127,7 @@ class BlockKVCache:
                 k[:, :, reach:reach + self.shift] = k0
                 v[:, :, reach:reach + self.shift] = v0
         if write:
-            moved = torch.ones(g, dtype=torch.bool, device=x.device) if not every else w0 != reach
+            moved = torch.ones(g, dtype=torch.bool, device=x.device) if not view else w0 != reach
             if bool(moved.any()):
                 self._write(rows[moved], wcols[moved], [(k[moved, :, reach:].clone(), v[moved, :, reach:].clone())
                                                         for k, v in past])
