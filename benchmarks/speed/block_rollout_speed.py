@@ -20,13 +20,26 @@ trainer gets them all), ``valid_tok_per_s`` the positions up to and including ea
 ``query_tokens`` the decoder forwards' query positions (the work).
 
     PYTHONPATH=src python benchmarks/speed/block_rollout_speed.py --out benchmarks/speed/block_rollout_speed.json
+
+``--before REV``: the block cache's rollouts timed side by side under this checkout's code and under git
+revision ``REV``'s (``git archive REV src``): two worker processes, one per code version, one thread each,
+alternated cell by cell (which goes first alternates too), ``--repeats`` repetitions, process CPU seconds of
+one ``generate``; every ``Rollout`` field of the two must be equal (a digest of each). Cells: blocks of 32
+and of 4 at L ``--gen-length`` (without and with early stop) and at L 256 (the papers' shape):
+
+    PYTHONPATH=src python benchmarks/speed/block_rollout_speed.py --before 65cdc2e --repeats 3 \\
+        --out benchmarks/speed/block_cache_inplace.json
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import json
+import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -90,6 +103,72 @@ def run(adapter, cfg, ids, mask, repeats: int) -> dict:
             "query_tokens": sum(queries)}
 
 
+def before_cells(L: int) -> list[tuple[str, int, dict]]:
+    """(name, block size, SamplerConfig fields) of ``--before``: the block cache at L and at L 256."""
+    out = []
+    for length in dict.fromkeys((L, 256)):
+        for b in (32, 4):
+            out.append((f"L{length}/b{b}", b, {"gen_length": length, "block_length": b, "cache": "block"}))
+            if length == L:
+                out.append((f"L{length}/b{b}/early_stop", b, {"gen_length": length, "block_length": b,
+                                                              "cache": "block", "early_stop": True}))
+    return out
+
+
+def worker(args) -> None:
+    """Serve ``--before`` timing requests on stdin (one cell name a line) with the code on ``sys.path``."""
+    from maskrl.sampling import SamplerConfig, generate
+    from maskrl.text import encode_prompts
+
+    models = {bs: model(bs, args.eos_bias) for bs in (32, 4)}
+    ids, mask = encode_prompts(models[4].tokenizer, PROMPTS)
+    cells = {n: (bs, SamplerConfig(**f, steps=f["gen_length"] // args.tokens_per_step))
+             for n, bs, f in before_cells(args.gen_length)}
+    with torch.no_grad():
+        generate(models[4], ids, mask, SamplerConfig(gen_length=32, block_length=4, steps=16, cache="block"))
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            bs, cfg = cells[line.strip()]
+            t0 = time.process_time()
+            ro = generate(models[bs], ids, mask, cfg)
+            sec = time.process_time() - t0
+            digest = {f.name: hashlib.sha256(getattr(ro, f.name).detach().contiguous().numpy().tobytes()).hexdigest()
+                      for f in dataclasses.fields(ro) if isinstance(getattr(ro, f.name), torch.Tensor)}
+            print(json.dumps({"seconds": sec, "digest": digest}), flush=True)
+
+
+def side_by_side(args, argv: list[str]) -> dict:
+    """``--before REV``: this checkout vs ``REV``, alternated cell by cell (module docstring)."""
+    from maskrl.records import write_record
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from before_after import ask, start, stop
+
+    procs = start(__file__, args.before, argv)
+    names = [n for n, _, _ in before_cells(args.gen_length)]
+    cells = {n: {"before_s": [], "after_s": [], "rollouts_equal": True} for n in names}
+    for rep in range(args.repeats):
+        for i, key in enumerate(names):
+            got = {name: ask(procs[name], key) for name in (("before", "after") if (rep + i) % 2 == 0 else ("after", "before"))}
+            c = cells[key]
+            c["before_s"].append(got["before"]["seconds"])
+            c["after_s"].append(got["after"]["seconds"])
+            c["rollouts_equal"] &= got["before"]["digest"] == got["after"]["digest"]
+            print(f"rep {rep} {key}: before {c['before_s'][-1]:.2f} s, after {c['after_s'][-1]:.2f} s, "
+                  f"equal {c['rollouts_equal']}", flush=True)
+    stop(procs)
+    for c in cells.values():
+        c["ratio_before_over_after"] = [round(b / a, 3) for b, a in zip(c["before_s"], c["after_s"])]
+        c["median_ratio"] = statistics.median(c["ratio_before_over_after"])
+    record = {"command": f"PYTHONPATH=src python benchmarks/speed/block_rollout_speed.py {' '.join(argv)}",
+              "before": args.before, "threads": 1, "timer": "process CPU seconds of one generate call",
+              "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+              "cpu_load_1min_at_start": os.getloadavg()[0], "rows": len(PROMPTS),
+              "tokens_per_step": args.tokens_per_step, "cells": cells}
+    write_record(args.out, record)
+    return record
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gen-length", type=int, default=128)
@@ -98,8 +177,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--with-none", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "speed" / "block_rollout_speed.json")
-    args = ap.parse_args(argv)
+    ap.add_argument("--before", help="git revision whose block cache is timed side by side with this checkout's")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    raw = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(raw)
     torch.set_num_threads(1)
+    if args.worker:
+        worker(args)
+        return 0
+    if args.before:
+        side_by_side(args, raw)
+        return 0
     from maskrl.sampling import SamplerConfig
     from maskrl.text import encode_prompts
 

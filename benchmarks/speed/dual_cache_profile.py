@@ -27,9 +27,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -111,20 +109,14 @@ def side_by_side(args) -> dict:
     """``--before REV``: this checkout vs ``REV``, alternated cell by cell (module docstring)."""
     from maskrl.records import write_record
 
-    before = tempfile.mkdtemp(prefix="maskrl-before-")
-    subprocess.run(f"git -C {ROOT} archive {args.before} src | tar -x -C {before}", shell=True, check=True)
-    argv = [a for a in sys.argv[1:]]
-    procs = {}
-    for name, src in (("after", ROOT / "src"), ("before", Path(before) / "src")):
-        env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS="1")
-        procs[name] = subprocess.Popen([sys.executable, __file__, "--worker", *argv], env=env, text=True,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        json.loads(procs[name].stdout.readline())
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from before_after import ask as ask_worker, start, stop
+
+    argv = list(sys.argv[1:])
+    procs = start(__file__, args.before, argv)
 
     def ask(name, cell):
-        procs[name].stdin.write(json.dumps(cell) + "\n")
-        procs[name].stdin.flush()
-        return json.loads(procs[name].stdout.readline())
+        return ask_worker(procs[name], json.dumps(cell))
 
     cells = {f"{c}/{s}": {"before_s": [], "after_s": [], "tokens_equal": True} for c, s in CELLS}
     for rep in range(args.reps):
@@ -138,9 +130,7 @@ def side_by_side(args) -> dict:
             r = got["before"]["seconds"] / got["after"]["seconds"]
             print(f"rep {rep} {key}: before {got['before']['seconds']:.2f} s, after {got['after']['seconds']:.2f} s, "
                   f"before/after {r:.2f}, tokens equal {cells[key]['tokens_equal']}", flush=True)
-    for p in procs.values():
-        p.stdin.close()
-        p.wait()
+    stop(procs)
     for c in cells.values():
         c["ratio_before_over_after"] = [b / a for b, a in zip(c["before_s"], c["after_s"])]
         c["median_ratio"] = statistics.median(c["ratio_before_over_after"])

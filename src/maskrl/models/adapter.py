@@ -378,8 +378,8 @@ class ModelAdapter:
             write_at: ``[N, Q]`` long, or ``None``: the columns of ``past`` that the ``Q`` new keys/values are
                 written over, **in place** (``past`` then holds every key attended, in its own order, and
                 ``key_mask`` is ``[N, K]``): the window forwards of the prefix / dual cache, which recompute
-                their columns at every step and so never read the cached ones there. No copy of ``past`` is
-                made.
+                their columns at every step and so never read the cached ones there, and the block cache's
+                (a block model then needs ``key_positions`` ``[N, K]``). No copy of ``past`` is made.
             key_positions: ``[N, K + Q]`` long positions of the keys (cached, then new). A block-diffusion
                 model (:attr:`block_size`) lets query ``i`` attend key ``j`` only when ``j`` is valid and
                 ``block(j) <= block(i)`` (:func:`block_causal_mask`); without a cache the keys are the
@@ -392,8 +392,8 @@ class ModelAdapter:
 
         Raises:
             NotImplementedError: for ``attention == "2d"`` models.
-            ValueError: a ``key_mask`` of the wrong shape; a block model given ``write_at``, or a cache
-                without ``key_positions``.
+            ValueError: a ``key_mask`` of the wrong shape; a block model given a cache without
+                ``key_positions``.
         """
         from transformers import Cache, DynamicCache
 
@@ -432,8 +432,6 @@ class ModelAdapter:
         keep = key_mask.bool()[:, None, :]
         if self.block_size is None:
             return keep
-        if write_at is not None:
-            raise ValueError("a block-diffusion model (block_size set) has no dual cache: write_at must be None")
         if key_positions is None and past is not None:
             raise ValueError("a block-diffusion model's decoder_forward against a cache needs key_positions")
         kp = position_ids if key_positions is None else key_positions

@@ -16,6 +16,11 @@ row's first decoding block holds the last ``P mod b`` prompt tokens, which stay 
   per step and nothing more. Keys written for a block that still holds masks are overwritten by its
   refill before any later block reads them; a row that stops (``early_stop``) or ends never appends.
 
+The store is preallocated per row batch (``[N, H, P + L + b, D]`` per layer, at the first refill) and never
+copied whole: a window forward writes its keys/values into it in place and attends its filled prefix
+(:meth:`BlockKVCache._attend`), the same keys in the same order as the cache with the window's appended, so
+the outputs are those of that concatenation bit for bit (``tests/test_block_cache_inplace.py``).
+
 Every step's logits are the no-cache forward's (:func:`~maskrl.sampling.cache.plan_forwards` with
 ``cache="none"``: a full block-causal forward) up to float rounding; ``tests/test_sampling_blocks.py``
 checks the tokens are equal.
@@ -77,23 +82,55 @@ class BlockKVCache:
     def _window(self, rows: torch.Tensor, x: torch.Tensor, a: torch.Tensor, w0: torch.Tensor, width: int,
                 write: bool) -> torch.Tensor:
         """Hidden states ``[g, width, d]`` of columns ``[w0, w0 + width)`` of ``rows [g]`` (batch indices)
-        against the cached columns left of ``w0``; with ``write`` their keys/values go into the cache."""
-        cols = torch.arange(x.shape[1], device=x.device)
+        against the cached columns left of ``w0``; with ``write`` their keys/values go into the cache.
+
+        The forward attends the first ``R = max(w0)`` cached columns (each row's columns from its own ``w0``
+        on masked), then the window: it writes the window's keys/values in place at columns ``[R, R + W)``
+        of the store and attends the store's first ``R + W`` columns (:meth:`_attend`), no copy of the cache
+        when the rows are consecutive (all of them, say). Those columns hold no key a row reads later (:meth:`_attend`)."""
         wcols = w0[:, None] + torch.arange(width, device=x.device)  # [g, W]
         pos = self.pos_ids[rows]
-        past = None
-        key_mask, key_pos = a.gather(1, wcols), pos.gather(1, wcols)
         reach = int(w0.max())  # cached columns any row of the forward may attend
-        if self.store is not None and reach > 0:
-            every = rows.numel() == self.n_rows and bool((rows == torch.arange(self.n_rows, device=rows.device)).all())
-            past = [(k[:, :, :reach], v[:, :, :reach]) if every else (k[rows, :, :reach], v[rows, :, :reach])
-                    for k, v in self.store]  # all rows: a view, no copy
-            key_mask = torch.cat([a[:, :reach] & (cols[None, :reach] < w0[:, None]), key_mask], 1)
-            key_pos = torch.cat([pos[:, :reach], key_pos], 1)
-        h, kv = self.adapter.decoder_forward(x.gather(1, wcols), key_mask, pos.gather(1, wcols), past=past,
-                                             return_kv=write, key_positions=key_pos)
+        if self.store is None or reach == 0:
+            h, kv = self.adapter.decoder_forward(x.gather(1, wcols), a.gather(1, wcols), pos.gather(1, wcols),
+                                                 return_kv=write, key_positions=pos.gather(1, wcols))
+            if write:
+                self._write(rows, wcols, kv)
+            return h
+        return self._attend(rows, x, a, pos, w0, wcols, reach, write)
+
+    def _attend(self, rows: torch.Tensor, x: torch.Tensor, a: torch.Tensor, pos: torch.Tensor, w0: torch.Tensor,
+                wcols: torch.Tensor, reach: int, write: bool) -> torch.Tensor:
+        """:meth:`_window` against the cache: the keys attended are the store's columns ``[0, R + W)`` with
+        the window's written over ``[R, R + W)`` (``R = reach``), the order the concatenated cache had.
+
+        A row's columns from ``w0 + shift`` on (from ``w0`` in a refill) hold no key it reads before its next
+        refill writes them, so the window may go there; a plain step of a shifted model whose ``w0 == R`` would
+        overwrite its column ``w0`` (the previous block's last, read by the next refill): it is put back. A
+        refill row with ``w0 < R`` gets its keys/values copied to ``[w0, w0 + W)`` afterwards. Rows that are
+        not consecutive attend a copy of their caches (every written column copied back in a refill)."""
+        g, width = wcols.shape
+        cols = torch.arange(reach + width, device=x.device)
+        at = (reach + torch.arange(width, device=x.device)).expand(g, -1)  # [g, W] the window's store columns
+        r0 = int(rows[0])  # consecutive rows (all of them, say): a view of the store, else a copy of theirs
+        view = bool((rows == r0 + torch.arange(rows.numel(), device=rows.device)).all())
+        run = slice(r0, r0 + rows.numel()) if view else rows
+        past = [(k[run, :, :reach + width], v[run, :, :reach + width]) for k, v in self.store]
+        kept = [(k[:, :, reach:reach + self.shift].clone(), v[:, :, reach:reach + self.shift].clone())
+                for k, v in past] if view and not write and self.shift else None
+        key_mask = torch.cat([a[:, :reach] & (cols[None, :reach] < w0[:, None]), a.gather(1, wcols)], 1)
+        key_pos = torch.cat([pos[:, :reach], pos.gather(1, wcols)], 1)
+        h, _ = self.adapter.decoder_forward(x.gather(1, wcols), key_mask, pos.gather(1, wcols), past=past,
+                                            write_at=at, key_positions=key_pos)
+        if kept is not None:
+            for (k, v), (k0, v0) in zip(past, kept):
+                k[:, :, reach:reach + self.shift] = k0
+                v[:, :, reach:reach + self.shift] = v0
         if write:
-            self._write(rows, wcols, kv)
+            moved = torch.ones(g, dtype=torch.bool, device=x.device) if not view else w0 != reach
+            if bool(moved.any()):
+                self._write(rows[moved], wcols[moved], [(k[moved, :, reach:].clone(), v[moved, :, reach:].clone())
+                                                        for k, v in past])
         return h
 
     def _write(self, rows: torch.Tensor, wcols: torch.Tensor,
