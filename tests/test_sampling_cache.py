@@ -483,3 +483,33 @@ def test_logit_positions_per_step_and_completion_scope(tiny, mode):
 
     with pytest.raises(ValueError, match="scope"):
         generate(tiny, ids, mask, cfg, observers=[Bad()])
+
+
+def test_cache_keyword_read_once_per_forward_function(monkeypatch):
+    """decoder_forward's cache argument name (``cache`` or ``past_key_values``) comes from the decoder
+    forward's signature, looked up once per function, not on every call."""
+    import inspect
+
+    from maskrl.models import adapter as adapter_mod
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None):
+            return input_ids
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None):
+            return input_ids
+
+    def wrapped(input_ids=None, **kwargs):  # an instance-level forward (a hook's replacement)
+        return input_ids
+
+    wrapped.__wrapped__ = Old.forward
+    calls = []
+    real = inspect.signature
+    monkeypatch.setattr(adapter_mod.inspect, "signature", lambda f: calls.append(f) or real(f))
+    adapter_mod._cache_keyword_of.cache_clear()
+    new, old = New(), Old()
+    assert [adapter_mod._cache_keyword(m.forward) for m in (new, old, New(), new)] == \
+        ["cache", "past_key_values", "cache", "cache"]
+    assert adapter_mod._cache_keyword(wrapped) == "past_key_values"
+    assert len(calls) == 3  # New.forward, Old.forward, wrapped: each once

@@ -67,6 +67,22 @@ def block_causal_mask(attention_mask: torch.Tensor, block_size: int, dtype: torc
     return out.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
+def _cache_keyword(forward: Any) -> str:
+    """The name of a decoder ``forward``'s cache argument: ``cache`` (transformers >= 5.2x) or
+    ``past_key_values`` (deprecated there). Looked up once per function (``inspect.signature`` on every
+    forward call costs more than the small decoders' window forwards can afford)."""
+    func = getattr(forward, "__func__", forward)
+    try:
+        return _cache_keyword_of(func)
+    except TypeError:  # an unhashable callable: looked up each time
+        return _cache_keyword_of.__wrapped__(func)
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_keyword_of(func: Any) -> str:
+    return "cache" if "cache" in inspect.signature(func).parameters else "past_key_values"
+
+
 @functools.cache
 def _in_place_layer_class() -> type:
     """The cache layer class of :meth:`ModelAdapter.decoder_forward`'s ``write_at`` (built on first use:
@@ -415,9 +431,7 @@ class ModelAdapter:
             cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in past]) if past is not None else DynamicCache()
         else:
             cache = None
-        # transformers >= 5.2x names the argument ``cache`` (``past_key_values`` is deprecated)
-        names = inspect.signature(self.model.get_decoder().forward).parameters
-        cache_kw = "cache" if "cache" in names else "past_key_values"
+        cache_kw = _cache_keyword(self.model.get_decoder().forward)
         hidden = self._decoder_hidden(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                                       use_cache=use_cache, **{cache_kw: cache})
         kv = None
