@@ -189,6 +189,24 @@ def test_known_block_model_shapes():
     assert model_shape(load_config([], ["model.path=Dream-org/Dream-v0-Instruct-7B"])).shift
 
 
+@pytest.mark.parametrize("lora", [None, {"rank": 4, "alpha": 8.0, "targets": "all-linear"}], ids=["full", "lora"])
+def test_rollout_flops_interpolated_in_the_cached_length_equal_direct_counts(lora):
+    """A cached call's FLOPs are affine in the cached length ``past``: the plan counts pasts 1 and 2 and
+    interpolates; FlopCounterMode counted directly at other pasts (and rows / scored positions) gives the
+    same integers, for the rollout through the LoRA branch and on the merged copy, on a small Qwen3 block
+    model (the SDAR family's class, GQA, stated head_dim)."""
+    from maskrl.plan import ModelShape
+
+    shape = ModelShape("sdar", 64, 2, 4, 2, 96, 100, head_dim=16, block_size=4)
+    fm = FlopModel(shape, torch.float32, lora, False)
+    for kind in ("rollout", "rollout_merged"):
+        for seq, rows, scored, past in [(4, 3, 12, 3), (8, 5, 7, 17), (4, 1, 1, 200), (8, 2, 3, 2003)]:
+            assert fm.flops(kind, rows, seq, scored, past) == fm._count(kind, rows, seq, scored, past) > 0
+    direct = [fm._count("rollout", 1, 4, 1, p) for p in (1, 2, 3)]
+    assert direct[2] - direct[1] == direct[1] - direct[0] > 0  # the per-key cost: attention's two matmuls
+    assert direct[1] - direct[0] == 2 * 2 * 2 * 4 * 4 * 16  # layers x matmuls x 2 FLOPs x heads x queries x head
+
+
 def test_block_model_work_is_the_doubled_row():
     """A block-diffusion model's likelihood rows are x_t ⊕ x_0 (likelihood/blocks.py): P = 6, L = 8,
     block 4 -> the context copy P + L = 14 columns, the noisy copy from the first block holding a

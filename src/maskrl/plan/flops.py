@@ -123,13 +123,36 @@ class FlopModel:
         positions through the output layer), ``reference`` (the same with LoRA adapters disabled, as the
         trainer's reference policy is), ``rollout`` (decoder + output layer) or ``rollout_merged`` (the
         same without the LoRA branch: the merged copy of ``rollout.merge_lora``)."""
+        if past > 0:  # affine in the cached length: exact from pasts 1 and 2 (:meth:`past_slope`)
+            at1, slope = self.past_slope(kind, seq)
+            return self._at(at1, rows, scored) + (past - 1) * self._at(slope, rows, scored)
+        return self._at(self._points(kind, seq, 0), rows, scored)
+
+    def past_slope(self, kind: str, seq: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """``(points at past 1, their increase per cached key)`` of a ``kind`` call of ``seq`` queries.
+
+        A call against ``past`` cached keys differs from one against ``past - 1`` only in the attention's
+        two matmuls over the key axis (``Q·Kᵀ`` and ``softmax·V``, each ``2 · rows · heads · seq · head``
+        FLOPs per key and layer; the projections, MLP and output layer see the ``seq`` queries alone), so
+        every point of :meth:`_points` is affine in ``past`` and two counts give all of them exactly
+        (``tests/test_plan.py`` checks the interpolation against direct counts). Planning a rollout of
+        L tokens in blocks of b then counts 2 pasts instead of about 2L / b."""
+        p1, p2 = self._points(kind, seq, 1), self._points(kind, seq, 2)
+        return p1, tuple(b - a for a, b in zip(p1, p2))
+
+    def _points(self, kind: str, seq: int, past: int) -> tuple[int, int, int]:
+        """``(FLOPs at 1 row and 1 scored position, per extra row, per extra scored position)``, memoised."""
         key = (kind, seq, past)
         if key not in self._memo:
             f11 = self._count(kind, 1, seq, 1, past)
             f21 = self._count(kind, 2, seq, 1, past)
             f12 = self._count(kind, 1, seq, 2, past)
             self._memo[key] = (f11, f21 - f11, f12 - f11)
-        f11, per_row, per_pos = self._memo[key]
+        return self._memo[key]
+
+    @staticmethod
+    def _at(points: tuple[int, int, int], rows: int, scored: int) -> int:
+        f11, per_row, per_pos = points
         return int(f11 + (rows - 1) * per_row + (scored - 1) * per_pos)
 
 
