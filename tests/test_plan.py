@@ -207,6 +207,23 @@ def test_rollout_flops_interpolated_in_the_cached_length_equal_direct_counts(lor
     assert direct[1] - direct[0] == 2 * 2 * 2 * 4 * 4 * 16  # layers x matmuls x 2 FLOPs x heads x queries x head
 
 
+@pytest.mark.parametrize("lora", [None, {"rank": 4, "alpha": 8.0, "targets": "all-linear"}], ids=["full", "lora"])
+def test_flops_extrapolated_in_depth_equal_the_full_depth_count(lora):
+    """The plan counts 1 and 2 decoder layers and extrapolates to the model's depth; counted directly on the
+    5-layer meta model (checkpointing on, so the train count includes the recomputation) every kind of call and
+    the LoRA merge give the same integers."""
+    from maskrl.plan import ModelShape
+
+    shape = ModelShape("sdar", 64, 5, 4, 2, 96, 100, head_dim=16, block_size=4)
+    fast, direct = FlopModel(shape, torch.float32, lora, True), FlopModel(shape, torch.float32, lora, True, extrapolate=False)
+    assert fast.depths == (1, 2) and direct.depths == (5,)
+    for kind in ("train", "forward", "reference", "rollout", "rollout_merged"):
+        for rows, seq, scored, past in [(3, 12, 5, 0), (2, 4, 3, 9)] if kind.startswith("rollout") else [(3, 12, 5, 0)]:
+            assert fast.flops(kind, rows, seq, scored, past) == direct.flops(kind, rows, seq, scored, past) > 0
+    # B @ A of every adapted matrix (q, o 64x64; k, v 32x64; gate, up, down 64x96), 2 x rank FLOPs an entry, 5 layers
+    assert fast.merge_flops() == direct.merge_flops() == (5 * 2 * 4 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 64 * 96) if lora else 0)
+
+
 def test_block_model_work_is_the_doubled_row():
     """A block-diffusion model's likelihood rows are x_t ⊕ x_0 (likelihood/blocks.py): P = 6, L = 8,
     block 4 -> the context copy P + L = 14 columns, the noisy copy from the first block holding a

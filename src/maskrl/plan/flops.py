@@ -39,6 +39,12 @@ def build_adapter(shape: ModelShape, dtype: torch.dtype, lora: dict | None, chec
     return ad
 
 
+def first_layers(shape: ModelShape) -> int:
+    """Decoder layers at the start that differ from the rest (an MoE model's ``first_k_dense_replace`` dense
+    layers; 0 for a dense model)."""
+    return int(getattr(shape, "first_dense_layers", 0) or 0)
+
+
 def _lora(cfg) -> dict | None:
     mc = cfg.model
     if mc.lora_rank <= 0:
@@ -60,27 +66,55 @@ class FlopModel:
     """FLOPs of the calls of one model shape, counted by ``FlopCounterMode`` on the meta device (see
     the module docstring); memoised per (kind, sequence length, cached keys)."""
 
-    def __init__(self, shape: ModelShape, dtype: torch.dtype, lora: dict | None, checkpointing: bool) -> None:
-        from maskrl.models.scale import rl_train_mode
-
-        self.lora = lora
-        self.adapter = build_adapter(shape, dtype, lora, checkpointing)
-        self.train_adapter = build_adapter(shape, dtype, lora, checkpointing)
-        rl_train_mode(self.train_adapter.model)
+    def __init__(self, shape: ModelShape, dtype: torch.dtype, lora: dict | None, checkpointing: bool,
+                 extrapolate: bool = True) -> None:
+        self.lora, self.dtype, self.ckpt = lora, dtype, checkpointing
         self.shape = shape
+        first = first_layers(shape)
+        #: decoder depths counted: every layer past the first ``first`` (dense) ones is the same, so a count is
+        #: affine in the depth and two depths give the full one exactly (:meth:`_count`)
+        self.depths = (first + 1, first + 2) if extrapolate and shape.num_layers > first + 2 else (shape.num_layers,)
+        self._adapters: dict = {}
         self._memo: dict = {}
 
+    def _pair(self, depth: int):
+        """``(no-grad adapter, train-mode adapter)`` of ``depth`` decoder layers on the meta device."""
+        if depth not in self._adapters:
+            from maskrl.models.scale import rl_train_mode
+
+            ad = build_adapter(self.shape, self.dtype, self.lora, self.ckpt, num_layers=depth)
+            train = build_adapter(self.shape, self.dtype, self.lora, self.ckpt, num_layers=depth)
+            rl_train_mode(train.model)
+            self._adapters[depth] = (ad, train)
+        return self._adapters[depth]
+
+    @property
+    def adapter(self):
+        return self._pair(self.depths[0])[0]
+
     def _count(self, kind: str, rows: int, seq: int, scored: int, past: int) -> int:
+        """FLOPs of one call at the full depth: counted at :attr:`depths` and extrapolated in the layer count
+        (exact: the layers past the first dense ones are alike, and embedding, final norm and output layer
+        are counted once at either depth; ``tests/test_plan.py`` checks it against the full-depth count)."""
+        return self._deep([self._count_at(d, kind, rows, seq, scored, past) for d in self.depths])
+
+    def _deep(self, counts: list[int]) -> int:
+        """A count at the full depth from the counts at :attr:`depths` (affine in the layer count)."""
+        if len(counts) == 1:
+            return counts[0]
+        return counts[0] + (self.shape.num_layers - self.depths[0]) * (counts[1] - counts[0])
+
+    def _count_at(self, depth: int, kind: str, rows: int, seq: int, scored: int, past: int) -> int:
         from torch.utils.flop_counter import FlopCounterMode
 
         dev = torch.device("meta")
         if kind == "train":
-            ad = self.train_adapter
+            ad = self._pair(depth)[1]
             ids, attn, r, c, t = _inputs(ad, rows, seq, scored, dev)
             with FlopCounterMode(display=False) as fc:
                 ad.log_probs_at(ids, attn, r, c, t).sum().backward()
             return fc.get_total_flops()
-        ad = self.adapter
+        ad = self._pair(depth)[0]
         # the reference, and a rollout on the merged copy (rollout.merge_lora), run without the LoRA branch
         off = ad.reference() if kind in ("reference", "rollout_merged") and self.lora else contextlib.nullcontext()
         with torch.no_grad(), off, FlopCounterMode(display=False) as fc:
@@ -113,9 +147,12 @@ class FlopModel:
 
             from maskrl.models.merged import merged_copy
 
-            with FlopCounterMode(display=False) as fc:
-                merged_copy(self.adapter.model)
-            self._memo["merge"] = fc.get_total_flops()
+            counts = []
+            for d in self.depths:  # one B @ A per adapted matrix: affine in the depth as well
+                with FlopCounterMode(display=False) as fc:
+                    merged_copy(self._pair(d)[0].model)
+                counts.append(fc.get_total_flops())
+            self._memo["merge"] = self._deep(counts)
         return self._memo["merge"]
 
     def flops(self, kind: str, rows: int, seq: int, scored: int, past: int = 0) -> int:
