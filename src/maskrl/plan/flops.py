@@ -24,10 +24,18 @@ def build_adapter(shape: ModelShape, dtype: torch.dtype, lora: dict | None, chec
 
     from maskrl.models import ModelAdapter, apply_lora, enable_gradient_checkpointing
 
+    from maskrl.plan.moe import meta_routing
+
     config = shape.hf_config(hidden_size, num_layers)
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        if shape.num_experts:  # the family's own module (no transformers class runs LLaDA2)
+            from maskrl.models.llada2_moe import LLaDA2MoeModelLM
+
+            model = LLaDA2MoeModelLM(config).to(dtype)
+        else:
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    meta_routing(model)  # a meta MoE model routes its tokens by a fixed balanced rule (maskrl.plan.moe)
     model.eval()
     v = shape.vocab_size
     ad = ModelAdapter(model=model, mask_id=v - 1, eos_id=v - 2, pad_id=v - 2, shift=shape.shift,
@@ -35,7 +43,8 @@ def build_adapter(shape: ModelShape, dtype: torch.dtype, lora: dict | None, chec
     if checkpointing:
         enable_gradient_checkpointing(ad)
     if lora:
-        ad = apply_lora(ad, rank=lora["rank"], alpha=lora["alpha"], target_modules=lora["targets"])
+        ad = apply_lora(ad, rank=lora["rank"], alpha=lora["alpha"], target_modules=lora["targets"],
+                        experts=bool(lora.get("experts")))
     return ad
 
 
@@ -50,8 +59,9 @@ def _lora(cfg) -> dict | None:
     if mc.lora_rank <= 0:
         return None
     t = mc.lora_target_modules
-    return {"rank": mc.lora_rank, "alpha": mc.lora_alpha,
-            "targets": t if t == "all-linear" else [m.strip() for m in t.split(",") if m.strip()]}
+    out = {"rank": mc.lora_rank, "alpha": mc.lora_alpha,
+           "targets": t if t == "all-linear" else [m.strip() for m in t.split(",") if m.strip()]}
+    return out | {"experts": True} if mc.lora_experts else out
 
 
 def _inputs(ad, rows: int, seq: int, scored: int, device):
