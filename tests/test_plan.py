@@ -18,7 +18,7 @@ from maskrl.plan.report import merges_lora
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RECIPES_8B = sorted(CONFIGS.glob("llada8b_*.yaml")) + sorted(CONFIGS.glob("dream7b_*.yaml")) + sorted(
-    p for pat in ("trado4b_*.yaml", "trado8b_*.yaml", "sdar8b_*.yaml") for p in CONFIGS.glob(pat))
+    p for pat in ("trado4b_*.yaml", "trado8b_*.yaml", "sdar8b_*.yaml", "llada2_mini_*.yaml") for p in CONFIGS.glob(pat))
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.num_heads=2",
         "model.tiny.intermediate_size=64", "rollout.gen_length=8", "rollout.block_length=4", "rollout.steps=4",
         "rollout.temperature=0.9", "train.prompts_per_step=1", "train.group_size=2"]
