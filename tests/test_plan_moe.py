@@ -68,3 +68,42 @@ def test_resident_and_active_parameters_and_expert_lora():
     with_experts = param_memory(TINY_MOE, torch.float32, base | {"experts": True})["adapter_params"]
     # each routed expert adds LoRA on gate / up (64 -> 32) and down (32 -> 64): 3 x 4 x (64 + 32) entries
     assert with_experts - attn_only == 2 * 16 * 3 * 4 * (64 + 32)
+
+
+@pytest.mark.slow  # about a minute of CPU: the real-width slice is built and profiled
+@pytest.mark.parametrize("kind", ["forward", "train"])
+def test_moe_activation_plan_within_15_percent_of_a_real_width_slice(kind):
+    """A slice of LLaDA2-mini at its real widths (hidden 2048, 16 / 4 heads of 128, dense MLP 5120, experts of
+    512; the dense first layer and one MoE layer of 8 experts, 2 active + 1 shared; a 512-token vocabulary):
+    the plan's activation peak (narrow models at widths 128 / 256, fitted and extrapolated) is within 15 % of
+    the CPU profiler's peak of the same call on the real-width model (its own routing), and its FLOPs equal
+    FlopCounterMode's count of that call."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from maskrl.models.scale import rl_train_mode
+    from maskrl.plan import ActivationModel, profiled_peak
+
+    shape = ModelShape("llada2", 2048, 2, 16, 4, 5120, 512, head_dim=128, block_size=32, num_experts=8,
+                       num_experts_per_tok=2, num_shared_experts=1, moe_intermediate_size=512, first_dense_layers=1,
+                       n_group=4, topk_group=2)
+    rows, seq, scored = 2, 256, 64
+    planned = ActivationModel(shape, torch.float32, None, False).peak(kind, rows, seq, scored)
+    real = build_adapter(shape, torch.float32, None, False, device="cpu")
+    ids, attn, r, c, t = _inputs(real, rows, seq, scored, "cpu")
+    ids = torch.randint(0, 500, ids.shape, generator=torch.Generator().manual_seed(0))
+    if kind == "train":
+        rl_train_mode(real.model)
+        real.log_probs_at(ids, attn, r, c, t).sum().backward()  # allocate .grad once (counted apart)
+
+        def call():
+            real.log_probs_at(ids, attn, r, c, t).sum().backward()
+    else:
+        def call():
+            with torch.no_grad():
+                real.log_probs_at(ids, attn, r, c, t)
+    measured, _ = profiled_peak(call)
+    assert abs(planned - measured) <= 0.15 * measured, (planned, measured)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+        call()
+    assert FlopModel(shape, torch.float32, None, False).flops(kind, rows, seq, scored) == fc.get_total_flops()
