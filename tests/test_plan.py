@@ -220,6 +220,7 @@ def test_flops_extrapolated_in_depth_equal_the_full_depth_count(lora):
     for kind in ("train", "forward", "reference", "rollout", "rollout_merged"):
         for rows, seq, scored, past in [(3, 12, 5, 0), (2, 4, 3, 9)] if kind.startswith("rollout") else [(3, 12, 5, 0)]:
             assert fast.flops(kind, rows, seq, scored, past) == direct.flops(kind, rows, seq, scored, past) > 0
+    assert param_memory(shape, torch.bfloat16, lora) == param_memory(shape, torch.bfloat16, lora, extrapolate=False)
     # B @ A of every adapted matrix (q, o 64x64; k, v 32x64; gate, up, down 64x96), 2 x rank FLOPs an entry, 5 layers
     assert fast.merge_flops() == direct.merge_flops() == (5 * 2 * 4 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 64 * 96) if lora else 0)
 

@@ -63,6 +63,9 @@ def test_resident_and_active_parameters_and_expert_lora():
     assert counts["routed_experts"] == 2 * 16 * expert  # 2 MoE layers
     assert counts["active_per_token"] == counts["total"] - 2 * (16 - 4) * expert
     assert param_memory(TINY_MOE, torch.float32, None)["params"] == counts["total"]
+    deep = ModelShape(**{**TINY_MOE.__dict__, "num_layers": 5})  # counted at 2 and 3 layers, extrapolated to 5
+    spec = {"rank": 4, "alpha": 8.0, "targets": "all-linear", "experts": True}
+    assert param_memory(deep, torch.bfloat16, spec) == param_memory(deep, torch.bfloat16, spec, extrapolate=False)
     base = {"rank": 4, "alpha": 8.0, "targets": "all-linear"}
     attn_only = param_memory(TINY_MOE, torch.float32, base)["adapter_params"]
     with_experts = param_memory(TINY_MOE, torch.float32, base | {"experts": True})["adapter_params"]

@@ -203,18 +203,32 @@ class FlopModel:
         return int(f11 + (rows - 1) * per_row + (scored - 1) * per_pos)
 
 
-def param_memory(shape: ModelShape, dtype: torch.dtype, lora: dict | None) -> dict:
+def param_memory(shape: ModelShape, dtype: torch.dtype, lora: dict | None, extrapolate: bool = True) -> dict:
+    """Parameter bytes and counts of the model (:func:`_param_memory_at`), counted at 1 and 2 decoder layers
+    (past an MoE model's first dense ones) and extrapolated to the depth: every count is affine in the
+    layer count, and the largest layer is one of those the 2-layer model has (``tests/test_plan.py``
+    checks the extrapolation against the full-depth count)."""
+    first = first_layers(shape)
+    if not extrapolate or shape.num_layers <= first + 2:
+        return _param_memory_at(shape, dtype, lora, shape.num_layers)
+    a, b = (_param_memory_at(shape, dtype, lora, d) for d in (first + 1, first + 2))
+    n = shape.num_layers - first - 1
+    return b | {k: a[k] + n * (b[k] - a[k]) for k in ("total_bytes", "params", "trainable", "base_params",
+                                                      "adapter_params", "merged_copy_bytes")}
+
+
+def _param_memory_at(shape: ModelShape, dtype: torch.dtype, lora: dict | None, depth: int) -> dict:
     """Parameter bytes and counts of the model (meta device; accelerate's ``calculate_maximum_sizes``):
     ``{total_bytes, largest_layer_bytes, params, trainable, base_params, base_dtypes, adapter_params,
     adapter_dtypes, merged_copy_bytes}``; ``params`` counts the base model and the LoRA adapter (peft's ``lora_``
     parameters) together, ``base_*`` / ``adapter_*`` each apart, with the dtypes they are held in (names,
     sorted); ``merged_copy_bytes``: the rollout's merged LoRA copy (:func:`maskrl.models.merged.merged_copy_bytes`;
-    0 without LoRA)."""
+    0 without LoRA); of the model at ``depth`` decoder layers."""
     from accelerate.utils import calculate_maximum_sizes
 
     from maskrl.models.merged import merged_copy_bytes
 
-    ad = build_adapter(shape, dtype, lora, False)
+    ad = build_adapter(shape, dtype, lora, False, num_layers=depth)
     total, largest = calculate_maximum_sizes(ad.model)
     named = list(ad.model.named_parameters())
     adapter = [p for n, p in named if "lora_" in n]
