@@ -213,9 +213,21 @@ def test_mini_parameter_counts_resident_active_and_lora_choices():
     assert (lora(20, 256, False), lora(20, 256, True)) == (5_627_904, 603_316_224)
 
 
-def test_maskrl_plan_refuses_an_moe_checkpoint_instead_of_planning_it_dense():
+def test_maskrl_plan_reads_the_moe_shape_of_a_llada2_checkpoint_and_refuses_other_moe_families(tmp_path):
+    """The tiny checkpoint's config.json is planned as the MoE it is (8 experts, 2 active + 1 shared, the first
+    layer dense, block 32 from the family), never as a dense model; an MoE config of another family is refused."""
+    import json
+    import shutil
+
     from maskrl.config import load_config
     from maskrl.plan.shapes import PlanError, model_shape
 
-    with pytest.raises(PlanError, match="Mixture-of-Experts.*llada2_moe.*8 experts"):
-        model_shape(load_config([], [f"model.path={DATA}"]))
+    s = model_shape(load_config([], [f"model.path={DATA}"]))
+    assert (s.family, s.num_experts, s.num_experts_per_tok, s.num_shared_experts, s.moe_intermediate_size,
+            s.first_dense_layers, s.n_group, s.topk_group, s.block_size) == ("llada2", 8, 2, 1, 24, 1, 4, 2, 32)
+    other = tmp_path / "moe"
+    shutil.copytree(DATA, other)
+    c = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(c | {"model_type": "sdar_moe", "architectures": ["SDARMoeForCausalLM"]}))
+    with pytest.raises(PlanError, match="Mixture-of-Experts.*sdar_moe.*8 experts"):
+        model_shape(load_config([], [f"model.path={other}"]))

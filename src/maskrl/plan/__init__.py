@@ -27,7 +27,14 @@ How each number is obtained -- counted on the library's own code, not from hand 
   backward, ``decoder_forward`` with a key/value cache, the output layer), at (R, M) = (1, 1), (2, 1),
   (1, 2) per sequence length; every count is affine in R and M (rows and scored positions are batch
   dimensions), which the three points give exactly. Gradient checkpointing's recomputation and
-  LoRA's extra matmuls are counted because they run.
+  LoRA's extra matmuls are counted because they run. Two more exact reductions keep a long recipe
+  cheap to plan: a call against ``past`` cached keys is affine in ``past`` (only attention's two
+  matmuls see the keys), so pasts 1 and 2 give every cached block step of a rollout; and every count
+  is affine in the decoder depth (the layers are alike), so it is taken on 1 and 2 layers (past the
+  first dense layers of an MoE model) and extrapolated (``tests/test_plan.py`` checks both against
+  direct counts). An MoE model (LLaDA2) counts only its active experts: on the meta device each token's
+  k slots go to experts by a fixed balanced rule (:mod:`maskrl.plan.moe`), which costs what any routing
+  costs (``tests/test_plan_moe.py``: equal to a real routed forward's count).
 * **Parameter memory**: ``accelerate.utils.calculate_maximum_sizes`` on the meta model (accelerate's
   ``estimate-memory`` logic), LoRA applied with peft on the meta model; gradients and AdamW states
   from the trainable count, divided by the processes where the strategy shards them (FSDP, ZeRO-3:

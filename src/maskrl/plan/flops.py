@@ -24,10 +24,18 @@ def build_adapter(shape: ModelShape, dtype: torch.dtype, lora: dict | None, chec
 
     from maskrl.models import ModelAdapter, apply_lora, enable_gradient_checkpointing
 
+    from maskrl.plan.moe import meta_routing
+
     config = shape.hf_config(hidden_size, num_layers)
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        if shape.num_experts:  # the family's own module (no transformers class runs LLaDA2)
+            from maskrl.models.llada2_moe import LLaDA2MoeModelLM
+
+            model = LLaDA2MoeModelLM(config).to(dtype)
+        else:
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    meta_routing(model)  # a meta MoE model routes its tokens by a fixed balanced rule (maskrl.plan.moe)
     model.eval()
     v = shape.vocab_size
     ad = ModelAdapter(model=model, mask_id=v - 1, eos_id=v - 2, pad_id=v - 2, shift=shape.shift,
@@ -35,8 +43,15 @@ def build_adapter(shape: ModelShape, dtype: torch.dtype, lora: dict | None, chec
     if checkpointing:
         enable_gradient_checkpointing(ad)
     if lora:
-        ad = apply_lora(ad, rank=lora["rank"], alpha=lora["alpha"], target_modules=lora["targets"])
+        ad = apply_lora(ad, rank=lora["rank"], alpha=lora["alpha"], target_modules=lora["targets"],
+                        experts=bool(lora.get("experts")))
     return ad
+
+
+def first_layers(shape: ModelShape) -> int:
+    """Decoder layers at the start that differ from the rest (an MoE model's ``first_k_dense_replace`` dense
+    layers; 0 for a dense model)."""
+    return int(getattr(shape, "first_dense_layers", 0) or 0)
 
 
 def _lora(cfg) -> dict | None:
@@ -44,8 +59,9 @@ def _lora(cfg) -> dict | None:
     if mc.lora_rank <= 0:
         return None
     t = mc.lora_target_modules
-    return {"rank": mc.lora_rank, "alpha": mc.lora_alpha,
-            "targets": t if t == "all-linear" else [m.strip() for m in t.split(",") if m.strip()]}
+    out = {"rank": mc.lora_rank, "alpha": mc.lora_alpha,
+           "targets": t if t == "all-linear" else [m.strip() for m in t.split(",") if m.strip()]}
+    return out | {"experts": True} if mc.lora_experts else out
 
 
 def _inputs(ad, rows: int, seq: int, scored: int, device):
@@ -60,27 +76,55 @@ class FlopModel:
     """FLOPs of the calls of one model shape, counted by ``FlopCounterMode`` on the meta device (see
     the module docstring); memoised per (kind, sequence length, cached keys)."""
 
-    def __init__(self, shape: ModelShape, dtype: torch.dtype, lora: dict | None, checkpointing: bool) -> None:
-        from maskrl.models.scale import rl_train_mode
-
-        self.lora = lora
-        self.adapter = build_adapter(shape, dtype, lora, checkpointing)
-        self.train_adapter = build_adapter(shape, dtype, lora, checkpointing)
-        rl_train_mode(self.train_adapter.model)
+    def __init__(self, shape: ModelShape, dtype: torch.dtype, lora: dict | None, checkpointing: bool,
+                 extrapolate: bool = True) -> None:
+        self.lora, self.dtype, self.ckpt = lora, dtype, checkpointing
         self.shape = shape
+        first = first_layers(shape)
+        #: decoder depths counted: every layer past the first ``first`` (dense) ones is the same, so a count is
+        #: affine in the depth and two depths give the full one exactly (:meth:`_count`)
+        self.depths = (first + 1, first + 2) if extrapolate and shape.num_layers > first + 2 else (shape.num_layers,)
+        self._adapters: dict = {}
         self._memo: dict = {}
 
+    def _pair(self, depth: int):
+        """``(no-grad adapter, train-mode adapter)`` of ``depth`` decoder layers on the meta device."""
+        if depth not in self._adapters:
+            from maskrl.models.scale import rl_train_mode
+
+            ad = build_adapter(self.shape, self.dtype, self.lora, self.ckpt, num_layers=depth)
+            train = build_adapter(self.shape, self.dtype, self.lora, self.ckpt, num_layers=depth)
+            rl_train_mode(train.model)
+            self._adapters[depth] = (ad, train)
+        return self._adapters[depth]
+
+    @property
+    def adapter(self):
+        return self._pair(self.depths[0])[0]
+
     def _count(self, kind: str, rows: int, seq: int, scored: int, past: int) -> int:
+        """FLOPs of one call at the full depth: counted at :attr:`depths` and extrapolated in the layer count
+        (exact: the layers past the first dense ones are alike, and embedding, final norm and output layer
+        are counted once at either depth; ``tests/test_plan.py`` checks it against the full-depth count)."""
+        return self._deep([self._count_at(d, kind, rows, seq, scored, past) for d in self.depths])
+
+    def _deep(self, counts: list[int]) -> int:
+        """A count at the full depth from the counts at :attr:`depths` (affine in the layer count)."""
+        if len(counts) == 1:
+            return counts[0]
+        return counts[0] + (self.shape.num_layers - self.depths[0]) * (counts[1] - counts[0])
+
+    def _count_at(self, depth: int, kind: str, rows: int, seq: int, scored: int, past: int) -> int:
         from torch.utils.flop_counter import FlopCounterMode
 
         dev = torch.device("meta")
         if kind == "train":
-            ad = self.train_adapter
+            ad = self._pair(depth)[1]
             ids, attn, r, c, t = _inputs(ad, rows, seq, scored, dev)
             with FlopCounterMode(display=False) as fc:
                 ad.log_probs_at(ids, attn, r, c, t).sum().backward()
             return fc.get_total_flops()
-        ad = self.adapter
+        ad = self._pair(depth)[0]
         # the reference, and a rollout on the merged copy (rollout.merge_lora), run without the LoRA branch
         off = ad.reference() if kind in ("reference", "rollout_merged") and self.lora else contextlib.nullcontext()
         with torch.no_grad(), off, FlopCounterMode(display=False) as fc:
@@ -113,9 +157,12 @@ class FlopModel:
 
             from maskrl.models.merged import merged_copy
 
-            with FlopCounterMode(display=False) as fc:
-                merged_copy(self.adapter.model)
-            self._memo["merge"] = fc.get_total_flops()
+            counts = []
+            for d in self.depths:  # one B @ A per adapted matrix: affine in the depth as well
+                with FlopCounterMode(display=False) as fc:
+                    merged_copy(self._pair(d)[0].model)
+                counts.append(fc.get_total_flops())
+            self._memo["merge"] = self._deep(counts)
         return self._memo["merge"]
 
     def flops(self, kind: str, rows: int, seq: int, scored: int, past: int = 0) -> int:
@@ -123,28 +170,65 @@ class FlopModel:
         positions through the output layer), ``reference`` (the same with LoRA adapters disabled, as the
         trainer's reference policy is), ``rollout`` (decoder + output layer) or ``rollout_merged`` (the
         same without the LoRA branch: the merged copy of ``rollout.merge_lora``)."""
+        if past > 0:  # affine in the cached length: exact from pasts 1 and 2 (:meth:`past_slope`)
+            at1, slope = self.past_slope(kind, seq)
+            return self._at(at1, rows, scored) + (past - 1) * self._at(slope, rows, scored)
+        return self._at(self._points(kind, seq, 0), rows, scored)
+
+    def past_slope(self, kind: str, seq: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """``(points at past 1, their increase per cached key)`` of a ``kind`` call of ``seq`` queries.
+
+        A call against ``past`` cached keys differs from one against ``past - 1`` only in the attention's
+        two matmuls over the key axis (``Q·Kᵀ`` and ``softmax·V``, each ``2 · rows · heads · seq · head``
+        FLOPs per key and layer; the projections, MLP and output layer see the ``seq`` queries alone), so
+        every point of :meth:`_points` is affine in ``past`` and two counts give all of them exactly
+        (``tests/test_plan.py`` checks the interpolation against direct counts). Planning a rollout of
+        L tokens in blocks of b then counts 2 pasts instead of about 2L / b."""
+        p1, p2 = self._points(kind, seq, 1), self._points(kind, seq, 2)
+        return p1, tuple(b - a for a, b in zip(p1, p2))
+
+    def _points(self, kind: str, seq: int, past: int) -> tuple[int, int, int]:
+        """``(FLOPs at 1 row and 1 scored position, per extra row, per extra scored position)``, memoised."""
         key = (kind, seq, past)
         if key not in self._memo:
             f11 = self._count(kind, 1, seq, 1, past)
             f21 = self._count(kind, 2, seq, 1, past)
             f12 = self._count(kind, 1, seq, 2, past)
             self._memo[key] = (f11, f21 - f11, f12 - f11)
-        f11, per_row, per_pos = self._memo[key]
+        return self._memo[key]
+
+    @staticmethod
+    def _at(points: tuple[int, int, int], rows: int, scored: int) -> int:
+        f11, per_row, per_pos = points
         return int(f11 + (rows - 1) * per_row + (scored - 1) * per_pos)
 
 
-def param_memory(shape: ModelShape, dtype: torch.dtype, lora: dict | None) -> dict:
+def param_memory(shape: ModelShape, dtype: torch.dtype, lora: dict | None, extrapolate: bool = True) -> dict:
+    """Parameter bytes and counts of the model (:func:`_param_memory_at`), counted at 1 and 2 decoder layers
+    (past an MoE model's first dense ones) and extrapolated to the depth: every count is affine in the
+    layer count, and the largest layer is one of those the 2-layer model has (``tests/test_plan.py``
+    checks the extrapolation against the full-depth count)."""
+    first = first_layers(shape)
+    if not extrapolate or shape.num_layers <= first + 2:
+        return _param_memory_at(shape, dtype, lora, shape.num_layers)
+    a, b = (_param_memory_at(shape, dtype, lora, d) for d in (first + 1, first + 2))
+    n = shape.num_layers - first - 1
+    return b | {k: a[k] + n * (b[k] - a[k]) for k in ("total_bytes", "params", "trainable", "base_params",
+                                                      "adapter_params", "merged_copy_bytes")}
+
+
+def _param_memory_at(shape: ModelShape, dtype: torch.dtype, lora: dict | None, depth: int) -> dict:
     """Parameter bytes and counts of the model (meta device; accelerate's ``calculate_maximum_sizes``):
     ``{total_bytes, largest_layer_bytes, params, trainable, base_params, base_dtypes, adapter_params,
     adapter_dtypes, merged_copy_bytes}``; ``params`` counts the base model and the LoRA adapter (peft's ``lora_``
     parameters) together, ``base_*`` / ``adapter_*`` each apart, with the dtypes they are held in (names,
     sorted); ``merged_copy_bytes``: the rollout's merged LoRA copy (:func:`maskrl.models.merged.merged_copy_bytes`;
-    0 without LoRA)."""
+    0 without LoRA); of the model at ``depth`` decoder layers."""
     from accelerate.utils import calculate_maximum_sizes
 
     from maskrl.models.merged import merged_copy_bytes
 
-    ad = build_adapter(shape, dtype, lora, False)
+    ad = build_adapter(shape, dtype, lora, False, num_layers=depth)
     total, largest = calculate_maximum_sizes(ad.model)
     named = list(ad.model.named_parameters())
     adapter = [p for n, p in named if "lora_" in n]

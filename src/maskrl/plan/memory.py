@@ -120,7 +120,8 @@ def narrow_widths(shape: ModelShape) -> tuple[int, int]:
 
     def fits(w: int) -> bool:
         head = shape.head_size * w
-        return head % d == 0 and (head // d) % 2 == 0 and (shape.intermediate_size * w) % d == 0 and (
+        moe = (getattr(shape, "moe_intermediate_size", None) or 0) * w  # an MoE model's expert width too
+        return head % d == 0 and (head // d) % 2 == 0 and (shape.intermediate_size * w) % d == 0 and moe % d == 0 and (
             shape.head_dim is not None or w % h == 0)
 
     picks = [d // f for f in (16, 8) if d % f == 0 and fits(d // f)]

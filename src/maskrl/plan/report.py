@@ -9,6 +9,7 @@ import torch
 
 from maskrl.plan.flops import FlopModel, _dtype, _lora, param_memory, work_table
 from maskrl.plan.memory import ActivationModel, files_gib, memory_gib
+from maskrl.plan.moe import active_params
 from maskrl.plan.progress import QUIET, Progress
 from maskrl.plan.shapes import GIB, Hardware, ModelShape, model_shape
 from maskrl.plan.work import record_work
@@ -60,7 +61,7 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         "model": {**dataclasses.asdict(shape), "dtype": str(dtype).removeprefix("torch."),
                   **{k: pm[k] for k in ("params", "trainable", "base_params", "base_dtypes", "adapter_params",
                                         "adapter_dtypes")},
-                  "lora": lora, "gradient_checkpointing": ckpt},
+                  "lora": lora, "gradient_checkpointing": ckpt, "moe": active_params(shape)},
         "hardware": dataclasses.asdict(hw) | {"gpu_memory": hw.gpu_memory / GIB},
         "recipe": _recipe(cfg, prompt_length, micro_batch_size, max_forward_rows),
         "memory_gib": memory,
@@ -218,6 +219,8 @@ def format_plan(p: dict) -> str:
     lines = [f"model: {mo['family']} {_count(mo['base_params'])} base params ({', '.join(mo['base_dtypes'])})"
              f"{adapter}, trainable {_count(mo['trainable'])}, "
              f"checkpointing {'on' if mo['gradient_checkpointing'] else 'off'}",
+             *([f"mixture of experts: {_count(mo['moe']['total'])} resident, {_count(mo['moe']['active_per_token'])} "
+                f"active per token ({_count(mo['moe']['routed_experts'])} in routed experts)"] if mo.get("moe") else []),
              f"hardware: {hw['gpus']} x {hw['gpu_memory']:.3g} GiB, {hw['strategy']}, {hw['tflops']:g} TFLOP/s x MFU {hw['mfu']:g}",
              "memory per process (GiB):"]
     lines += [f"  {k:16s} {v:8.2f}" for k, v in m["static"].items()]

@@ -2,6 +2,7 @@
 ``config.json`` or the built-in tiny model) and the hardware (GPUs, memory, throughput, sharding)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +24,20 @@ _DREAM = dict(family="dream", hidden_size=3584, num_layers=28, num_heads=28, num
 _SDAR_8B = dict(family="sdar", hidden_size=4096, num_layers=36, num_heads=32, num_kv_heads=8,
                 intermediate_size=12288, vocab_size=151936, tie=False, head_dim=128, block_size=4, rope_theta=1e6)
 _SDAR_4B = dict(_SDAR_8B, hidden_size=2560, intermediate_size=9728)
+#: LLaDA2.0-mini / 2.1-mini (inclusionAI; dFactory ``configs/model_configs/llada2_mini/config.json``, commit
+#: 92b6890): BailingMoeV2, 20 layers (the first dense, intermediate 5120), hidden 2048, 16 / 4 heads of 128,
+#: 256 routed experts of width 512, 8 active + 1 shared, grouped top-k 8 / 4, vocab 157184, untied, RoPE θ
+#: 600000, no attention output bias; block 32 (``generate()``'s default)
+_LLADA2_MINI = dict(family="llada2", hidden_size=2048, num_layers=20, num_heads=16, num_kv_heads=4,
+                    intermediate_size=5120, vocab_size=157184, tie=False, head_dim=128, block_size=32,
+                    rope_theta=600000.0, num_experts=256, num_experts_per_tok=8, num_shared_experts=1,
+                    moe_intermediate_size=512, first_dense_layers=1, n_group=8, topk_group=4)
 KNOWN_MODELS: dict[str, dict] = {
     "GSAI-ML/LLaDA-8B-Instruct": _LLADA, "GSAI-ML/LLaDA-8B-Base": _LLADA,
     "Dream-org/Dream-v0-Instruct-7B": _DREAM, "Dream-org/Dream-v0-Base-7B": _DREAM,
     "JetLM/SDAR-8B-Chat": _SDAR_8B, "Gen-Verse/TraDo-8B-Instruct": _SDAR_8B, "Gen-Verse/TraDo-8B-Thinking": _SDAR_8B,
     "JetLM/SDAR-4B-Chat": _SDAR_4B, "Gen-Verse/TraDo-4B-Instruct": _SDAR_4B,
+    "inclusionAI/LLaDA2.0-mini": _LLADA2_MINI, "inclusionAI/LLaDA2.1-mini": _LLADA2_MINI,
 }
 STRATEGIES = ("single", "ddp", "fsdp", "zero2", "zero3")
 
@@ -52,6 +62,11 @@ class ModelShape:
         block_size: tokens per block of a block-diffusion model (the family's reading of its config),
             ``None`` for full attention.
         rope_theta: RoPE base (``None``: the transformers class's default).
+        num_experts, num_experts_per_tok, num_shared_experts, moe_intermediate_size: a Mixture-of-Experts
+            model's routed experts per MoE layer, experts a token runs through (k), shared experts and one
+            expert's width (``None`` / 0: dense).
+        first_dense_layers: leading dense decoder layers of an MoE model (``first_k_dense_replace``).
+        n_group, topk_group: the router's grouped top-k.
     """
 
     family: str
@@ -66,6 +81,13 @@ class ModelShape:
     head_dim: int | None = None
     block_size: int | None = None
     rope_theta: float | None = None
+    num_experts: int | None = None
+    num_experts_per_tok: int = 0
+    num_shared_experts: int = 0
+    moe_intermediate_size: int | None = None
+    first_dense_layers: int = 0
+    n_group: int | None = None
+    topk_group: int | None = None
 
     @property
     def head_size(self) -> int:
@@ -97,6 +119,14 @@ class ModelShape:
             if (self.head_dim * h) % self.hidden_size:
                 raise PlanError(f"model width {h}: head_dim {self.head_dim} x {h} / {self.hidden_size} is not an integer")
             kw["head_dim"] = self.head_dim * h // self.hidden_size
+        if self.num_experts:
+            from maskrl.plan.moe import llada2_config
+
+            if self.family != "llada2":
+                raise PlanError(f"model family {self.family!r}: maskrl plan counts the llada2 MoE family only")
+            if (self.moe_intermediate_size * h) % self.hidden_size:
+                raise PlanError(f"model width {h}: moe_intermediate_size x {h} / {self.hidden_size} is not an integer")
+            return llada2_config(self, h, kw["num_hidden_layers"], kw.get("head_dim", h // self.num_heads), inter)
         cls_name = getattr(_family(self.family), "model_class", "") or "LlamaForCausalLM"
         config_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
         extra = {"attention_bias": False, "mlp_bias": False} if cls_name == "LlamaForCausalLM" else {}
@@ -119,8 +149,8 @@ def model_shape(cfg) -> ModelShape:
 
     Raises:
         PlanError: a path that is neither known nor a folder with a readable config.json, or a
-            config.json no registered family claims, or a Mixture-of-Experts config (``num_experts``),
-            which the dense shapes here cannot express.
+            config.json no registered family claims, or a Mixture-of-Experts config (``num_experts``) of a
+            family other than ``llada2_moe`` (the MoE family the planner counts).
     """
     path = cfg.model.path
     if not path:
@@ -138,11 +168,18 @@ def model_shape(cfg) -> ModelShape:
         raise PlanError(f"model.path: {path!r} is neither a known Hub id ({', '.join(KNOWN_MODELS)}) nor a folder "
                         "with a config.json; download the config or pass a local folder")
     c = json.loads(f.read_text())
-    if c.get("num_experts"):  # a dense Llama/Qwen2 estimate of an MoE model would be wrong, not rough
+    if c.get("num_experts") and c.get("model_type") != "llada2_moe":  # a dense estimate would be wrong, not rough
         raise PlanError(f"model.path: {path!r} is a Mixture-of-Experts checkpoint (model_type "
-                        f"{c.get('model_type')!r}, {c['num_experts']} experts); maskrl plan does not count MoE models "
-                        "yet (resident vs active experts, routing: issue 52 item 5)")
-    return _folder_shape(c, str(f))
+                        f"{c.get('model_type')!r}, {c['num_experts']} experts); maskrl plan counts the llada2_moe "
+                        "MoE family only")
+    shape = _folder_shape(c, str(f))
+    if c.get("num_experts"):
+        shape = dataclasses.replace(
+            shape, num_experts=c["num_experts"], num_experts_per_tok=c.get("num_experts_per_tok", 2),
+            num_shared_experts=c.get("num_shared_experts") or 0, moe_intermediate_size=c.get("moe_intermediate_size"),
+            first_dense_layers=c.get("first_k_dense_replace", 0), n_group=c.get("n_group", 8),
+            topk_group=c.get("topk_group", 4))
+    return shape
 
 
 def _folder_shape(c: dict, source: str) -> ModelShape:
