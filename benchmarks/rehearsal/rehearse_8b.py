@@ -76,7 +76,7 @@ from maskrl.records import write_record
 # the rehearsal's parts, by purpose (this folder is the script's own: they import by name)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rehearse_children import child_checks, child_count  # noqa: E402
-from rehearse_launch import (ROOT, DEFAULT_OUT, GIB, RECIPES, GEN_LENGTH, SMOKE_PROMPT_LENGTH, EVAL_ROWS,  # noqa: E402
+from rehearse_launch import (ROOT, DEFAULT_OUT, GIB, RECIPES, BLOCK_RECIPES, PUBLISHED_LAYERS, standin_family, GEN_LENGTH, SMOKE_PROMPT_LENGTH, EVAL_ROWS,  # noqa: E402
                              recipe_path, rehearsal_overrides, load_recipe, _env, _bin, run_cli_train, _tail,
                              compare_checkpoints, compare_metrics, _run_child, run_plan, ensure_standin,
                              _code_commit)
@@ -95,7 +95,7 @@ def rehearse(recipe: str, layers: int, args) -> dict:
     from maskrl.pipeline import task_and_data
 
     shipped = load_recipe(recipe)
-    family = "dream" if shipped.model.path.startswith("Dream") else "llada"
+    family = standin_family(shipped)
     work = Path(args.work) / f"{recipe}_L{layers}_w{args.width_divisor}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -124,7 +124,8 @@ def rehearse(recipe: str, layers: int, args) -> dict:
         ph["data"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         rec["faults"].append(f"data: the shipped recipe cannot start `maskrl train`: {type(e).__name__}: {e}")
 
-    ov_a = rehearsal_overrides(shipped, standin, work / "a", steps, args.group_size, save_every=0 if args.smoke else 2)
+    ov_a = rehearsal_overrides(shipped, standin, work / "a", steps, args.group_size, save_every=0 if args.smoke else 2,
+                               block_model=family == "sdar")
     cfg = load_recipe(recipe, ov_a)
     rec["rehearsal_config"] = {k: to_dict(cfg)[k] for k in ("model", "rollout", "eval", "train", "objective",
                                                              "likelihood", "credit")}
@@ -133,7 +134,9 @@ def rehearse(recipe: str, layers: int, args) -> dict:
                       "train.prompts_per_step": f"{shipped.train.prompts_per_step} -> 1",
                       "train.group_size": f"{shipped.train.group_size} -> {args.group_size}",
                       "train.inner_iterations": f"{shipped.train.inner_iterations} -> {cfg.train.inner_iterations}",
-                      "layers": f"{32 if family == 'llada' else 28} -> {layers}"}
+                      "layers": f"{PUBLISHED_LAYERS[family]} -> {layers}"}
+    if family == "sdar":
+        rec["reduced"]["rollout.block_length"] = f"{shipped.rollout.block_length} (kept)"
 
     # ---- the plan of the same shape, first (its prompt length feeds the count)
     plan: dict = {}
@@ -203,6 +206,12 @@ def rehearse(recipe: str, layers: int, args) -> dict:
                                  f"exported update {ew['median_rel_error']:.3g} (median over {ew['matrices']} matrices), "
                                  f"{100 * ew['mean_equal_to_base_frac']:.1f} % of adapted entries equal to the base "
                                  f"(export dtype {ew['export_dtypes']})")
+        lay = c.get("export_layout", {})
+        if lay and not (lay["config_equal"] and lay["names_equal"]):
+            bad = {k: v for k, v in lay["config_keys"].items() if v["base"] != v["export"]}
+            rec["faults"].append(f"export: model/ is not in the base checkpoint's layout: config.json keys {bad}, "
+                                 f"tensors only in the base {lay['only_in_base']}, only in the export "
+                                 f"{lay['only_in_export']}, other shapes {lay['shape_differ']}")
         if not c.get("lora_init", {}).get("reproducible", True):
             rec["faults"].append("lora init: a second construction of the same config (maskrl.pipeline.load_policy, "
                                  f"same train.seed) draws other LoRA A matrices (max |diff| "
@@ -231,7 +240,8 @@ def rehearse(recipe: str, layers: int, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--recipes", default="all", help="comma-separated recipe names (default: all 12)")
+    p.add_argument("--recipes", default="all", help="comma-separated recipe names, `all` (the 12 "
+                   "LLaDA / Dream recipes, default) or `block` (the 3 SDAR / TraDo recipes)")
     p.add_argument("--layers", default="2", help="comma-separated block counts (default 2)")
     p.add_argument("--width-divisor", type=int, default=1, help="1: real width; k > 1 divides the width (tests)")
     p.add_argument("--group-size", type=int, default=2)
@@ -263,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         for f in rescore(Path(args.out_dir)):
             print(f"rescored {f}")
         return 0
-    names = RECIPES if args.recipes == "all" else [r.strip() for r in args.recipes.split(",") if r.strip()]
+    names = ({"all": RECIPES, "block": BLOCK_RECIPES}.get(args.recipes)
+             or [r.strip() for r in args.recipes.split(",") if r.strip()])
     unknown = [r for r in names if not recipe_path(r).is_file()]
     if unknown:
         p.error(f"--recipes: no configs/{unknown[0]}.yaml")

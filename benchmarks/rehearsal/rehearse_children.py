@@ -34,6 +34,37 @@ def weight_digests(model) -> dict[str, str]:
     return out
 
 
+#: config.json keys by which a family's own code (and the inference engines) recognise its layout
+LAYOUT_KEYS = ("model_type", "architectures", "auto_map", "block_size", "mask_token_id", "tie_word_embeddings")
+
+
+def tensor_layout(folder: Path) -> dict[str, list[int]]:
+    """``{checkpoint name: shape}`` of a folder's safetensors (index or single file), read from the headers."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    out = {}
+    for file in files:
+        with safe_open(folder / file, framework="pt") as f:
+            out |= {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    return out
+
+
+def export_layout(base_dir: Path, export: Path) -> dict:
+    """The export against the base checkpoint's own layout: the :data:`LAYOUT_KEYS` of ``config.json`` and
+    every tensor's name and shape equal (the export is read by the family's own code, e.g. SDAR's
+    ``auto_map`` classes, only if they are)."""
+    cb, ce = (json.loads((d / "config.json").read_text()) for d in (base_dir, export))
+    keys = {k: {"base": cb.get(k), "export": ce.get(k)} for k in LAYOUT_KEYS if k in cb or k in ce}
+    tb, te = tensor_layout(base_dir), tensor_layout(export)
+    shape_differ = sorted(k for k in tb.keys() & te.keys() if tb[k] != te[k])
+    return {"config_keys": keys, "config_equal": all(v["base"] == v["export"] for v in keys.values()),
+            "tensors": len(te), "only_in_base": sorted(tb.keys() - te.keys())[:8],
+            "only_in_export": sorted(te.keys() - tb.keys())[:8], "shape_differ": shape_differ[:8],
+            "names_equal": tb.keys() == te.keys() and not shape_differ}
+
+
 def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Path) -> dict:
     """The live policy against its export (module docstring, ``checks``)."""
     import gc
@@ -55,6 +86,7 @@ def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Pat
     ckpt = latest_checkpoint(run_dir)
     out: dict = {"checkpoint": str(ckpt), "export": str(export)}
     t0 = time.time()
+    out["export_layout"] = export_layout(base_dir, export)
 
     # ---- the live policy: the run's own construction, LoRA tensors of its last checkpoint
     live = load_policy(cfg)
