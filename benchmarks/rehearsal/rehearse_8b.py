@@ -1,6 +1,8 @@
-"""The 8B path rehearsed on CPU: every shipped LLaDA-8B / Dream-7B recipe at the real width and vocabulary.
+"""The 8B path rehearsed on CPU: every shipped LLaDA-8B / Dream-7B / SDAR-8B / TraDo-8B recipe at the real width
+and vocabulary.
 
-    python benchmarks/rehearsal/rehearse_8b.py                                   # all 12 recipes, 2 blocks
+    python benchmarks/rehearsal/rehearse_8b.py                                   # all 12 LLaDA / Dream recipes, 2 blocks
+    python benchmarks/rehearsal/rehearse_8b.py --recipes block --layers 1        # the 3 block-diffusion (SDAR / TraDo) recipes
     python benchmarks/rehearsal/rehearse_8b.py --recipes llada8b_gsm8k_diffu_grpo --layers 1,2
     python benchmarks/rehearsal/rehearse_8b.py --depth-series 1,2,4 --recipes llada8b_gsm8k_diffu_grpo
     python benchmarks/rehearsal/rehearse_8b.py --smoke                           # one recipe, one step, narrow (test suite)
@@ -10,13 +12,14 @@
 
 Each recipe writes one JSON record, ``results/rehearse_8b/<recipe>_L<layers>.json`` (``--out-dir``).
 
-The model is a stand-in (:mod:`maskrl.models.standins`): LLaDA-8B-Instruct's or Dream-v0-Instruct-7B's
-published config at its real width, heads, MLP, vocabulary, RoPE and ids, in the family's own checkpoint
-layout, with ``--layers`` blocks instead of 32 / 28, random bf16 weights from a seed. Only lengths and
-rows per step are reduced (:func:`rehearse_launch.rehearsal_overrides`: prompt as the task gives it, completion 32 tokens
-in one block at the recipe's tokens per step, 1 prompt × ``--group-size`` rollouts per process, μ capped
-at 2, 32 training rows); LoRA targets and rank, dtype, gradient checkpointing, likelihood, objective,
-credit modules and cache are the recipe's. Rewards: ``benchmarks/rehearsal/rehearse_plugin.py`` (the task's
+The model is a stand-in (:mod:`maskrl.models.standins`): LLaDA-8B-Instruct's, Dream-v0-Instruct-7B's or
+SDAR-8B-Chat's (TraDo-8B's shape) published config at its real width, heads, MLP, vocabulary, RoPE and ids, in
+the family's own checkpoint layout, with ``--layers`` blocks instead of 32 / 28 / 36, random bf16 weights from a
+seed. Only lengths and rows per step are reduced (:func:`rehearse_launch.rehearsal_overrides`: prompt as the task
+gives it, completion 32 tokens -- in one block at the recipe's tokens per step, or on a block-diffusion model in
+the recipe's blocks of 4 at its steps per block, 8 blocks × 4 steps -- 1 prompt × ``--group-size`` rollouts per
+process, μ capped at 2, 32 training rows); LoRA targets and rank, dtype, gradient checkpointing, likelihood,
+objective, credit modules, cache, remasking, threshold and early stop are the recipe's. Rewards: ``benchmarks/rehearsal/rehearse_plugin.py`` (the task's
 data, template and grader, plus a hashed reward so that advantages are not all 0).
 
 Phases (public entry points only; each a fresh process):
@@ -39,12 +42,15 @@ Phases (public entry points only; each a fresh process):
     with the LoRA tensors of run_a's last checkpoint -- against the export: per adapted matrix, the
     exported update ``W_export - W_base`` against the adapter's own ``scale · B A`` (relative error,
     share of entries left equal to the base); logits of the export read by ``maskrl.models.load`` and by
-    the family's own layout reader (:func:`maskrl.models.standins.reference_logits`) against the live
+    the family's own layout reader (:func:`maskrl.models.standins.reference_logits`; SDAR's block-causal
+    attention) against the live
     policy's, relative to the update's own effect on the logits; greedy completions of the live policy
     (``maskrl.evaluate.run_harness`` on the adapter), of ``maskrl eval`` on the export and of the
     lm-eval model (``maskrl.lm_eval_model``, ``generate_until``) on the same rows; the reloaded bf16
     export's weights against the live policy's, bit for bit (:func:`rehearse_children.weight_digests`), its completions in
-    the same process, and both models' completions in float32. A random stand-in's bf16 logits tie
+    the same process, and both models' completions in float32; the export's layout against the base
+    checkpoint's (:func:`rehearse_children.export_layout`: ``model_type``, ``architectures``, ``auto_map``,
+    ``block_size``, mask id, every tensor name and shape). A random stand-in's bf16 logits tie
     exactly and often, so completions of another process are judged with these (:func:`rehearse_plan.completion_faults`).
 ``plan``
     ``maskrl plan --gpus 2 --strategy ddp --json`` of the same shape (the stand-in's config.json).
