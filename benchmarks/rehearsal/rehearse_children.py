@@ -253,7 +253,9 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
     # branched state, DTCA max_steps states a sequence)
     cfg.credit = [m.for_planning() for m in cfg.credit]
     cfg.output_dir = "/nonexistent-rehearsal-count"
-    warm = load_recipe(recipe, [])
+    # the warm-up step runs the rehearsal's lengths and rows on the plan's tiny model: the shipped recipe's own
+    # (TraDo: 8 x 16 rollouts of 2,000 tokens) would take hours on a CPU and warm nothing more
+    warm = load_recipe(recipe, [o for o in overrides if not o.startswith(("model.path=", "output_dir="))])
     from maskrl.plan import standin_config
 
     t = synthetic_trainer(standin_config(warm), 8)
@@ -291,7 +293,9 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
     trainer.step()
     second_s = time.time() - t0
     peak = proc_status()["VmHWM"] - base
-    return {"prompt_length": prompt_length, "measured_flops": int(fc.get_total_flops()),
+    from rehearse_launch import _code_commit
+
+    return {"code": _code_commit(), "prompt_length": prompt_length, "measured_flops": int(fc.get_total_flops()),
             "measured_peak_gib": peak / GIB, "base_rss_gib": base / GIB, "after_load_gib": after_load / GIB,
             "after_load_untouched_gib": lazy / GIB,
             "rss_after_step_gib": (proc_status()["VmRSS"] - base) / GIB,
