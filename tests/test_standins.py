@@ -226,17 +226,21 @@ def test_block_recipes_keep_their_blocks_and_decoding_in_the_rehearsal(tmp_path)
     assert "rollout.block_length=32" in full  # a full-attention model still decodes the 32 tokens as one block
 
 
-def test_export_layout_sees_config_keys_and_tensor_names(folders, tmp_path):
-    """``export_layout``: maskrl's export of the SDAR stand-in keeps ``model_type: sdar``, ``auto_map`` and every
-    tensor name and shape; a dropped ``auto_map`` or a renamed tensor is seen."""
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
+def test_export_layout_sees_config_keys_and_tensor_names(folders, tmp_path, family):
+    """``export_layout``: maskrl's export of each stand-in keeps the family's ``model_type``, ``auto_map`` and
+    every tensor name and shape; (SDAR) a dropped ``auto_map`` or a renamed tensor is seen."""
     import shutil
 
     bench = _bench("rehearse_children")
-    out = save_model(load(folders["sdar"], dtype="bfloat16"), tmp_path / "export")
-    lay = bench.export_layout(folders["sdar"], out)
+    out = save_model(load(folders[family], dtype="bfloat16"), tmp_path / "export")
+    lay = bench.export_layout(folders[family], out)
     assert lay["config_equal"] and lay["names_equal"], lay
-    assert lay["config_keys"]["model_type"]["export"] == "sdar" and lay["config_keys"]["auto_map"]["export"]
-    assert lay["tensors"] == len(tensor_shapes(json.loads((folders["sdar"] / "config.json").read_text())))
+    assert lay["config_keys"]["model_type"]["export"] == {"llada": "llada", "dream": "Dream", "sdar": "sdar"}[family]
+    assert lay["config_keys"]["auto_map"]["export"]
+    assert lay["tensors"] == len(tensor_shapes(json.loads((folders[family] / "config.json").read_text())))
+    if family != "sdar":
+        return
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
     cfg = json.loads((bad / "config.json").read_text())

@@ -54,12 +54,19 @@ def tensor_layout(folder: Path) -> dict[str, list[int]]:
 def export_layout(base_dir: Path, export: Path) -> dict:
     """The export against the base checkpoint's own layout: the :data:`LAYOUT_KEYS` of ``config.json`` and
     every tensor's name and shape equal (the export is read by the family's own code, e.g. SDAR's
-    ``auto_map`` classes, only if they are)."""
+    ``auto_map`` classes, only if they are). An ``auto_map`` entry ``<repo>--module.Class`` (LLaDA's export
+    names the Hub repo that holds its code) counts as ``module.Class``."""
     cb, ce = (json.loads((d / "config.json").read_text()) for d in (base_dir, export))
     keys = {k: {"base": cb.get(k), "export": ce.get(k)} for k in LAYOUT_KEYS if k in cb or k in ce}
     tb, te = tensor_layout(base_dir), tensor_layout(export)
     shape_differ = sorted(k for k in tb.keys() & te.keys() if tb[k] != te[k])
-    return {"config_keys": keys, "config_equal": all(v["base"] == v["export"] for v in keys.values()),
+
+    def same(k: str, v: dict) -> bool:  # transformers' "<repo>--module.Class" names module.Class of that repo
+        if k == "auto_map" and isinstance(v["base"], dict) and isinstance(v["export"], dict):
+            return {a: c.split("--")[-1] for a, c in v["base"].items()} == {a: c.split("--")[-1] for a, c in v["export"].items()}
+        return v["base"] == v["export"]
+
+    return {"config_keys": keys, "config_equal": all(same(k, v) for k, v in keys.items()),
             "tensors": len(te), "only_in_base": sorted(tb.keys() - te.keys())[:8],
             "only_in_export": sorted(te.keys() - tb.keys())[:8], "shape_differ": shape_differ[:8],
             "names_equal": tb.keys() == te.keys() and not shape_differ}
