@@ -314,7 +314,9 @@ def test_rehearsal_smoke_one_recipe_one_step(tmp_path, recipe):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rec = json.loads((tmp_path / "out" / f"{recipe}_L1_w16.json").read_text())
     ph = rec["phases"]
-    assert ph["data"]["ok"] and ph["run_a"]["returncode"] == 0 and ph["eval"]["returncode"] == 0
+    # MATH's train split is not in the shipped data folder: recorded, not a fault (the rehearsal's task has rows)
+    assert ph["data"]["ok"] or (recipe.startswith("sdar") and "math500/train.jsonl" in ph["data"]["missing_file"])
+    assert ph["run_a"]["returncode"] == 0 and ph["eval"]["returncode"] == 0
     assert all(int(r) in (0, 1) for r in ph["run_a"]["peak_gib_per_rank"]) and len(ph["run_a"]["peak_gib_per_rank"]) == 2
     assert all(v > 0.2 for v in ph["run_a"]["peak_gib_per_rank"].values())
     f = ph["files"]  # the checkpoint holds LoRA and AdamW, not the bf16 base the export merged into
