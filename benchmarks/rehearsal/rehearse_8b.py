@@ -1,6 +1,8 @@
-"""The 8B path rehearsed on CPU: every shipped LLaDA-8B / Dream-7B recipe at the real width and vocabulary.
+"""The 8B path rehearsed on CPU: every shipped LLaDA-8B / Dream-7B / SDAR-8B / TraDo-8B recipe at the real width
+and vocabulary.
 
-    python benchmarks/rehearsal/rehearse_8b.py                                   # all 12 recipes, 2 blocks
+    python benchmarks/rehearsal/rehearse_8b.py                                   # all 12 LLaDA / Dream recipes, 2 blocks
+    python benchmarks/rehearsal/rehearse_8b.py --recipes block --layers 1        # the 3 block-diffusion (SDAR / TraDo) recipes
     python benchmarks/rehearsal/rehearse_8b.py --recipes llada8b_gsm8k_diffu_grpo --layers 1,2
     python benchmarks/rehearsal/rehearse_8b.py --depth-series 1,2,4 --recipes llada8b_gsm8k_diffu_grpo
     python benchmarks/rehearsal/rehearse_8b.py --smoke                           # one recipe, one step, narrow (test suite)
@@ -10,13 +12,14 @@
 
 Each recipe writes one JSON record, ``results/rehearse_8b/<recipe>_L<layers>.json`` (``--out-dir``).
 
-The model is a stand-in (:mod:`maskrl.models.standins`): LLaDA-8B-Instruct's or Dream-v0-Instruct-7B's
-published config at its real width, heads, MLP, vocabulary, RoPE and ids, in the family's own checkpoint
-layout, with ``--layers`` blocks instead of 32 / 28, random bf16 weights from a seed. Only lengths and
-rows per step are reduced (:func:`rehearse_launch.rehearsal_overrides`: prompt as the task gives it, completion 32 tokens
-in one block at the recipe's tokens per step, 1 prompt × ``--group-size`` rollouts per process, μ capped
-at 2, 32 training rows); LoRA targets and rank, dtype, gradient checkpointing, likelihood, objective,
-credit modules and cache are the recipe's. Rewards: ``benchmarks/rehearsal/rehearse_plugin.py`` (the task's
+The model is a stand-in (:mod:`maskrl.models.standins`): LLaDA-8B-Instruct's, Dream-v0-Instruct-7B's or
+SDAR-8B-Chat's (TraDo-8B's shape) published config at its real width, heads, MLP, vocabulary, RoPE and ids, in
+the family's own checkpoint layout, with ``--layers`` blocks instead of 32 / 28 / 36, random bf16 weights from a
+seed. Only lengths and rows per step are reduced (:func:`rehearse_launch.rehearsal_overrides`: prompt as the task
+gives it, completion 32 tokens -- in one block at the recipe's tokens per step, or on a block-diffusion model in
+the recipe's blocks of 4 at its steps per block, 8 blocks × 4 steps -- 1 prompt × ``--group-size`` rollouts per
+process, μ capped at 2, 32 training rows); LoRA targets and rank, dtype, gradient checkpointing, likelihood,
+objective, credit modules, cache, remasking, threshold and early stop are the recipe's. Rewards: ``benchmarks/rehearsal/rehearse_plugin.py`` (the task's
 data, template and grader, plus a hashed reward so that advantages are not all 0).
 
 Phases (public entry points only; each a fresh process):
@@ -39,12 +42,15 @@ Phases (public entry points only; each a fresh process):
     with the LoRA tensors of run_a's last checkpoint -- against the export: per adapted matrix, the
     exported update ``W_export - W_base`` against the adapter's own ``scale · B A`` (relative error,
     share of entries left equal to the base); logits of the export read by ``maskrl.models.load`` and by
-    the family's own layout reader (:func:`maskrl.models.standins.reference_logits`) against the live
+    the family's own layout reader (:func:`maskrl.models.standins.reference_logits`; SDAR's block-causal
+    attention) against the live
     policy's, relative to the update's own effect on the logits; greedy completions of the live policy
     (``maskrl.evaluate.run_harness`` on the adapter), of ``maskrl eval`` on the export and of the
     lm-eval model (``maskrl.lm_eval_model``, ``generate_until``) on the same rows; the reloaded bf16
     export's weights against the live policy's, bit for bit (:func:`rehearse_children.weight_digests`), its completions in
-    the same process, and both models' completions in float32. A random stand-in's bf16 logits tie
+    the same process, and both models' completions in float32; the export's layout against the base
+    checkpoint's (:func:`rehearse_children.export_layout`: ``model_type``, ``architectures``, ``auto_map``,
+    ``block_size``, mask id, every tensor name and shape). A random stand-in's bf16 logits tie
     exactly and often, so completions of another process are judged with these (:func:`rehearse_plan.completion_faults`).
 ``plan``
     ``maskrl plan --gpus 2 --strategy ddp --json`` of the same shape (the stand-in's config.json).
@@ -76,7 +82,7 @@ from maskrl.records import write_record
 # the rehearsal's parts, by purpose (this folder is the script's own: they import by name)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rehearse_children import child_checks, child_count  # noqa: E402
-from rehearse_launch import (ROOT, DEFAULT_OUT, GIB, RECIPES, GEN_LENGTH, SMOKE_PROMPT_LENGTH, EVAL_ROWS,  # noqa: E402
+from rehearse_launch import (ROOT, DEFAULT_OUT, GIB, RECIPES, BLOCK_RECIPES, PUBLISHED_LAYERS, standin_family, GEN_LENGTH, SMOKE_PROMPT_LENGTH, EVAL_ROWS,  # noqa: E402
                              recipe_path, rehearsal_overrides, load_recipe, _env, _bin, run_cli_train, _tail,
                              compare_checkpoints, compare_metrics, _run_child, run_plan, ensure_standin,
                              _code_commit)
@@ -95,7 +101,7 @@ def rehearse(recipe: str, layers: int, args) -> dict:
     from maskrl.pipeline import task_and_data
 
     shipped = load_recipe(recipe)
-    family = "dream" if shipped.model.path.startswith("Dream") else "llada"
+    family = standin_family(shipped)
     work = Path(args.work) / f"{recipe}_L{layers}_w{args.width_divisor}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -124,7 +130,8 @@ def rehearse(recipe: str, layers: int, args) -> dict:
         ph["data"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         rec["faults"].append(f"data: the shipped recipe cannot start `maskrl train`: {type(e).__name__}: {e}")
 
-    ov_a = rehearsal_overrides(shipped, standin, work / "a", steps, args.group_size, save_every=0 if args.smoke else 2)
+    ov_a = rehearsal_overrides(shipped, standin, work / "a", steps, args.group_size, save_every=0 if args.smoke else 2,
+                               block_model=family == "sdar")
     cfg = load_recipe(recipe, ov_a)
     rec["rehearsal_config"] = {k: to_dict(cfg)[k] for k in ("model", "rollout", "eval", "train", "objective",
                                                              "likelihood", "credit")}
@@ -133,7 +140,9 @@ def rehearse(recipe: str, layers: int, args) -> dict:
                       "train.prompts_per_step": f"{shipped.train.prompts_per_step} -> 1",
                       "train.group_size": f"{shipped.train.group_size} -> {args.group_size}",
                       "train.inner_iterations": f"{shipped.train.inner_iterations} -> {cfg.train.inner_iterations}",
-                      "layers": f"{32 if family == 'llada' else 28} -> {layers}"}
+                      "layers": f"{PUBLISHED_LAYERS[family]} -> {layers}"}
+    if family == "sdar":
+        rec["reduced"]["rollout.block_length"] = f"{shipped.rollout.block_length} (kept)"
 
     # ---- the plan of the same shape, first (its prompt length feeds the count)
     plan: dict = {}
@@ -203,6 +212,12 @@ def rehearse(recipe: str, layers: int, args) -> dict:
                                  f"exported update {ew['median_rel_error']:.3g} (median over {ew['matrices']} matrices), "
                                  f"{100 * ew['mean_equal_to_base_frac']:.1f} % of adapted entries equal to the base "
                                  f"(export dtype {ew['export_dtypes']})")
+        lay = c.get("export_layout", {})
+        if lay and not (lay["config_equal"] and lay["names_equal"]):
+            bad = {k: v for k, v in lay["config_keys"].items() if v["base"] != v["export"]}
+            rec["faults"].append(f"export: model/ is not in the base checkpoint's layout: config.json keys {bad}, "
+                                 f"tensors only in the base {lay['only_in_base']}, only in the export "
+                                 f"{lay['only_in_export']}, other shapes {lay['shape_differ']}")
         if not c.get("lora_init", {}).get("reproducible", True):
             rec["faults"].append("lora init: a second construction of the same config (maskrl.pipeline.load_policy, "
                                  f"same train.seed) draws other LoRA A matrices (max |diff| "
@@ -231,7 +246,8 @@ def rehearse(recipe: str, layers: int, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--recipes", default="all", help="comma-separated recipe names (default: all 12)")
+    p.add_argument("--recipes", default="all", help="comma-separated recipe names, `all` (the 12 "
+                   "LLaDA / Dream recipes, default) or `block` (the 3 SDAR / TraDo recipes)")
     p.add_argument("--layers", default="2", help="comma-separated block counts (default 2)")
     p.add_argument("--width-divisor", type=int, default=1, help="1: real width; k > 1 divides the width (tests)")
     p.add_argument("--group-size", type=int, default=2)
@@ -263,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         for f in rescore(Path(args.out_dir)):
             print(f"rescored {f}")
         return 0
-    names = RECIPES if args.recipes == "all" else [r.strip() for r in args.recipes.split(",") if r.strip()]
+    names = ({"all": RECIPES, "block": BLOCK_RECIPES}.get(args.recipes)
+             or [r.strip() for r in args.recipes.split(",") if r.strip()])
     unknown = [r for r in names if not recipe_path(r).is_file()]
     if unknown:
         p.error(f"--recipes: no configs/{unknown[0]}.yaml")

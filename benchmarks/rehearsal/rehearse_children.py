@@ -34,6 +34,44 @@ def weight_digests(model) -> dict[str, str]:
     return out
 
 
+#: config.json keys by which a family's own code (and the inference engines) recognise its layout
+LAYOUT_KEYS = ("model_type", "architectures", "auto_map", "block_size", "mask_token_id", "tie_word_embeddings")
+
+
+def tensor_layout(folder: Path) -> dict[str, list[int]]:
+    """``{checkpoint name: shape}`` of a folder's safetensors (index or single file), read from the headers."""
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    out = {}
+    for file in files:
+        with safe_open(folder / file, framework="pt") as f:
+            out |= {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    return out
+
+
+def export_layout(base_dir: Path, export: Path) -> dict:
+    """The export against the base checkpoint's own layout: the :data:`LAYOUT_KEYS` of ``config.json`` and
+    every tensor's name and shape equal (the export is read by the family's own code, e.g. SDAR's
+    ``auto_map`` classes, only if they are). An ``auto_map`` entry ``<repo>--module.Class`` (LLaDA's export
+    names the Hub repo that holds its code) counts as ``module.Class``."""
+    cb, ce = (json.loads((d / "config.json").read_text()) for d in (base_dir, export))
+    keys = {k: {"base": cb.get(k), "export": ce.get(k)} for k in LAYOUT_KEYS if k in cb or k in ce}
+    tb, te = tensor_layout(base_dir), tensor_layout(export)
+    shape_differ = sorted(k for k in tb.keys() & te.keys() if tb[k] != te[k])
+
+    def same(k: str, v: dict) -> bool:  # transformers' "<repo>--module.Class" names module.Class of that repo
+        if k == "auto_map" and isinstance(v["base"], dict) and isinstance(v["export"], dict):
+            return {a: c.split("--")[-1] for a, c in v["base"].items()} == {a: c.split("--")[-1] for a, c in v["export"].items()}
+        return v["base"] == v["export"]
+
+    return {"config_keys": keys, "config_equal": all(same(k, v) for k, v in keys.items()),
+            "tensors": len(te), "only_in_base": sorted(tb.keys() - te.keys())[:8],
+            "only_in_export": sorted(te.keys() - tb.keys())[:8], "shape_differ": shape_differ[:8],
+            "names_equal": tb.keys() == te.keys() and not shape_differ}
+
+
 def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Path) -> dict:
     """The live policy against its export (module docstring, ``checks``)."""
     import gc
@@ -55,6 +93,7 @@ def child_checks(recipe: str, overrides: list[str], run_dir: Path, eval_dir: Pat
     ckpt = latest_checkpoint(run_dir)
     out: dict = {"checkpoint": str(ckpt), "export": str(export)}
     t0 = time.time()
+    out["export_layout"] = export_layout(base_dir, export)
 
     # ---- the live policy: the run's own construction, LoRA tensors of its last checkpoint
     live = load_policy(cfg)
@@ -221,7 +260,9 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
     # branched state, DTCA max_steps states a sequence)
     cfg.credit = [m.for_planning() for m in cfg.credit]
     cfg.output_dir = "/nonexistent-rehearsal-count"
-    warm = load_recipe(recipe, [])
+    # the warm-up step runs the rehearsal's lengths and rows on the plan's tiny model: the shipped recipe's own
+    # (TraDo: 8 x 16 rollouts of 2,000 tokens) would take hours on a CPU and warm nothing more
+    warm = load_recipe(recipe, [o for o in overrides if not o.startswith(("model.path=", "output_dir="))])
     from maskrl.plan import standin_config
 
     t = synthetic_trainer(standin_config(warm), 8)
@@ -259,7 +300,9 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
     trainer.step()
     second_s = time.time() - t0
     peak = proc_status()["VmHWM"] - base
-    return {"prompt_length": prompt_length, "measured_flops": int(fc.get_total_flops()),
+    from rehearse_launch import _code_commit
+
+    return {"code": _code_commit(), "prompt_length": prompt_length, "measured_flops": int(fc.get_total_flops()),
             "measured_peak_gib": peak / GIB, "base_rss_gib": base / GIB, "after_load_gib": after_load / GIB,
             "after_load_untouched_gib": lazy / GIB,
             "rss_after_step_gib": (proc_status()["VmRSS"] - base) / GIB,

@@ -26,6 +26,10 @@ RECIPES = ["llada8b_gsm8k_diffu_grpo", "llada8b_sudoku_dispo_diffu_grpo", "dream
            "dream7b_countdown_dispo_diffu_grpo", "llada8b_gsm8k_wd1", "llada8b_gsm8k_gdpo", "llada8b_countdown_spg",
            "llada8b_countdown_dispo_spg", "llada8b_gsm8k_daca_diffu_grpo", "llada8b_countdown_daca_wd1",
            "llada8b_math500_rldf", "llada8b_math500_dtca"]
+#: the block-diffusion recipes (SDAR-8B / TraDo-8B, the ``sdar`` stand-in); ``--recipes block`` names them
+BLOCK_RECIPES = ["sdar8b_math500_tracerl", "trado8b_sudoku_dispo_diffu_grpo", "trado8b_math500_tracerl"]
+#: blocks of each family's published model, which a stand-in reduces to ``--layers``
+PUBLISHED_LAYERS = {"llada": 32, "dream": 28, "sdar": 36}
 GEN_LENGTH = 32
 #: the smoke mode has no plan to take P from; its count runs at this prompt length
 SMOKE_PROMPT_LENGTH = 32
@@ -36,19 +40,44 @@ def recipe_path(name: str) -> Path:
     return ROOT / "configs" / f"{name}.yaml"
 
 
+def standin_family(cfg) -> str:
+    """The stand-in family of a shipped recipe: ``llada``, ``dream`` or ``sdar`` (SDAR / TraDo), from the
+    planner's shape of its ``model.path`` (:func:`maskrl.plan.shapes.model_shape`)."""
+    from maskrl.plan.shapes import model_shape
+
+    fam = model_shape(cfg).family
+    if fam not in PUBLISHED_LAYERS:
+        raise ValueError(f"model.path {cfg.model.path!r}: family {fam!r} has no real-width stand-in "
+                         f"(maskrl.models.standins: {', '.join(PUBLISHED_LAYERS)})")
+    return fam
+
+
+def _reduced_block(s, block_model: bool) -> tuple[int, int]:
+    """``(block_length, steps)`` of a sampler section reduced to :data:`GEN_LENGTH` tokens: a full-attention
+    model decodes them as one block; a block-diffusion model keeps the recipe's block (its own block size)
+    and its steps per block, so 32 tokens are ``32 / block`` blocks."""
+    if not block_model:
+        return GEN_LENGTH, max(1, GEN_LENGTH * s.steps // s.gen_length)
+    if GEN_LENGTH % s.block_length or s.gen_length % s.block_length:
+        raise ValueError(f"block_length {s.block_length} divides neither {GEN_LENGTH} nor gen_length {s.gen_length}")
+    per_block = max(1, s.steps // (s.gen_length // s.block_length))
+    return s.block_length, per_block * (GEN_LENGTH // s.block_length)
+
+
 def rehearsal_overrides(cfg, standin: Path, out_dir: Path, steps: int, group_size: int, mu_cap: int = 2,
-                        train_rows: int = 32, save_every: int = 0) -> list[str]:
+                        train_rows: int = 32, save_every: int = 0, block_model: bool = False) -> list[str]:
     """``--set`` overrides that reduce a shipped recipe to the rehearsal: the stand-in model, the
-    rehearsal task, completion 32 in one block at the recipe's tokens per step, 1 prompt × G per process,
-    μ ≤ ``mu_cap``; everything else (LoRA, dtype, checkpointing, likelihood, objective, credit, cache,
-    micro-batching) as the recipe says."""
+    rehearsal task, completion 32 tokens -- in one block at the recipe's tokens per step, or, on a
+    block-diffusion model (``block_model``), in the recipe's blocks at its steps per block (:func:`_reduced_block`)
+    -- 1 prompt × G per process, μ ≤ ``mu_cap``; everything else (LoRA, dtype, checkpointing, likelihood,
+    objective, credit, cache, remasking, threshold, early stop, micro-batching) as the recipe says."""
     r, e, t = cfg.rollout, cfg.eval, cfg.train
-    steps_roll = max(1, GEN_LENGTH * r.steps // r.gen_length)
-    steps_eval = max(1, GEN_LENGTH * e.steps // e.gen_length)
+    block_roll, steps_roll = _reduced_block(r, block_model)
+    block_eval, steps_eval = _reduced_block(e, block_model)
     return [f"model.path={standin}", f"output_dir={out_dir}", f"task.name=rehearse_{cfg.task.name}",
             f"task.train_size={train_rows}", f"task.eval_limit={EVAL_ROWS}",
-            f"rollout.gen_length={GEN_LENGTH}", f"rollout.block_length={GEN_LENGTH}", f"rollout.steps={steps_roll}",
-            f"eval.gen_length={GEN_LENGTH}", f"eval.block_length={GEN_LENGTH}", f"eval.steps={steps_eval}",
+            f"rollout.gen_length={GEN_LENGTH}", f"rollout.block_length={block_roll}", f"rollout.steps={steps_roll}",
+            f"eval.gen_length={GEN_LENGTH}", f"eval.block_length={block_eval}", f"eval.steps={steps_eval}",
             "train.prompts_per_step=1", f"train.group_size={group_size}",
             f"train.inner_iterations={min(t.inner_iterations, mu_cap)}", f"train.steps={steps}",
             f"train.save_every={save_every}", "train.log_every=1", "train.eval_every=0", "train.report_to=[]"]

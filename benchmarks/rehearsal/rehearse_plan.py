@@ -9,7 +9,7 @@ from pathlib import Path
 
 from maskrl.records import expand, write_record
 
-from rehearse_launch import GIB, rehearsal_overrides, load_recipe, _run_child, run_plan, ensure_standin, _code_commit
+from rehearse_launch import GIB, PUBLISHED_LAYERS, standin_family, rehearsal_overrides, load_recipe, _run_child, run_plan, ensure_standin, _code_commit
 
 
 def completion_faults(checks: dict) -> list[str]:
@@ -189,15 +189,15 @@ def depth_series(recipe: str, depths: list[int], args) -> dict:
     """``count`` and ``plan`` at several depths (1 process): the per-block growth of the measured peak and
     its extrapolation to the published depth, beside the plan's."""
     shipped = load_recipe(recipe)
-    family = "dream" if shipped.model.path.startswith("Dream") else "llada"
-    full = 32 if family == "llada" else 28
+    family = standin_family(shipped)
+    full, block = PUBLISHED_LAYERS[family], family == "sdar"
     work = Path(args.work) / f"series_{recipe}"
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"
     rows = []
     for n in depths:
         standin = ensure_standin(Path(args.work), family, n, args.width_divisor)
-        ov = rehearsal_overrides(shipped, standin, work / f"L{n}", 1, args.group_size)
+        ov = rehearsal_overrides(shipped, standin, work / f"L{n}", 1, args.group_size, block_model=block)
         plan = run_plan(recipe, ov, log, 1, "single", None, work / f"plan_L{n}.json")
         P = plan["recipe"]["prompt_length"]
         cnt = _run_child("count", ["--recipe", recipe, "--overrides-json", json.dumps(ov), "--prompt-length", str(P)], log)
@@ -222,9 +222,9 @@ def depth_series(recipe: str, depths: list[int], args) -> dict:
             r["extrapolated_from_first_two_gib"] = pred
             r["extrapolation_error"] = pred / r["measured_gib"] - 1
         # the plan at the published depth, same reduced lengths and rows
-        plan_full = run_plan(recipe, [o if not o.startswith("model.path=") else
-                                      f"model.path={'GSAI-ML/LLaDA-8B-Instruct' if family == 'llada' else 'Dream-org/Dream-v0-Instruct-7B'}"
-                                      for o in rehearsal_overrides(shipped, Path("x"), work / "full", 1, args.group_size)],
+        plan_full = run_plan(recipe, [o if not o.startswith("model.path=") else f"model.path={shipped.model.path}"
+                                      for o in rehearsal_overrides(shipped, Path("x"), work / "full", 1, args.group_size,
+                                                                   block_model=block)],
                              log, 1, "single", rows[0]["count"].get("prompt_length"), work / "plan_full.json")
         if "memory_gib" in plan_full:
             out["plan_published_depth_gib"] = plan_full["memory_gib"]["peak"]

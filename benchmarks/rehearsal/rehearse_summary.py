@@ -16,7 +16,9 @@ records. Columns (each record's own numbers, :mod:`rehearse_8b`):
   and its logits against the live policy's (max |Δ|); ``maskrl eval`` and lm-eval completions equal the
   live policy's; where the record has them, the reloaded bf16 weights bit for bit equal to the live
   policy's (*bits*) and the float32 completions of the export and the live policy equal (*float32*), which
-  tell a wrong export from a flipped bf16 tie (``rehearse_plan.completion_faults``);
+  tell a wrong export from a flipped bf16 tie (``rehearse_plan.completion_faults``); where the record has it,
+  the export in the base checkpoint's layout (*layout*: ``config.json``'s ``model_type``, ``architectures``,
+  ``auto_map``, ``block_size``, mask id, and every tensor name and shape, ``rehearse_children.export_layout``);
 * *checkpoint*: a checkpoint folder's weights + optimizer files, plan / written;
 * *faults*: how many the record lists (0: none).
 """
@@ -70,7 +72,9 @@ def row(rec: dict) -> str:
                                  f"{'=' if cm.get('lm_eval_equal_live') else '≠'}"
                                  + ("" if "reloaded_weights" not in c else
                                     f", bits {'=' if c['reloaded_weights']['bit_equal'] else '≠'}, float32 "
-                                    f"{'=' if cm.get('float32_equal') else '≠'}"))
+                                    f"{'=' if cm.get('float32_equal') else '≠'}")
+                                 + ("" if "export_layout" not in c else
+                                    f", layout {'=' if c['export_layout']['config_equal'] and c['export_layout']['names_equal'] else '≠'}"))
     two = pvm.get("two_process_steps_2_3") or pvm.get("two_process_rank0_steps_2_3")  # the larger rank (older: rank 0)
     return (f"| {rec['recipe']} | {code[:7] if code else '?'} | {ph.get('plan', {}).get('prompt_length', '—')} | "
             f"{_cmp(two)} | {_cmp(one)} | {flops} | {'—' if resume is None else ('yes' if resume else 'NO')} | "
