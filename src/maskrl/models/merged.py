@@ -22,7 +22,9 @@ samples through the peft model instead.
 
 Memory: one copy of the adapted layers' base weights in the model's dtype (for LLaDA-8B with
 ``all-linear`` LoRA: every linear of the 32 blocks, 6.98 B entries = 13.0 GiB in bf16), held during the
-rollout only; ``maskrl plan`` adds it to the rollout phase's peak (``rollout_merged_copy``).
+rollout only; ``maskrl plan`` adds it to the rollout phase's peak (``rollout_merged_copy``), and the
+merge's passing peak above it (:func:`merge_transient_bytes`: float32 ``ΔW`` of the largest adapted matrix,
+the cloned adapters) as ``rollout_merge_peak``.
 """
 from __future__ import annotations
 
@@ -84,6 +86,31 @@ def merged_copy_bytes(model: torch.nn.Module) -> int:
         base = layer.get_base_layer()
         total += sum(p.numel() * p.element_size() for p in base.parameters(recurse=False))
     return total
+
+
+#: float32 ``[out, in]`` matrices peft's ``merge_and_unload`` holds at once while it merges one LoRA layer
+#: (``B @ A``, its product with the scale, and the in-place ``W += ΔW`` of a bf16 ``W`` with a float32
+#: ``ΔW``); measured with torch's CPU profiler on peft 0.21 (``tests/test_merged_sampling.py`` checks it)
+MERGE_DELTA_COPIES = 3
+
+
+def merge_transient_bytes(model: torch.nn.Module) -> tuple[int, int]:
+    """``(adapters, delta)``: bytes :func:`merged_copy` holds *above* :func:`merged_copy_bytes` at its
+    peak, while peft merges the largest adapted layer -- ``adapters``: the cloned LoRA parameters (every
+    ``lora_`` tensor of the LoRA layers, in its own dtype; dropped by the merge), ``delta``:
+    :data:`MERGE_DELTA_COPIES` ``ΔW`` matrices of the largest adapted weight in the adapters' dtype
+    (float32 here). Freed before the rollout's first forward. Works on the meta device; ``(0, 0)``
+    without LoRA layers. The rollout peak of an 8B model at 1 layer missed 0.6 GiB without it (issue 48)."""
+    layers = lora_layers(model)
+    if not layers:
+        return 0, 0
+    adapters = sum(p.numel() * p.element_size() for layer in layers for n, p in layer.named_parameters()
+                   if "lora_" in n)
+    delta = 0
+    for layer in layers:
+        for b in layer.lora_B.values():
+            delta = max(delta, layer.get_base_layer().weight.numel() * b.weight.element_size())
+    return int(adapters), int(MERGE_DELTA_COPIES * delta)
 
 
 def holds_whole_weights(model: torch.nn.Module) -> bool:

@@ -214,19 +214,21 @@ def param_memory(shape: ModelShape, dtype: torch.dtype, lora: dict | None, extra
     a, b = (_param_memory_at(shape, dtype, lora, d) for d in (first + 1, first + 2))
     n = shape.num_layers - first - 1
     return b | {k: a[k] + n * (b[k] - a[k]) for k in ("total_bytes", "params", "trainable", "base_params",
-                                                      "adapter_params", "merged_copy_bytes")}
+                                                      "adapter_params", "merged_copy_bytes", "merge_adapter_bytes")}
 
 
 def _param_memory_at(shape: ModelShape, dtype: torch.dtype, lora: dict | None, depth: int) -> dict:
     """Parameter bytes and counts of the model (meta device; accelerate's ``calculate_maximum_sizes``):
     ``{total_bytes, largest_layer_bytes, params, trainable, base_params, base_dtypes, adapter_params,
-    adapter_dtypes, merged_copy_bytes}``; ``params`` counts the base model and the LoRA adapter (peft's ``lora_``
+    adapter_dtypes, merged_copy_bytes, merge_adapter_bytes, merge_delta_bytes}``; ``params`` counts the base model and the LoRA adapter (peft's ``lora_``
     parameters) together, ``base_*`` / ``adapter_*`` each apart, with the dtypes they are held in (names,
     sorted); ``merged_copy_bytes``: the rollout's merged LoRA copy (:func:`maskrl.models.merged.merged_copy_bytes`;
-    0 without LoRA); of the model at ``depth`` decoder layers."""
+    0 without LoRA) and ``merge_*``: what the merge holds above it at its peak
+    (:func:`maskrl.models.merged.merge_transient_bytes`; the delta, of the largest matrix, does not grow with
+    depth); of the model at ``depth`` decoder layers."""
     from accelerate.utils import calculate_maximum_sizes
 
-    from maskrl.models.merged import merged_copy_bytes
+    from maskrl.models.merged import merge_transient_bytes, merged_copy_bytes
 
     ad = build_adapter(shape, dtype, lora, False, num_layers=depth)
     total, largest = calculate_maximum_sizes(ad.model)
@@ -238,7 +240,8 @@ def _param_memory_at(shape: ModelShape, dtype: torch.dtype, lora: dict | None, d
             "trainable": sum(p.numel() for _, p in named if p.requires_grad),
             "base_params": sum(p.numel() for p in base), "base_dtypes": dtypes(base),
             "adapter_params": sum(p.numel() for p in adapter), "adapter_dtypes": dtypes(adapter),
-            "merged_copy_bytes": int(merged_copy_bytes(ad.model))}
+            "merged_copy_bytes": int(merged_copy_bytes(ad.model)),
+            **dict(zip(("merge_adapter_bytes", "merge_delta_bytes"), merge_transient_bytes(ad.model)))}
 
 
 def work_table(calls: list[Call], fm: FlopModel, checkpointing: bool, merged_rollout: bool = False

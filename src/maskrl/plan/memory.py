@@ -339,9 +339,13 @@ def memory_gib(cfg, calls: list, shape: ModelShape, dtype: torch.dtype, am: Acti
     key/value cache, each phase's largest activation peak over its calls (a cached window step costs
     less than its block's full refresh forward and is skipped), the peaks, and whether they fit.
     ``merged_rollout``: the rollout phase also holds the merged LoRA copy (``rollout_merged_copy``:
-    ``pm["merged_copy_bytes"]``, :mod:`maskrl.models.merged`), made before its first forward and freed after it."""
+    ``pm["merged_copy_bytes"]``, :mod:`maskrl.models.merged`), made before its first forward and freed after it;
+    while it is made, peft's merge holds more (``rollout_merge_peak``: the copy, the cloned adapters and float32
+    ``ΔW`` of the largest adapted matrix, ``pm["merge_*_bytes"]``), the rollout's peak when no forward exceeds it."""
     static = _static_memory(cfg, pm, hw, dtype, needs_reference)
     merged = float(pm.get("merged_copy_bytes", 0)) if merged_rollout else 0.0
+    # the merge's own passing peak (float32 ΔW of the largest adapted matrix, the cloned adapters), before any forward
+    merging = merged + float(pm.get("merge_adapter_bytes", 0) + pm.get("merge_delta_bytes", 0)) if merged else 0.0
     static_total = sum(static.values())
     phases: dict[str, float] = {}
     kv = 0.0
@@ -362,12 +366,14 @@ def memory_gib(cfg, calls: list, shape: ModelShape, dtype: torch.dtype, am: Acti
         else:
             act = am.peak("forward", c.rows, c.seq, c.scored)
         phases[c.phase] = max(phases.get(c.phase, 0.0), act)
+    if "rollout" in phases:
+        phases["rollout"] = max(phases["rollout"], merging)
     peaks = {p: static_total + a for p, a in phases.items()}
     peak = max(peaks.values()) if peaks else static_total
     return {"static": {k: v / GIB for k, v in static.items()},
             "static_total": static_total / GIB,
             "kv_cache": kv / GIB,
-            "rollout_merged_copy": merged / GIB,
+            "rollout_merged_copy": merged / GIB, "rollout_merge_peak": merging / GIB,
             "activations": {k: v / GIB for k, v in phases.items()},
             "peak_by_phase": {k: v / GIB for k, v in peaks.items()},
             "peak": peak / GIB, "gpu_memory": hw.gpu_memory / GIB, "fits": peak <= hw.gpu_memory}

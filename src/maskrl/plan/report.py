@@ -229,6 +229,8 @@ def format_plan(p: dict) -> str:
     if m.get("rollout_merged_copy"):
         lines.append(f"  {'rollout_merged_copy':16s} {m['rollout_merged_copy']:5.2f}  (rollout phase only; "
                      "--set rollout.merge_lora=false drops it)")
+        lines.append(f"  {'rollout_merge_peak':16s} {m['rollout_merge_peak']:5.2f}  (while peft merges it: the copy, "
+                     "float32 ΔW of the largest matrix, the cloned adapters)")
     lines += [f"  peak {k:11s} {v:8.2f}  (activations {m['activations'][k]:.2f})" for k, v in m["peak_by_phase"].items()]
     lines.append(f"  PEAK {m['peak']:.2f} GiB of {m['gpu_memory']:.3g}: {'fits' if m['fits'] else 'DOES NOT FIT'}")
     f = p["files_gib"]
