@@ -59,6 +59,18 @@ SHAPES = [
                                            "model.lora_rank=8", "rollout.gen_length=128", "rollout.block_length=64",
                                            "rollout.steps=64", "train.prompts_per_step=2", "train.group_size=6",
                                            "train.inner_iterations=2", "train.micro_batch_size=4"]),
+    # issue 48: DiSPO on a block-diffusion model sampling from the merged LoRA copy, its MLP wide enough (as an
+    # 8B model's at one layer) that peft's merge -- float32 ΔW of the largest matrix -- is the step's peak
+    ("w1024_i12288_block_dispo_lora_merged", ["model.tiny.hidden_size=1024", "model.tiny.num_layers=1",
+                                            "model.tiny.num_heads=8", "model.tiny.intermediate_size=12288",
+                                            "model.tiny.block_size=4", "model.lora_rank=16",
+                                            "model.gradient_checkpointing=true", "rollout.merge_lora=true",
+                                            "rollout.cache=block", "rollout.early_stop=true",
+                                            "rollout.remasking=low_confidence_dynamic", "rollout.threshold=0.9",
+                                            "rollout.gen_length=32", "rollout.block_length=4", "rollout.steps=32",
+                                            "likelihood.name=mean_field", "likelihood.p_mask_prompt=0.15",
+                                            "credit=[{name: dispo, z: 2, timing: late}]", "train.prompts_per_step=1",
+                                            "train.group_size=2", "train.inner_iterations=2"]),
 ]
 BASE = ["task.name=countdown", "rollout.temperature=0.9", "objective.name=diffu_grpo", "train.lr=1e-4"]
 PROMPT_LENGTH = 64
