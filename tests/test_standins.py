@@ -226,6 +226,25 @@ def test_block_recipes_keep_their_blocks_and_decoding_in_the_rehearsal(tmp_path)
     assert "rollout.block_length=32" in full  # a full-attention model still decodes the 32 tokens as one block
 
 
+def test_llada2_recipes_rehearse_on_the_llada2_standin_in_their_blocks(tmp_path):
+    """The LLaDA2.0-mini recipes map to the ``llada2`` stand-in (20 published blocks) and reduce to 32 tokens in
+    the recipe's one block of 32 at its 32 steps a block, with its threshold rule, cache and objective."""
+    bench = _bench()
+    shipped = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml") if p.stem.startswith("llada2_mini_"))
+    assert sorted(bench.LLADA2_RECIPES) == shipped and len(shipped) == 3
+    assert bench.PUBLISHED_LAYERS["llada2"] == 20 and "llada2" in bench.BLOCK_FAMILIES
+    for name in bench.LLADA2_RECIPES:
+        cfg = bench.load_recipe(name)
+        assert bench.standin_family(cfg) == "llada2"
+        r = bench.load_recipe(name, bench.rehearsal_overrides(cfg, tmp_path / "m", tmp_path / "r", 3, 2, block_model=True))
+        for got, want in ((r.rollout, cfg.rollout), (r.eval, cfg.eval)):
+            per_block = want.steps // (want.gen_length // want.block_length)
+            assert (got.gen_length, got.block_length, got.steps) == (32, want.block_length, per_block) == (32, 32, 32)
+            for key in ("remasking", "threshold", "cache", "early_stop", "temperature"):
+                assert getattr(got, key) == getattr(want, key), (name, key)
+        assert (r.objective, r.likelihood, r.credit) == (cfg.objective, cfg.likelihood, cfg.credit)
+
+
 @pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
 def test_export_layout_sees_config_keys_and_tensor_names(folders, tmp_path, family):
     """``export_layout``: maskrl's export of each stand-in keeps the family's ``model_type``, ``auto_map`` and

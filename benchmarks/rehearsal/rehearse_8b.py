@@ -1,9 +1,10 @@
 """The 8B path rehearsed on CPU: every shipped LLaDA-8B / Dream-7B / SDAR-8B / TraDo-8B recipe at the real width
-and vocabulary.
+and vocabulary, and the LLaDA2.0-mini recipes at the real width with fewer experts and a smaller vocabulary.
 
     python benchmarks/rehearsal/rehearse_8b.py                                   # all 12 LLaDA / Dream recipes, 2 blocks
     python benchmarks/rehearsal/rehearse_8b.py --recipes block --layers 1        # the 3 block-diffusion (SDAR / TraDo) recipes
     python benchmarks/rehearsal/rehearse_8b.py --recipes llada8b_gsm8k_diffu_grpo --layers 1,2
+    python benchmarks/rehearsal/rehearse_8b.py --recipes llada2_mini_gsm8k_diffu_grpo --layers 2  # dense + 1 MoE block
     python benchmarks/rehearsal/rehearse_8b.py --depth-series 1,2,4 --recipes llada8b_gsm8k_diffu_grpo
     python benchmarks/rehearsal/rehearse_8b.py --smoke                           # one recipe, one step, narrow (test suite)
     python benchmarks/rehearsal/rehearse_8b.py --rescore                         # plan_vs_measured again, from the records
@@ -15,7 +16,11 @@ Each recipe writes one JSON record, ``results/rehearse_8b/<recipe>_L<layers>.jso
 The model is a stand-in (:mod:`maskrl.models.standins`): LLaDA-8B-Instruct's, Dream-v0-Instruct-7B's or
 SDAR-8B-Chat's (TraDo-8B's shape) published config at its real width, heads, MLP, vocabulary, RoPE and ids, in
 the family's own checkpoint layout, with ``--layers`` blocks instead of 32 / 28 / 36, random bf16 weights from a
-seed. Only lengths and rows per step are reduced (:func:`rehearse_launch.rehearsal_overrides`: prompt as the task
+seed. LLaDA2.0-mini's (``--recipes llada2``) has ``--layers`` of its 20 blocks (the first dense, the rest MoE), the
+real width, heads, dense and expert MLPs and shared expert, but 8 routed experts (2 active, in 4 groups of 2) for
+256 (8 active) and a 4,608-row vocabulary for 157,184, with eos / pad and mask at 4,500 / 4,503
+(:data:`maskrl.models.standins.LLADA2_STANDIN`; the record's ``reduced`` lists both); its export's logits are
+checked against ``maskrl.models.load`` only (the layout reader has no MoE forward). Only lengths and rows per step are reduced (:func:`rehearse_launch.rehearsal_overrides`: prompt as the task
 gives it, completion 32 tokens -- in one block at the recipe's tokens per step, or on a block-diffusion model in
 the recipe's blocks of 4 at its steps per block, 8 blocks × 4 steps -- 1 prompt × ``--group-size`` rollouts per
 process, μ capped at 2, 32 training rows); LoRA targets and rank, dtype, gradient checkpointing, likelihood,
@@ -82,7 +87,7 @@ from maskrl.records import write_record
 # the rehearsal's parts, by purpose (this folder is the script's own: they import by name)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rehearse_children import child_checks, child_count  # noqa: E402
-from rehearse_launch import (ROOT, DEFAULT_OUT, GIB, RECIPES, BLOCK_RECIPES, PUBLISHED_LAYERS, standin_family, GEN_LENGTH, SMOKE_PROMPT_LENGTH, EVAL_ROWS,  # noqa: E402
+from rehearse_launch import (ROOT, DEFAULT_OUT, GIB, RECIPES, BLOCK_RECIPES, LLADA2_RECIPES, BLOCK_FAMILIES, PUBLISHED_LAYERS, standin_family, GEN_LENGTH, SMOKE_PROMPT_LENGTH, EVAL_ROWS,  # noqa: E402
                              recipe_path, rehearsal_overrides, load_recipe, _env, _bin, run_cli_train, _tail,
                              compare_checkpoints, compare_metrics, _run_child, run_plan, ensure_standin,
                              _code_commit)
@@ -131,7 +136,7 @@ def rehearse(recipe: str, layers: int, args) -> dict:
         rec["faults"].append(f"data: the shipped recipe cannot start `maskrl train`: {type(e).__name__}: {e}")
 
     ov_a = rehearsal_overrides(shipped, standin, work / "a", steps, args.group_size, save_every=0 if args.smoke else 2,
-                               block_model=family == "sdar")
+                               block_model=family in BLOCK_FAMILIES)
     cfg = load_recipe(recipe, ov_a)
     rec["rehearsal_config"] = {k: to_dict(cfg)[k] for k in ("model", "rollout", "eval", "train", "objective",
                                                              "likelihood", "credit")}
@@ -141,8 +146,13 @@ def rehearse(recipe: str, layers: int, args) -> dict:
                       "train.group_size": f"{shipped.train.group_size} -> {args.group_size}",
                       "train.inner_iterations": f"{shipped.train.inner_iterations} -> {cfg.train.inner_iterations}",
                       "layers": f"{PUBLISHED_LAYERS[family]} -> {layers}"}
-    if family == "sdar":
+    if family in BLOCK_FAMILIES:
         rec["reduced"]["rollout.block_length"] = f"{shipped.rollout.block_length} (kept)"
+    if family == "llada2":
+        from maskrl.models.standins import LLADA2_MINI_CONFIG, LLADA2_STANDIN
+        published = LLADA2_MINI_CONFIG | {"eos_token_id": 156892, "mask_token_id": 156895}  # ids of the published tokenizer
+        for k, v in LLADA2_STANDIN.items():
+            rec["reduced"][f"config.{k}"] = f"{published[k]} -> {v}"
 
     # ---- the plan of the same shape, first (its prompt length feeds the count)
     plan: dict = {}
@@ -247,7 +257,7 @@ def rehearse(recipe: str, layers: int, args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--recipes", default="all", help="comma-separated recipe names, `all` (the 12 "
-                   "LLaDA / Dream recipes, default) or `block` (the 3 SDAR / TraDo recipes)")
+                   "LLaDA / Dream recipes, default), `block` (the 3 SDAR / TraDo recipes) or `llada2` (the 3 LLaDA2.0-mini recipes)")
     p.add_argument("--layers", default="2", help="comma-separated block counts (default 2)")
     p.add_argument("--width-divisor", type=int, default=1, help="1: real width; k > 1 divides the width (tests)")
     p.add_argument("--group-size", type=int, default=2)
@@ -279,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in rescore(Path(args.out_dir)):
             print(f"rescored {f}")
         return 0
-    names = ({"all": RECIPES, "block": BLOCK_RECIPES}.get(args.recipes)
+    names = ({"all": RECIPES, "block": BLOCK_RECIPES, "llada2": LLADA2_RECIPES}.get(args.recipes)
              or [r.strip() for r in args.recipes.split(",") if r.strip()])
     unknown = [r for r in names if not recipe_path(r).is_file()]
     if unknown:

@@ -29,7 +29,11 @@ RECIPES = ["llada8b_gsm8k_diffu_grpo", "llada8b_sudoku_dispo_diffu_grpo", "dream
 #: the block-diffusion recipes (SDAR-8B / TraDo-8B, the ``sdar`` stand-in); ``--recipes block`` names them
 BLOCK_RECIPES = ["sdar8b_math500_tracerl", "trado8b_sudoku_dispo_diffu_grpo", "trado8b_math500_tracerl"]
 #: blocks of each family's published model, which a stand-in reduces to ``--layers``
-PUBLISHED_LAYERS = {"llada": 32, "dream": 28, "sdar": 36}
+PUBLISHED_LAYERS = {"llada": 32, "dream": 28, "sdar": 36, "llada2": 20}
+#: the block-diffusion families (their recipes keep their block and steps per block)
+BLOCK_FAMILIES = ("sdar", "llada2")
+#: the LLaDA2 recipes (LLaDA2.0-mini's stand-in: 8 experts, 4,608-row vocabulary; ``--recipes llada2`` names them)
+LLADA2_RECIPES = ["llada2_mini_gsm8k_diffu_grpo", "llada2_mini_gsm8k_ebpo", "llada2_mini_countdown_dispo_diffu_grpo"]
 GEN_LENGTH = 32
 #: the smoke mode has no plan to take P from; its count runs at this prompt length
 SMOKE_PROMPT_LENGTH = 32
@@ -41,7 +45,7 @@ def recipe_path(name: str) -> Path:
 
 
 def standin_family(cfg) -> str:
-    """The stand-in family of a shipped recipe: ``llada``, ``dream`` or ``sdar`` (SDAR / TraDo), from the
+    """The stand-in family of a shipped recipe: ``llada``, ``dream``, ``sdar`` (SDAR / TraDo) or ``llada2``, from the
     planner's shape of its ``model.path`` (:func:`maskrl.plan.shapes.model_shape`)."""
     from maskrl.plan.shapes import model_shape
 

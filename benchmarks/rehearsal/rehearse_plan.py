@@ -9,7 +9,7 @@ from pathlib import Path
 
 from maskrl.records import expand, write_record
 
-from rehearse_launch import GIB, PUBLISHED_LAYERS, standin_family, rehearsal_overrides, load_recipe, _run_child, run_plan, ensure_standin, _code_commit
+from rehearse_launch import GIB, PUBLISHED_LAYERS, BLOCK_FAMILIES, standin_family, rehearsal_overrides, load_recipe, _run_child, run_plan, ensure_standin, _code_commit
 
 
 def completion_faults(checks: dict) -> list[str]:
@@ -190,7 +190,7 @@ def depth_series(recipe: str, depths: list[int], args) -> dict:
     its extrapolation to the published depth, beside the plan's."""
     shipped = load_recipe(recipe)
     family = standin_family(shipped)
-    full, block = PUBLISHED_LAYERS[family], family == "sdar"
+    full, block = PUBLISHED_LAYERS[family], family in BLOCK_FAMILIES
     work = Path(args.work) / f"series_{recipe}"
     work.mkdir(parents=True, exist_ok=True)
     log = work / "log.txt"

@@ -7,6 +7,7 @@ The block sits between ``<!-- rehearsal:begin -->`` and ``<!-- rehearsal:end -->
 ``tests/test_standins.py`` checks that the committed page equals what this script makes of the committed
 records. Columns (each record's own numbers, :mod:`rehearse_8b`):
 
+* *recipe*: the shipped recipe, with its stand-in's blocks where they are not 1;
 * *code*: the commit the record ran (``code.commit``; ``?`` for records made before it was stored);
 * *P*: the plan's prompt length; *2 proc.*: the plan's peak per process on 2 DDP processes against the
   larger rank's measured peak of steps 2-3 (worker ``VmHWM`` minus the interpreter), with the error; *1 proc.*: the
@@ -76,7 +77,8 @@ def row(rec: dict) -> str:
                                  + ("" if "export_layout" not in c else
                                     f", layout {'=' if c['export_layout']['config_equal'] and c['export_layout']['names_equal'] else '≠'}"))
     two = pvm.get("two_process_steps_2_3") or pvm.get("two_process_rank0_steps_2_3")  # the larger rank (older: rank 0)
-    return (f"| {rec['recipe']} | {code[:7] if code else '?'} | {ph.get('plan', {}).get('prompt_length', '—')} | "
+    name = rec["recipe"] + ("" if rec.get("layers", 1) == 1 else f" ({rec['layers']} blocks)")
+    return (f"| {name} | {code[:7] if code else '?'} | {ph.get('plan', {}).get('prompt_length', '—')} | "
             f"{_cmp(two)} | {_cmp(one)} | {flops} | {'—' if resume is None else ('yes' if resume else 'NO')} | "
             f"{export} | {_cmp(pvm.get('checkpoint_size'))} | {len(rec.get('faults', []))} |")
 
