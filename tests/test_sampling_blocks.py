@@ -352,3 +352,49 @@ def test_v2_rule_is_refused_on_full_attention_models(tiny):
 def test_sub_block_length_must_divide_the_block():
     with pytest.raises(ValueError, match="sub_block_length"):
         SamplerConfig(gen_length=8, block_length=4, steps=8, sub_block_length=3)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("block, P, L", [(4, None, 16), (8, None, 16), (32, 8, 32), (32, 60, 64)])
+def test_an_observer_asking_beyond_a_partial_first_block_gets_the_no_cache_logits(block, P, L):
+    """Blocks are aligned from the prompt's first token, so a row whose prompt ends inside a block decodes
+    a first block shorter than b, and its cached window holds that block only. An exact-logits observer
+    (DiSPO's branching) asking for every masked position must then get the extra full forward: with the
+    block cache, the logits it sees equal those without a cache (before the fix the plan took the first
+    block as ``[start, start + b)`` and read past the window: IndexError)."""
+    a = block_model(block_size=block)
+
+    class AskAll:
+        exact_logits = True
+
+        def __init__(self):
+            self.seen = []
+
+        def logit_positions(self, step, rows, masked, block_start):
+            return masked
+
+        def on_step(self, view):
+            want = view.masked & view.covered
+            vidx = view.covered.flatten().long().cumsum(0).view(view.covered.shape) - 1
+            self.seen.append((view.step, view.rows.clone(), want.clone(), view.logits[vidx[want]].detach().clone()))
+
+        def result(self):
+            return {}
+
+    if P is None:
+        ids, mask = encode_prompts(a.tokenizer, PROMPTS)
+    else:  # two rows of exactly P tokens (one alignment, as a group of rollouts of one prompt)
+        ids = torch.randint(5, 50, (2, P), generator=torch.Generator().manual_seed(P))
+        mask = torch.ones_like(ids, dtype=torch.bool)
+    assert any(int(m.sum()) % block for m in mask)  # a partial first block
+    got = {}
+    for cache in ("none", "block"):
+        obs = AskAll()
+        r = generate(a, ids, mask, _cfg("low_confidence_static", L=L, b=block, cache=cache), observers=[obs])
+        got[cache] = (r, obs.seen)
+    _same(got["none"][0], got["block"][0])
+    assert len(got["none"][1]) == len(got["block"][1])
+    for (s0, r0, w0, l0), (s1, r1, w1, l1) in zip(got["none"][1], got["block"][1]):
+        assert s0 == s1 and torch.equal(r0, r1) and torch.equal(w0, w1)
+        scale = max(1.0, float(l0[l0.isfinite()].abs().max())) if l0.numel() else 1.0
+        torch.testing.assert_close(l1, l0, rtol=0, atol=64 * torch.finfo(torch.float32).eps * scale)

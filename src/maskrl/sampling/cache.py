@@ -82,7 +82,7 @@ class StepForwards:
 
 def plan_forwards(cache: str, block_length: int, refresh: torch.Tensor, start: torch.Tensor, L: int,
                   requested: torch.Tensor | None = None, wants_exact: torch.Tensor | None = None,
-                  lead: int = 0) -> StepForwards:
+                  lead: int = 0, block_end: torch.Tensor | None = None) -> StepForwards:
     """The forwards one sampler step runs, their windows, and the rows whose view needs an extra
     full forward (module docstring).
 
@@ -99,6 +99,10 @@ def plan_forwards(cache: str, block_length: int, refresh: torch.Tensor, start: t
             shifted (Dream-style) model under ``block_first="forced"``, whose window starts at the
             block (the block's first position, committed at the block's full first step, would need
             the column left of it); 0 otherwise (the window then holds that column too).
+        block_end: ``[n]`` long, with ``cache="block"``: the end (exclusive, in the completion) of each
+            row's current block. A row's first block ends before ``start + b`` when its prompt's last
+            block is partial (blocks are aligned from the prompt's first token), and its window holds
+            only that block; ``None``: ``min(start + b, L)``.
 
     Returns:
         A :class:`StepForwards`: with ``cache="none"`` one full forward of every row; with ``"block"``
@@ -109,7 +113,7 @@ def plan_forwards(cache: str, block_length: int, refresh: torch.Tensor, start: t
     n = start.shape[0]
     every = torch.arange(n, device=start.device)
     if cache == "block":
-        return _block_plan(block_length, refresh, start, L, requested)
+        return _block_plan(block_length, refresh, start, L, requested, block_end)
     if cache == "none":
         full = torch.ones(n, dtype=torch.bool, device=start.device)
         forwards = [Forward(every, window=False)]
@@ -139,7 +143,7 @@ def plan_forwards(cache: str, block_length: int, refresh: torch.Tensor, start: t
 
 
 def _block_plan(block_length: int, refresh: torch.Tensor, start: torch.Tensor, L: int,
-                requested: torch.Tensor | None) -> StepForwards:
+                requested: torch.Tensor | None, block_end: torch.Tensor | None = None) -> StepForwards:
     """:func:`plan_forwards` for ``cache="block"`` (:mod:`maskrl.sampling.blockcache`): rows at their first
     block refill from column 0, rows at a later block's first step refill the previous block, the others
     read the cache; every row's logits are exact (the cache holds complete blocks only). Rows asking for
@@ -149,7 +153,7 @@ def _block_plan(block_length: int, refresh: torch.Tensor, start: torch.Tensor, L
         if rows.any():
             forwards.append(Forward(rows.nonzero().squeeze(-1), window=True, refill=refill))
     full = torch.ones_like(refresh)
-    lo, hi = start, (start + block_length).clamp(max=L)
+    lo, hi = start, (start + block_length).clamp(max=L) if block_end is None else block_end
     inside = redo = None
     if requested is not None:
         pos = torch.arange(L, device=start.device)

@@ -427,7 +427,7 @@ def generate(
             continue
         st = dec.rows_at(step, rows, observers)
         plan = plan_forwards(config.cache, dec.b, dec.block_step[rows] == 0, st.start, dec.L, st.requested,
-                             st.wants_exact, cache.lead)
+                             st.wants_exact, cache.lead, block_end=st.start + st.in_block.sum(-1))
         lock.share(plan)
         parts = cache.run(plan, rows, st.xr, st.ar, st.start)  # the decoder forwards
         lock.pad_decoders(st.xr, st.ar)
