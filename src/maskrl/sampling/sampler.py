@@ -106,7 +106,7 @@ class Denoising:
         in_block = (self.positions[None, :] >= start[:, None]) & (self.positions[None, :] < end[:, None])
         requested, wants_exact = (requested_positions(observers, step, rows, masked, in_block, start) if observers
                                   else (None, None))
-        return StepRows(step, rows, xr, ar, masked, start, pos, in_block, requested, wants_exact)
+        return StepRows(step, rows, xr, ar, masked, start, end, pos, in_block, requested, wants_exact)
 
     def commits(self, st: StepRows, logits: torch.Tensor, cover: torch.Tensor,
                 generator: torch.Generator | None, raw: torch.Tensor | None = None,
@@ -427,7 +427,7 @@ def generate(
             continue
         st = dec.rows_at(step, rows, observers)
         plan = plan_forwards(config.cache, dec.b, dec.block_step[rows] == 0, st.start, dec.L, st.requested,
-                             st.wants_exact, cache.lead, block_end=st.start + st.in_block.sum(-1))
+                             st.wants_exact, cache.lead, block_end=st.end)
         lock.share(plan)
         parts = cache.run(plan, rows, st.xr, st.ar, st.start)  # the decoder forwards
         lock.pad_decoders(st.xr, st.ar)

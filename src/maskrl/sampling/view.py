@@ -225,6 +225,8 @@ class StepRows:
         xr, ar: ``[n, P + L]`` tokens (long) and key validity (bool) before the step.
         masked: ``[n, L]`` bool, completion positions holding ``[M]`` before the step.
         start: ``[n]`` long, first position of each row's current block.
+        end: ``[n]`` long, the end (exclusive) of each row's current block (a first block that shares the
+            prompt's partial last block is shorter than b).
         pos: ``[n, b]`` long, the current block's positions.
         in_block: ``[n, L]`` bool, the current block.
         requested: ``[n, L]`` bool positions observers ask for, ``None`` when none lies beyond the block.
@@ -237,6 +239,7 @@ class StepRows:
     ar: torch.Tensor
     masked: torch.Tensor
     start: torch.Tensor
+    end: torch.Tensor
     pos: torch.Tensor
     in_block: torch.Tensor
     requested: torch.Tensor | None
