@@ -103,7 +103,7 @@ def test_the_familys_own_code_run_here_on_a_fresh_export(exports):
             assert (adapter.logits(ids) - theirs[kind]).abs().max() <= _tol(theirs[kind])
 
 
-def _tiny_llada2_with_tokenizer(seed: int = 0):
+def _tiny_llada2_with_tokenizer(seed: int = 0, max_positions: int = 512):
     """A tiny LLaDA2 built without a source config (the export's defaults fill the family's keys), on the
     character tokenizer, at the family's default block 32."""
     from maskrl.models import ModelAdapter
@@ -115,7 +115,7 @@ def _tiny_llada2_with_tokenizer(seed: int = 0):
                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4, n_group=2,
                           topk_group=1, num_experts_per_tok=2, num_shared_experts=1, moe_intermediate_size=16,
                           first_k_dense_replace=1, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                          max_position_embeddings=512)
+                          max_position_embeddings=max_positions)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LLaDA2MoeModelLM(cfg).eval()
