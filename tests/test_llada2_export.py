@@ -57,7 +57,10 @@ def test_config_keys_kept_and_tensors_named_as_the_family_reads_them(exports, ki
     adapter, folder = exports[kind]
     src = json.loads((DATA / "config.json").read_text())
     cfg, w = read_family_folder(folder)
-    assert {k: cfg.get(k) for k in src if k != "torch_dtype"} == {k: v for k, v in src.items() if k != "torch_dtype"}
+    kept = {k: v for k, v in src.items() if k not in ("torch_dtype", "auto_map")}
+    assert {k: cfg.get(k) for k in kept} == kept
+    # auto_map: the same keys and classes, in the family's repository on the Hub (the export holds no code)
+    assert cfg["auto_map"] == {k: f"inclusionAI/LLaDA2.0-mini--{v}" for k, v in src["auto_map"].items()}
     assert cfg["torch_dtype"] == "float32" and cfg["block_size"] == 4 and "maskrl_family" not in cfg
     assert (cfg["model_type"], cfg["architectures"], cfg["mask_token_id"]) == ("llada2_moe", ["LLaDA2MoeModelLM"], 95)
     assert set(w) == set(load_file(DATA / "model.safetensors"))  # per-expert names, the expert bias, no LoRA
