@@ -5,7 +5,7 @@ they open. ``tests/test_llada2_engines.py`` checks maskrl's exports against the 
 Their source is read, never run or copied (neither imports on a CPU: dInfer needs vLLM's ``FusedMoE``, SGLang
 its CUDA layers). From a git directory and commit (``--dinfer`` / ``--sglang``), with :mod:`ast`:
 
-* config keys: every ``config.X`` read (``required``: an ``AttributeError`` when neither ``config.json`` nor
+* config keys: every ``config.X`` / ``self.config.X`` read (``required``: an ``AttributeError`` when neither ``config.json`` nor
   the config class has it) and every ``getattr(config, "X", default)`` / ``hasattr(config, "X")`` (``optional``;
   a key both read and guarded counts as optional);
 * tensor names: for each class on the path from the LM class to the leaves (the edges in :data:`TREES`, each
@@ -115,15 +115,22 @@ def _dtype_of(call: ast.Call) -> str:
     return "default"
 
 
+def _is_config(node: ast.AST) -> bool:
+    """``config`` or ``self.config``."""
+    return (isinstance(node, ast.Name) and node.id == "config") or (
+        isinstance(node, ast.Attribute) and node.attr == "config" and getattr(node.value, "id", None) == "self")
+
+
 def config_keys(tree: ast.Module) -> dict[str, list[str]]:
-    """``required`` / ``optional`` ``config.json`` keys (module docstring); private attributes left out."""
+    """``required`` / ``optional`` ``config.json`` keys read on ``config`` or ``self.config`` (module docstring);
+    private attributes left out."""
     read, guarded = set(), set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "config":
+        if isinstance(node, ast.Attribute) and _is_config(node.value):
             read.add(node.attr)
         if isinstance(node, ast.Call) and _callee(node) in ("getattr", "hasattr") and len(node.args) >= 2:
             obj, key = node.args[0], node.args[1]
-            if isinstance(obj, ast.Name) and obj.id == "config" and isinstance(key, ast.Constant):
+            if _is_config(obj) and isinstance(key, ast.Constant):
                 guarded.add(key.value)
     public = lambda s: {k for k in s if not k.startswith("_")}  # noqa: E731
     return {"required": sorted(public(read - guarded)), "optional": sorted(public(guarded))}

@@ -66,7 +66,7 @@ LLADA2_EXPORT_DEFAULTS = {
     "hidden_act": "silu", "score_function": "sigmoid", "moe_router_enable_expert_bias": True, "router_dtype": "fp32",
     "norm_topk_prob": True, "use_rmsnorm": True, "rope_scaling": None, "use_sliding_window": False, "use_cache": False,
     "attention_dropout": 0.0, "embedding_dropout": 0.0, "output_dropout": 0.0, "initializer_range": 0.02,
-    "norm_head": False, "norm_softmax": False,
+    "norm_head": False, "norm_softmax": False, "output_router_logits": False,
 }
 
 _MERGED = re.compile(r"\.mlp\.experts\.(gate_proj|up_proj|down_proj)(\.weight)?$")
