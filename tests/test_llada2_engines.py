@@ -140,3 +140,56 @@ def test_the_recorder_reproduces_the_dinfer_record():
     if head.strip() != RECORD["dinfer"]["commit"]:
         pytest.skip("the dInfer checkout is at another commit than the record")
     assert {"repo": "inclusionAI/dInfer", **rec.record(DINFER_GIT, "dinfer"), "notes": RECORD["dinfer"]["notes"]} == RECORD["dinfer"]
+
+
+#: a made-up module in the shape of an engine's model file (stacked MLP, experts from a factory, a float32 bias
+#: parameter, a guarded key), to check the recorder's rules on what the dInfer file does not exercise
+ENGINE_LIKE = '''
+class Mlp(nn.Module):
+    def __init__(self, config):
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [4, 4], bias=config.use_bias)
+        self.down_proj = RowParallelLinear(4, config.hidden_size, bias=False)
+class Gate(nn.Module):
+    def __init__(self, config):
+        self.weight = nn.Parameter(torch.empty(2, 2))
+        if getattr(config, "moe_router_enable_expert_bias", False):
+            self.expert_bias = nn.Parameter(torch.empty(2, dtype=torch.float32))
+        self.register_buffer("scratch", torch.zeros(2), persistent=False)
+class Moe(nn.Module):
+    def __init__(self, config):
+        self.gate = Gate(config)
+        self.experts = get_moe_impl_class(None)(num_experts=config.num_experts)
+class Lm(nn.Module):
+    def __init__(self, config):
+        self.mlp = Mlp(config) if config.first_k_dense_replace else Moe(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+    def load_weights(self, weights):
+        stacked_params_mapping = [("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)]
+        m = FusedMoE.make_expert_params_mapping(ckpt_gate_proj_name="w1", ckpt_down_proj_name="w2", ckpt_up_proj_name="w3")
+'''
+
+
+def test_the_recorders_rules_on_an_engine_like_module():
+    import ast
+
+    from conftest import benchmark_script
+
+    rec = benchmark_script("references/llada2_engines_record.py")
+    tree = ast.parse(ENGINE_LIKE)
+    loader = rec.loader_facts(rec._classes(tree)["Lm"], "load_weights")
+    assert loader["stacked_params_mapping"] == [["gate_up_proj", "gate_proj", 0], ["gate_up_proj", "up_proj", 1]]
+    assert loader["expert_checkpoint_names"] == ["w1", "w2", "w3"] and loader["files_opened"] == []
+    spec = {"file": "x.py", "root": "Lm", "edges": [("Lm", "mlp", "Mlp|Moe"), ("Moe", "gate", "Gate")]}
+    names = rec.tensor_names(tree, spec, loader)
+    assert names["dense_layer"] == {"mlp.gate_proj.weight": "MergedColumnParallelLinear",
+                                    "mlp.up_proj.weight": "MergedColumnParallelLinear",
+                                    "mlp.gate_proj.bias": "bias if use_bias", "mlp.up_proj.bias": "bias if use_bias",
+                                    "mlp.down_proj.weight": "RowParallelLinear", "lm_head.weight": "ParallelLMHead"}
+    assert names["moe_layer"] == {"lm_head.weight": "ParallelLMHead", "mlp.gate.weight": "Parameter default",
+                                  "mlp.gate.expert_bias": "Parameter torch.float32",
+                                  **{f"mlp.experts.{{e}}.{c}.weight": "get_moe_impl_class (one per expert)"
+                                     for c in ("w1", "w2", "w3")}}
+    assert rec.config_keys(tree) == {"required": ["first_k_dense_replace", "hidden_size", "num_experts", "use_bias",
+                                                  "vocab_size"], "optional": ["moe_router_enable_expert_bias"]}
+    with pytest.raises(ValueError, match="not in the source"):
+        rec.tensor_names(tree, {**spec, "edges": [("Lm", "mlp", "Nowhere")]}, loader)
