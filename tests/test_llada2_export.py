@@ -57,7 +57,10 @@ def test_config_keys_kept_and_tensors_named_as_the_family_reads_them(exports, ki
     adapter, folder = exports[kind]
     src = json.loads((DATA / "config.json").read_text())
     cfg, w = read_family_folder(folder)
-    assert {k: cfg.get(k) for k in src if k != "torch_dtype"} == {k: v for k, v in src.items() if k != "torch_dtype"}
+    kept = {k: v for k, v in src.items() if k not in ("torch_dtype", "auto_map")}
+    assert {k: cfg.get(k) for k in kept} == kept
+    # auto_map: the same keys and classes, in the family's repository on the Hub (the export holds no code)
+    assert cfg["auto_map"] == {k: f"inclusionAI/LLaDA2.0-mini--{v}" for k, v in src["auto_map"].items()}
     assert cfg["torch_dtype"] == "float32" and cfg["block_size"] == 4 and "maskrl_family" not in cfg
     assert (cfg["model_type"], cfg["architectures"], cfg["mask_token_id"]) == ("llada2_moe", ["LLaDA2MoeModelLM"], 95)
     assert set(w) == set(load_file(DATA / "model.safetensors"))  # per-expert names, the expert bias, no LoRA
@@ -103,7 +106,7 @@ def test_the_familys_own_code_run_here_on_a_fresh_export(exports):
             assert (adapter.logits(ids) - theirs[kind]).abs().max() <= _tol(theirs[kind])
 
 
-def _tiny_llada2_with_tokenizer(seed: int = 0):
+def _tiny_llada2_with_tokenizer(seed: int = 0, max_positions: int = 512):
     """A tiny LLaDA2 built without a source config (the export's defaults fill the family's keys), on the
     character tokenizer, at the family's default block 32."""
     from maskrl.models import ModelAdapter
@@ -115,7 +118,7 @@ def _tiny_llada2_with_tokenizer(seed: int = 0):
                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4, n_group=2,
                           topk_group=1, num_experts_per_tok=2, num_shared_experts=1, moe_intermediate_size=16,
                           first_k_dense_replace=1, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                          max_position_embeddings=512)
+                          max_position_embeddings=max_positions)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = LLaDA2MoeModelLM(cfg).eval()
@@ -140,3 +143,38 @@ def test_maskrl_eval_and_lm_eval_decode_the_export_the_block_way(tmp_path):
     assert {k: r["sampler"][k] for k in rule} == rule
     lm = MaskrlLM(pretrained=str(folder), gen_length=32)
     assert {k: getattr(lm.sampler, k) for k in rule} == rule
+
+
+def test_a_bf16_lora_export_reloads_in_bf16_bit_for_bit_expert_bias_included(tmp_path):
+    """The LoRA export is written in float32 (merged); reloaded in bf16 every tensor -- the base, the float32
+    adapter and the router's ``expert_bias`` buffer, which the family keeps in the model's dtype -- has the live
+    policy's dtype and bits (the rehearsal records' fault: the buffer came back float32)."""
+    from maskrl.models import apply_lora
+
+    live = apply_lora(load(DATA, dtype=torch.bfloat16), rank=2)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in live.model.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randint(-20, 21, p.shape, generator=g).to(p.dtype) * 1e-3)
+    back = load(save_model(live, tmp_path / "lora"), dtype=torch.bfloat16)
+    ours, theirs = live.model.state_dict(), back.model.state_dict()
+    assert ours.keys() == theirs.keys() and "base_model.model.model.layers.1.mlp.gate.expert_bias" in ours
+    assert ours["base_model.model.model.layers.1.mlp.gate.expert_bias"].dtype == torch.bfloat16
+    assert [k for k in ours if ours[k].dtype != theirs[k].dtype or not torch.equal(ours[k], theirs[k])] == []
+
+
+def test_the_published_checkpoint_stores_every_tensor_expert_bias_included_in_bf16():
+    """LLaDA2.0-mini's ``model.safetensors.index.json`` (yjyddq/DARE 83ae8a3, ``models/LLaDA2.0-mini/``) gives
+    ``total_size`` 32,511,286,784 bytes: 2 bytes for each of the 16,255,638,528 parameters and each of the
+    19 × 256 ``expert_bias`` entries (a float32 bias would add 9,728 bytes). So the bias is bf16 on disk, as
+    the family's code holds it (a buffer cast with the model) and as :func:`maskrl.models.load` does."""
+    from maskrl.models.llada2_moe import LLaDA2MoeConfig, parameter_counts
+
+    mini = LLaDA2MoeConfig(vocab_size=157184, hidden_size=2048, intermediate_size=5120, num_hidden_layers=20,
+                           num_attention_heads=16, num_key_value_heads=4, head_dim=128, use_bias=False,
+                           num_experts=256, num_shared_experts=1, num_experts_per_tok=8, moe_intermediate_size=512,
+                           first_k_dense_replace=1)
+    bias = (mini.num_hidden_layers - mini.first_k_dense_replace) * mini.num_experts
+    assert 2 * (parameter_counts(mini)["total"] + bias) == 32_511_286_784
+    assert 2 * parameter_counts(mini)["total"] + 4 * bias != 32_511_286_784

@@ -258,7 +258,9 @@ def base_plus_adapter(merged: ModelAdapter, adapter_dir: str | os.PathLike, dtyp
 
     ``merged`` is the export loaded in float32 (``W' = W + ΔW``, :func:`save_model`). The adapter in
     ``adapter_dir`` is attached with ``peft.PeftModel.from_pretrained``; each adapted weight becomes
-    ``W' − ΔW`` (float32) and every base parameter is cast to ``dtype`` -- the training base again
+    ``W' − ΔW`` (float32) and every base parameter and persistent floating buffer (LLaDA2's router
+    ``expert_bias``, which the family's checkpoints store in the model's dtype and its code casts with the
+    model, as a direct load in ``dtype`` does) is cast to ``dtype`` -- the training base again
     (the float32 round trip is far inside half a bf16 step, so a bf16 base comes back bit for bit,
     except a weight below ~2^-15 of its own update, which float32's ``W + ΔW`` could not hold: it comes
     back within a float32 step of the update; docs/ecosystem.md) --
@@ -300,6 +302,10 @@ def base_plus_adapter(merged: ModelAdapter, adapter_dir: str | os.PathLike, dtyp
             lora_params |= {id(p) for p in layer.parameters()} - {id(p) for p in base.parameters()}
         for p in model.parameters():
             p.data = p.data.to(torch.float32 if id(p) in lora_params else dtype)
+        saved = model.state_dict().keys()  # persistent buffers (LLaDA2's expert_bias) follow dtype, as in a direct load
+        for name, b in model.named_buffers():
+            if b.is_floating_point() and name in saved:
+                b.data = b.data.to(dtype)
     model.to(device or "cpu").eval()
     return dataclasses.replace(merged, model=model)
 

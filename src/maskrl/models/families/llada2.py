@@ -21,13 +21,17 @@ attention, a scaled RoPE, ``num_experts`` not divisible by ``n_group``.
 Exports (:func:`maskrl.models.save_model`, issue 52 item 6): the family's own layout. ``config.json`` is the
 source checkpoint's, every key kept as it was (kept whole on the model config as ``maskrl_source_config``;
 a model built without one starts from :data:`LLADA2_EXPORT_DEFAULTS`: ``architectures``, the family's
-``auto_map``, the routing and norm fields), with the shape and routing keys maskrl reads rewritten from the
+``auto_map``, the routing, norm and dropout fields), with the shape and routing keys maskrl reads rewritten from the
 live model (equal unless the model changed), ``torch_dtype`` the written one, ``mask_token_id``, and
 ``block_size`` only where the source had one or the block is not 32; tensors under the family's names (the
 module's own: ``model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.weight`` one per expert,
-``...mlp.gate.expert_bias``), safetensors shards + index. ``auto_map`` names modelling files in the same
-folder (``modeling_llada2_moe.LLaDA2MoeModelLM``): to run the family's own code on an export, copy those
-two files beside it (as for SDAR).
+``...mlp.gate.expert_bias``), safetensors shards + ``model.safetensors.index.json`` (written for a single file
+too: dInfer opens it unconditionally). ``auto_map`` keeps its keys, its entries pointed at the family's code on
+the Hub (``inclusionAI/LLaDA2.0-mini--configuration_llada2_moe.LLaDA2MoeConfig``; :func:`hub_auto_map`): an
+export holds no modelling code, and SGLang and dInfer read ``config.json`` through ``AutoConfig`` with
+``trust_remote_code``. What SGLang's and dInfer's loaders read (config keys, tensor names, files) is recorded
+from their source by ``benchmarks/references/llada2_engines_record.py`` and checked on exports by
+``tests/test_llada2_engines.py`` (docs/models.md).
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ import torch
 from maskrl.models.families.base import FAMILIES
 from maskrl.models.families.native import NativeFamily, check, default_rope
 from maskrl.models.families.sdar import block_size_of, source_facts
-from maskrl.models.loading import checkpoint_files
+from maskrl.models.loading import INDEX_FILE, SINGLE_FILE, checkpoint_files
 
 #: ``generate()``'s defaults (inclusionAI ``modeling_llada2_moe.py``)
 LLADA2_MASK_ID, LLADA2_EOS_ID, LLADA2_BLOCK_SIZE = 156895, 156892, 32
@@ -56,11 +60,13 @@ LLADA2_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_lay
 #: non-shape keys, dFactory ``configs/model_configs/llada2_mini``)
 LLADA2_EXPORT_DEFAULTS = {
     "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe",
-    "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
-                 "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
-                 "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+    "auto_map": {"AutoConfig": "inclusionAI/LLaDA2.0-mini--configuration_llada2_moe.LLaDA2MoeConfig",
+                 "AutoModel": "inclusionAI/LLaDA2.0-mini--modeling_llada2_moe.LLaDA2MoeModel",
+                 "AutoModelForCausalLM": "inclusionAI/LLaDA2.0-mini--modeling_llada2_moe.LLaDA2MoeModelLM"},
     "hidden_act": "silu", "score_function": "sigmoid", "moe_router_enable_expert_bias": True, "router_dtype": "fp32",
     "norm_topk_prob": True, "use_rmsnorm": True, "rope_scaling": None, "use_sliding_window": False, "use_cache": False,
+    "attention_dropout": 0.0, "embedding_dropout": 0.0, "output_dropout": 0.0, "initializer_range": 0.02,
+    "norm_head": False, "norm_softmax": False, "output_router_logits": False,
 }
 
 _MERGED = re.compile(r"\.mlp\.experts\.(gate_proj|up_proj|down_proj)(\.weight)?$")
@@ -126,6 +132,14 @@ class LLaDA2(NativeFamily):
         refuse_merged_experts(folder)
         return super().adapter_fields(cfg, folder, tokenizer, dtype, device)
 
+    def save(self, model: torch.nn.Module, adapter, path: Path, facts: dict) -> dict:
+        """:meth:`NativeFamily.save`, plus ``model.safetensors.index.json`` when the weights fit one file
+        (dInfer's loader opens the index unconditionally: :func:`write_single_index`)."""
+        cfg = super().save(model, adapter, path, facts)
+        if type(model).__name__ == self.model_class:
+            write_single_index(path)
+        return cfg
+
     def export_config(self, model: torch.nn.Module, adapter) -> dict:
         """The family's ``config.json`` of a :class:`~maskrl.models.llada2_moe.LLaDA2MoeModelLM` (module
         docstring, "Exports").
@@ -141,10 +155,45 @@ class LLaDA2(NativeFamily):
                  "mask_token_id": int(adapter.mask_id), "pad_token_id": int(adapter.pad_id)}
         out = source | {k: v for k, v in live.items() if not (k in source and source[k] == v)}  # 600000 stays an int
         out["torch_dtype"] = str(model.dtype).removeprefix("torch.")
+        out["auto_map"] = hub_auto_map(out.get("auto_map") or LLADA2_EXPORT_DEFAULTS["auto_map"], self.code_repo)
         if "block_size" in source or adapter.block_size != LLADA2_BLOCK_SIZE:
             out["block_size"] = int(adapter.block_size)
         return out
 
     def how_to_load(self) -> str | None:
-        return ("`maskrl.models.load(folder)`, or LLaDA2's own code (`configuration_llada2_moe.py` and "
-                "`modeling_llada2_moe.py` copied beside the folder, `trust_remote_code=True`; block 32 by default)")
+        return ("`maskrl.models.load(folder)`, or LLaDA2's own code (`trust_remote_code=True`: `auto_map` names it in "
+                f"`{self.code_repo}` on the Hub), SGLang or dInfer; block 32 by default")
+
+
+def hub_auto_map(auto_map: dict, repo: str) -> dict:
+    """``auto_map`` with every entry naming a module in the folder (``"module.Class"``) pointed at ``repo`` on the
+    Hub (``"repo--module.Class"``, transformers' form for code in another repository): an export holds no
+    modelling code, and SGLang / dInfer read its ``config.json`` through ``AutoConfig.from_pretrained(folder,
+    trust_remote_code=True)``, which needs the configuration module. Entries already naming a repository stay."""
+    return {k: v if "--" in v else f"{repo}--{v}" for k, v in auto_map.items()}
+
+
+def write_single_index(path: Path) -> None:
+    """Write ``model.safetensors.index.json`` for a single ``model.safetensors`` (shards already have one):
+    ``weight_map`` every tensor to that file, ``metadata.total_size`` the bytes of its tensors."""
+    import json
+
+    from safetensors import safe_open
+
+    if (path / INDEX_FILE).is_file() or not (path / SINGLE_FILE).is_file():
+        return
+    with safe_open(path / SINGLE_FILE, framework="pt") as f:
+        sizes = {n: f.get_slice(n) for n in f.keys()}
+        total = sum(_nbytes(s.get_shape(), s.get_dtype()) for s in sizes.values())
+    index = {"metadata": {"total_size": total}, "weight_map": {n: SINGLE_FILE for n in sorted(sizes)}}
+    (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+_BYTES = {"F64": 8, "F32": 4, "I64": 8, "I32": 4, "BF16": 2, "F16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def _nbytes(shape: list[int], dtype: str) -> int:
+    n = _BYTES[dtype]
+    for d in shape:
+        n *= d
+    return n
