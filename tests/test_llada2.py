@@ -101,6 +101,29 @@ def _copy(tmp_path: Path, **changes) -> Path:
     return folder
 
 
+@pytest.mark.numerics
+def test_use_qk_norm_false_with_norm_weights_is_normed_as_the_published_code_does(tmp_path):
+    """The published modelling code (inclusionAI's, as in DARE 83ae8a3 / dFactory 92b6890) applies QK-norm
+    always while its config class defaults ``use_qk_norm`` to False: a checkpoint it saves with the default says
+    false and holds the norm weights. Such a folder gives the reference logits; without the weights it is a
+    model without QK-norm (ZHZisZZ/dllm's, dInfer's and SGLang's reading of the key), whose logits differ."""
+    ids, ref, _ = _reference()
+    adapter = load(_copy(tmp_path, use_qk_norm=False))
+    adapter.block_size = BLOCK
+    assert adapter.model.config.use_qk_norm is True
+    with torch.no_grad():
+        assert (adapter.logits(ids) - ref).abs().max() <= _tol(ref, torch.float32)
+    weights = {k: v for k, v in load_file(DATA / "model.safetensors").items() if not k.endswith(("query_layernorm.weight", "key_layernorm.weight"))}
+    assert len(weights) < len(load_file(DATA / "model.safetensors"))
+    cfg = json.loads((DATA / "config.json").read_text()) | {"use_qk_norm": False}
+    plain = load(write_folder(tmp_path / "plain", cfg, weights, shards=1))
+    plain.block_size = BLOCK
+    assert plain.model.config.use_qk_norm is False
+    assert not any("query_layernorm" in n for n, _ in plain.model.named_parameters())
+    with torch.no_grad():
+        assert (plain.logits(ids) - ref).abs().max() > 1000 * _tol(ref, torch.float32)
+
+
 def test_merged_experts_are_refused_with_the_way_out(tmp_path):
     """dFactory's converted layout (scripts/moe_convertor.py: one [E, ...] tensor per projection), also under
     its training model_type llada2_moe_veomni (claimed through architectures)."""

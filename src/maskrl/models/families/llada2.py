@@ -7,8 +7,9 @@ Facts relied on (the family's ``configuration_llada2_moe.py`` / ``modeling_llada
 ZHZisZZ/dllm ``dllm/pipelines/llada2/models/`` commit ca17675; dFactory ``configs/model_configs/llada2_mini``
 commit 92b6890):
 
-* config keys absent from ``config.json`` take the family's config-class defaults (QK-norm on, partial
-  rotary 0.5, ...: :class:`~maskrl.models.llada2_moe.LLaDA2MoeConfig`);
+* config keys absent from ``config.json`` take the family's config-class defaults (partial rotary 0.5, ...:
+  :class:`~maskrl.models.llada2_moe.LLaDA2MoeConfig`); QK-norm is on unless ``use_qk_norm`` is false *and* the
+  checkpoint has no QK-norm weights (:func:`qk_norm_of`: the published modelling code applies it always);
 * ``generate()``: ``mask_id`` 156895 (not in ``config.json``), ``eos_id`` 156892 (= ``pad_token_id``),
   ``block_length`` 32 (no config key; a ``block_size`` key, if present, is read), no logit shift, the
   block-causal mask built by ``generate()`` from position 0 (maskrl's :func:`~maskrl.models.adapter.block_causal_mask`).
@@ -86,6 +87,16 @@ def refuse_unsupported(cfg: dict) -> None:
         raise ValueError(f"LLaDA2 config num_experts={experts} is not divisible by n_group={groups}")
 
 
+def qk_norm_of(cfg: dict, names) -> bool:
+    """Whether the attention normalises each query and key head: ``use_qk_norm`` (absent: on), or on anyway
+    when the checkpoint holds ``...attention.query_layernorm.weight`` tensors. The family's published
+    ``modeling_llada2_moe.py`` (inclusionAI/LLaDA2.0-mini and 2.1-mini on the Hub, as copied in DARE 83ae8a3 and
+    dFactory 92b6890) builds and applies QK-norm unconditionally while its config class defaults
+    ``use_qk_norm`` to False, so a checkpoint that code saves may say ``false`` and still be QK-normed;
+    other copies (ZHZisZZ/dllm, dInfer, SGLang) follow the key, and then the norm weights exist iff it is on."""
+    return cfg.get("use_qk_norm", True) is not False or any(".attention.query_layernorm." in n for n in names)
+
+
 def refuse_merged_experts(folder: Path) -> None:
     """``ValueError`` when the checkpoint stores each layer's experts as one ``[E, ...]`` tensor."""
     merged = sorted(n for n in checkpoint_files(folder) if _MERGED.search(n))
@@ -128,8 +139,10 @@ class LLaDA2(NativeFamily):
         return block_size_of(cfg, "block_size", LLADA2_BLOCK_SIZE, self.display_name)
 
     def adapter_fields(self, cfg: dict, folder: Path, tokenizer: Any, dtype: torch.dtype, device) -> dict:
-        """:meth:`NativeFamily.adapter_fields` after refusing merged experts (:func:`refuse_merged_experts`)."""
+        """:meth:`NativeFamily.adapter_fields` after refusing merged experts (:func:`refuse_merged_experts`),
+        with QK-norm on wherever the checkpoint holds its weights (:func:`qk_norm_of`)."""
         refuse_merged_experts(folder)
+        cfg = cfg | {"use_qk_norm": qk_norm_of(cfg, checkpoint_files(folder))}
         return super().adapter_fields(cfg, folder, tokenizer, dtype, device)
 
     def save(self, model: torch.nn.Module, adapter, path: Path, facts: dict) -> dict:
