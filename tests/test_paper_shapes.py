@@ -148,6 +148,8 @@ def _cases():
             if credit in STATE_CREDITS and base == "spg":
                 continue  # spg needs spg_bounds; tested below as a clear error
             lik = "{name: state, p_mask_prompt: 0.0}" if credit in STATE_CREDITS else None
+            if base == "ebpo" and lik is None:  # its own block_elbo scores block models: tests/test_block_shapes.py
+                lik = "{name: elbo}"
             if base == "spg":  # 4 block draws per row: with 1, both rows' drawn blocks can lie in the stop-token
                 lik = "{name: spg_bounds, masking: block, draws: 4}"  # tail (unbiased, but no gradient at all)
             sched = SCHEDULES[(i + j) % 2]

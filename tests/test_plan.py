@@ -270,11 +270,13 @@ def test_plan_options_are_checked(tmp_path):
 def test_8b_recipe_plans_and_dry_runs(path):
     """Every 8B recipe: planned on 1x80 GB and 8x80 GB (FSDP), numbers sane; and one full step on the
     stand-in model (the recipe's sampler, batch, μ, objective, likelihood and credit modules)."""
-    # block-diffusion recipes (TraDo / SDAR: L up to 2,000 in blocks of 4) are planned at L 64: at L 2,000 the
-    # FLOP counts take seconds (pasts 1 and 2, depths 1 and 2: exact, tested above), but recording one step of
-    # the stand-in took 771 s on the loaded 2-core CI machine (docs/scaling.md); the machinery is the same
+    # block-diffusion recipes (TraDo / SDAR: L up to 2,000 in blocks of 4; LLaDA2's EBPO: L 2,048, DARE's) are
+    # planned at L 64: at L 2,000 the FLOP counts take seconds (pasts 1 and 2, depths 1 and 2: exact, tested above),
+    # but recording one step of the stand-in took 771 s on the loaded 2-core CI machine (docs/scaling.md); the
+    # machinery is the same
     short = [f"{s}.{k}=64" for s in ("rollout", "eval") for k in ("gen_length", "steps")]
-    cfg = load_config([path], short if path.name.startswith(("trado", "sdar")) else [])
+    long_l = path.name.startswith(("trado", "sdar")) or path.name == "llada2_mini_gsm8k_ebpo.yaml"
+    cfg = load_config([path], short if long_l else [])
     one = make_plan(cfg, Hardware(gpus=1, gpu_memory=80 * GIB), prompt_length=200, search=False)
     eight = make_plan(cfg, Hardware(gpus=8, gpu_memory=80 * GIB, strategy="fsdp"), prompt_length=200, search=False)
     assert one["memory_gib"]["peak"] > one["memory_gib"]["static"]["weights"] > 5  # GiB: TraDo-4B holds 9.2

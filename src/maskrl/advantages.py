@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import torch
 
-NORMALIZE = ("mean", "mean_std", "leave_one_out")
+NORMALIZE = ("mean", "mean_std", "mean_std_unbiased", "leave_one_out")
+
+#: verl's GRPO estimator adds this to the std (``compute_grpo_outcome_advantage``, ``epsilon``)
+GRPO_STD_EPS = 1e-6
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize: str = "mean",
@@ -14,7 +17,9 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize: 
         rewards: ``[N]`` float rewards.
         group_ids: ``[N]`` long, equal for completions of the same prompt (any order, any group sizes).
         normalize: **[choice]** ``"mean"`` (``A = r − mean_g r``), ``"mean_std"``
-            (``(r − mean)/max(std, std_floor)``, population std), ``"leave_one_out"``
+            (``(r − mean)/max(std, std_floor)``, population std), ``"mean_std_unbiased"`` (verl's GRPO
+            estimator, DARE's ``adv_estimator: grpo``: ``(r − mean)/(std + 1e-6)`` with Bessel's std, and
+            for a group of one mean 0 and std 1), ``"leave_one_out"``
             (``r − mean of the other G−1``; 0 for a group of one).
         std_floor: lower bound of the std in ``mean_std`` (docs/spec.md: 0.01).
 
@@ -41,6 +46,10 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize: 
         loo = (total[inv] - r) / others
         return torch.where(count[inv] > 1, r - loo, torch.zeros_like(r))
     sq = torch.zeros(n_groups, device=r.device).index_add_(0, inv, (r - mean) ** 2)  # [B]
+    if normalize == "mean_std_unbiased":
+        single = count[inv] == 1
+        std = (sq / (count - 1).clamp(min=1)).sqrt()[inv]
+        return torch.where(single, r, r - mean) / (torch.where(single, torch.ones_like(std), std) + GRPO_STD_EPS)
     std = (sq / count).sqrt()[inv]
     return (r - mean) / std.clamp(min=std_floor)
 

@@ -87,7 +87,8 @@ def noisy_start(prompt_mask: torch.Tensor, block_size: int) -> int:
 
 
 def doubled_rows(prompt: torch.Tensor, prompt_mask: torch.Tensor, noisy: torch.Tensor, context: torch.Tensor,
-                 block_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+                 block_size: int, dtype: torch.dtype, completion_valid: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """The doubled input rows: ``(ids [R, T2], mask [R, 1, T2, T2], position_ids [R, T2], offset)``.
 
     Row r is ``[prompt, noisy][c0:] ⊕ [prompt, context]`` (noisy copy first, from column
@@ -101,9 +102,12 @@ def doubled_rows(prompt: torch.Tensor, prompt_mask: torch.Tensor, noisy: torch.T
         context: ``[R, L]`` long, what the earlier blocks show (x_0).
         block_size: tokens per block.
         dtype: the model's float dtype (of the mask).
+        completion_valid: ``[R, L]`` bool, a prefix of each completion: the positions after it are
+            attended by nobody, as if absent (DARE's block actors drop them; default: all present).
     """
     x_noisy, x_ctx = torch.cat([prompt, noisy], 1), torch.cat([prompt, context], 1)  # [R, T]
-    valid = torch.cat([prompt_mask.bool(), torch.ones_like(noisy, dtype=torch.bool)], 1)
+    comp = torch.ones_like(noisy, dtype=torch.bool) if completion_valid is None else completion_valid.bool()
+    valid = torch.cat([prompt_mask.bool(), comp], 1)
     pos = (valid.long().cumsum(-1) - 1).clamp(min=0)  # 0 at each row's first real token (ModelAdapter.position_ids)
     c0 = noisy_start(prompt_mask, block_size)
     ids = torch.cat([x_noisy[:, c0:], x_ctx], 1)
@@ -116,7 +120,8 @@ def doubled_rows(prompt: torch.Tensor, prompt_mask: torch.Tensor, noisy: torch.T
 
 
 def score_blocks(adapter: ModelAdapter, prompt: torch.Tensor, prompt_mask: torch.Tensor, noisy: torch.Tensor,
-                 context: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+                 context: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor,
+                 completion_valid: torch.Tensor | None = None) -> torch.Tensor:
     """``log p_θ(targets[m] | context blocks before its block, its block of noisy[rows[m]])`` at completion
     position ``cols[m]``, for every m in one doubled forward (module docstring); the output layer runs on
     the M scored positions only.
@@ -126,6 +131,7 @@ def score_blocks(adapter: ModelAdapter, prompt: torch.Tensor, prompt_mask: torch
         prompt, prompt_mask: ``[R, P]`` the rows' prompts and real-token masks.
         noisy, context: ``[R, L]`` long, each row's noisy completion and its context completion.
         rows, cols, targets: ``[M]`` long, input row, completion position and token of each score.
+        completion_valid: ``[R, L]`` bool or ``None``, as :func:`doubled_rows`.
 
     Returns:
         ``[M]`` float32 log-probabilities.
@@ -140,7 +146,7 @@ def score_blocks(adapter: ModelAdapter, prompt: torch.Tensor, prompt_mask: torch
         raise ValueError("the doubled x_t ⊕ x_0 forward of a shifted block model (Fast-dLLM v2) is not built; "
                          "its first-in-block predictions read the previous block's last row")
     ids, mask, positions, offset = doubled_rows(prompt, prompt_mask, noisy, context, int(adapter.block_size),
-                                                adapter.dtype)
+                                                adapter.dtype, completion_valid)
     return adapter.log_probs_at(ids, None, rows, cols + offset, targets, layout=(mask, positions))
 
 

@@ -55,6 +55,15 @@ class GDPO(Objective):
         ``length`` ``[N]`` (GDPO: ``(E − E^old)/|o|``)."""
         return (e - e_old) / length
 
+    def kl_arguments(self, e: torch.Tensor, e_ref: torch.Tensor,
+                     length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two ``[N]`` log-likelihoods the KL3 compares (GDPO: the length-normalised ELBOs)."""
+        return e / length, e_ref / length
+
+    def sequence_advantages(self, advantages: torch.Tensor, m: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """``[N, L]`` advantages entering the min (GDPO: a credit module's per-token ones, as given)."""
+        return advantages
+
     def __call__(self, logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor | None,
                  advantages: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> LossOutput:
         """Loss of one (micro-)batch.
@@ -85,6 +94,7 @@ class GDPO(Objective):
         ratio = importance_ratio(log_ratio)  # [N]
         eps_low, eps_high = self.clip_range()
         clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
+        advantages = self.sequence_advantages(advantages, m, length)
         per_tok = -torch.minimum(ratio[:, None] * advantages, clipped[:, None] * advantages)  # [N, L]
         per_seq = (per_tok * m).sum(-1) / length  # [N]
         policy_loss = per_seq.sum() / denom
@@ -98,9 +108,9 @@ class GDPO(Objective):
         if self.beta > 0:
             if logp_ref is None:
                 raise ValueError("beta > 0 needs logp_ref")
-            e_ref = (logp_ref * m).sum(-1)
-            kl = (kl3(e / length, e_ref / length) * real).sum() / denom
+            x, x_ref = self.kl_arguments(e, (logp_ref * m).sum(-1), length)
+            kl = (kl3(x, x_ref) * real).sum() / denom
             loss = loss + self.beta * kl
             metrics["kl"] = kl.item()
-            metrics["kl_clamp_frac"] = (kl3_clamped(e / length, e_ref / length).float() * real).sum().item() / denom
+            metrics["kl_clamp_frac"] = (kl3_clamped(x, x_ref).float() * real).sum().item() / denom
         return LossOutput(loss=loss, metrics=metrics)
