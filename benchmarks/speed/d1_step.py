@@ -62,7 +62,7 @@ sys.path.insert(0, str(HERE))
 from id_tokens import hash_reward, id_tokenizer, prompt_texts  # noqa: E402  (maskrl-free)
 
 RECIPE = ROOT / "configs" / "llada8b_gsm8k_diffu_grpo.yaml"
-D1_REV, LLADA_REV = "837888f", "10b4fd1"
+D1_REV, LLADA_REV, TRL_REV = "837888f", "10b4fd1", "0f88c17"
 LLADA_PATH = "models/llada"
 D1_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"]  # d1's train.py
 LLADA_HIT = ["q_proj", "k_proj", "v_proj", "up_proj"]  # those of d1's names LLaDA's modules carry
@@ -163,7 +163,8 @@ def d1_step(spec: dict) -> dict:
                   diffusion_steps=L // 2, temperature=0.9, random_masking=False, learning_rate=3e-6, weight_decay=0.1,
                   max_grad_norm=0.2, adam_beta2=0.99, lr_scheduler_type="constant_with_warmup", report_to="none",
                   save_strategy="no", logging_steps=1, disable_tqdm=True, use_cpu=True, seed=42, bf16=False)
-    lora = LoraConfig(r=128, lora_alpha=64, target_modules=D1_TARGETS, task_type="CAUSAL_LM", lora_dropout=0.05)
+    lora = LoraConfig(r=spec.get("lora_rank", 128), lora_alpha=spec.get("lora_alpha", 64), target_modules=D1_TARGETS,
+                      task_type="CAUSAL_LM", lora_dropout=0.05)
 
     def hash_reward_func(prompts, completions, **_):
         return hash_reward(completions)
@@ -214,7 +215,8 @@ def maskrl_trainer(spec: dict):
             "model.gradient_checkpointing=false", f"model.lora_target_modules={','.join(LLADA_HIT)}",
             f"rollout.gen_length={L}", f"rollout.block_length={spec['block_length']}", f"rollout.steps={L // 2}",
             "train.prompts_per_step=1", f"train.group_size={G}", f"train.micro_batch_size={G}",
-            "train.inner_iterations=1", "train.dropout=true"] + spec.get("sets", [])
+            "train.inner_iterations=1", "train.dropout=true", f"model.lora_rank={spec.get('lora_rank', 128)}",
+            f"model.lora_alpha={spec.get('lora_alpha', 64)}"] + spec.get("sets", [])
     cfg = load_config([RECIPE], sets)
     return RLTrainer(cfg, load_policy(cfg), gpu_grid.HashReward(), [Example(id=0, prompt=spec["prompt"])])
 
@@ -362,6 +364,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--block-length", type=int, default=32)
     ap.add_argument("--steps", type=int, default=2, help="timed steps per process (after one warm-up step)")
     ap.add_argument("--rounds", type=int, default=2, help="processes per side, alternated")
+    ap.add_argument("--lora-rank", type=int, default=128, help="d1's 128; LLaDA-8B's width is 16x this model's")
+    ap.add_argument("--lora-alpha", type=float, default=64)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--smoke", action="store_true", help="maskrl's side only on a tiny model (no d1 needed)")
     args = ap.parse_args(argv)
@@ -376,13 +380,15 @@ def main(argv: list[str] | None = None) -> dict:
     if not (args.d1_git and args.llada_git and args.d1_python):
         ap.error("--d1-git, --llada-git and --d1-python (or $MASKRL_D1_GIT, $MASKRL_LLADA_GIT, $MASKRL_D1_PYTHON) are needed")
     shape = {"width": args.width, "layers": args.layers, "group": args.group, "block_length": args.block_length,
-             "steps": args.steps, "prompt_length": args.prompt_length}
+             "steps": args.steps, "prompt_length": args.prompt_length, "lora_rank": args.lora_rank,
+             "lora_alpha": args.lora_alpha}
     record = {"command": "PYTHONPATH=src python benchmarks/speed/d1_step.py --d1-git <d1>/.git --llada-git <dLLM-RL>/.git "
                          f"--d1-python <d1 venv>/bin/python --cells {args.cells} --width {args.width} --layers {args.layers} "
-                         f"--group {args.group} --prompt-length {args.prompt_length} --steps {args.steps} --rounds {args.rounds}",
+                         f"--group {args.group} --prompt-length {args.prompt_length} --steps {args.steps} --rounds {args.rounds}"
+                         f" --lora-rank {args.lora_rank} --lora-alpha {args.lora_alpha:g}",
               "d1": f"dllm-reasoning/d1 {D1_REV} diffu-grpo/ (μ-1 line added, see patch_d1)",
               "llada_code": f"Gen-Verse/dLLM-RL {LLADA_REV} {LLADA_PATH}/modeling_llada.py",
-              "d1_environment": d1_versions(args.d1_python), "torch": torch.__version__, "threads": 1,
+              "d1_environment": d1_versions(args.d1_python) | {"trl_source": f"huggingface/trl {TRL_REV} (d1's pin)"}, "torch": torch.__version__, "threads": 1,
               "timer": "process CPU seconds per phase, one process per side per round, alternated",
               "processor": cpu_identity(), "args": shape, "cells": {}, "complete": False}
     if args.out and args.out.is_file():  # cells measured by an earlier run stay; the ones run now replace theirs
