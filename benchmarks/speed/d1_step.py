@@ -27,7 +27,9 @@ block's masked positions; d1 samples through the peft wrapper and draws noise in
 over every position. **d1 at μ 1 does not run as published**: with β > 0 its
 ``_generate_and_score_completions`` reads ``prompt_completion_ids_expanded``, which it defines only when
 μ > 1 (NameError); the exported copy gets that one line before the ``if``, the value its μ > 1 branch
-computes (:func:`patch_d1`). d1's ``random_masking`` (seeds drawn as a tensor) stops in Python 3.11's
+computes (:func:`patch_d1`). d1 calls its sampler from ``training_step`` with autograd on (it records a
+graph for the LoRA weights at every forward); ``--d1-rollout-no-grad`` (a diagnostic, not d1's code as it
+runs) wraps it in ``torch.no_grad``. d1's ``random_masking`` (seeds drawn as a tensor) stops in Python 3.11's
 ``random.seed`` (TypeError; d1 ran on an older Python), so d1 runs with its fixed mask seeds, at the same cost.
 
 **Timing.** One thread per process; each side runs in its own process (a warm-up step, then ``--steps``
@@ -173,6 +175,8 @@ def d1_step(spec: dict) -> dict:
     trainer = Trainer(model=model, reward_funcs=[hash_reward_func], args=args, train_dataset=data,
                       processing_class=tok, peft_config=lora)
     clock, steps = Clock({"rollout": "reference"}), []  # d1 runs the reference pass inside its rollout call
+    if spec.get("d1_rollout_no_grad"):  # a diagnostic: d1 calls its sampler with autograd on
+        trainer.generate = torch.no_grad()(trainer.generate)
     trainer.generate = clock.wrap("sampler", trainer.generate)
     trainer._generate_and_score_completions = clock.wrap("rollout", trainer._generate_and_score_completions)
     trainer._get_per_token_logps = clock.wrap(("reference", "theta_forward"), trainer._get_per_token_logps)
@@ -366,6 +370,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=2, help="processes per side, alternated")
     ap.add_argument("--lora-rank", type=int, default=128, help="d1's 128; LLaDA-8B's width is 16x this model's")
     ap.add_argument("--lora-alpha", type=float, default=64)
+    ap.add_argument("--d1-rollout-no-grad", action="store_true",
+                    help="diagnostic: d1's sampler under torch.no_grad (d1 runs it with autograd on)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--smoke", action="store_true", help="maskrl's side only on a tiny model (no d1 needed)")
     args = ap.parse_args(argv)
@@ -381,11 +387,12 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("--d1-git, --llada-git and --d1-python (or $MASKRL_D1_GIT, $MASKRL_LLADA_GIT, $MASKRL_D1_PYTHON) are needed")
     shape = {"width": args.width, "layers": args.layers, "group": args.group, "block_length": args.block_length,
              "steps": args.steps, "prompt_length": args.prompt_length, "lora_rank": args.lora_rank,
-             "lora_alpha": args.lora_alpha}
+             "lora_alpha": args.lora_alpha, "d1_rollout_no_grad": args.d1_rollout_no_grad}
     record = {"command": "PYTHONPATH=src python benchmarks/speed/d1_step.py --d1-git <d1>/.git --llada-git <dLLM-RL>/.git "
                          f"--d1-python <d1 venv>/bin/python --cells {args.cells} --width {args.width} --layers {args.layers} "
                          f"--group {args.group} --prompt-length {args.prompt_length} --steps {args.steps} --rounds {args.rounds}"
-                         f" --lora-rank {args.lora_rank} --lora-alpha {args.lora_alpha:g}",
+                         f" --lora-rank {args.lora_rank} --lora-alpha {args.lora_alpha:g}"
+                         + (" --d1-rollout-no-grad" if args.d1_rollout_no_grad else ""),
               "d1": f"dllm-reasoning/d1 {D1_REV} diffu-grpo/ (μ-1 line added, see patch_d1)",
               "llada_code": f"Gen-Verse/dLLM-RL {LLADA_REV} {LLADA_PATH}/modeling_llada.py",
               "d1_environment": d1_versions(args.d1_python) | {"trl_source": f"huggingface/trl {TRL_REV} (d1's pin)"}, "torch": torch.__version__, "threads": 1,
