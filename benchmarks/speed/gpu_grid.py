@@ -45,13 +45,13 @@ import multiprocessing
 import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_check  # noqa: E402  (the same random LLaDA model and device helpers)
+from id_tokens import hash_reward, id_tokenizer, prompt_texts  # noqa: E402,F401  (maskrl-free helpers)
 from maskrl.tasks.base import Task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,28 +69,11 @@ SCALES = {
 CACHES, SCHEDULES = ("dual", "prefix", "none"), ("fixed", "threshold")
 
 
-def id_tokenizer(vocab: int, mask_id: int, eos_id: int):
-    """A word-level tokenizer with one entry ``<i>`` per model id (``<mask>`` at ``mask_id``, ``<eos>`` at
-    ``eos_id``, also the pad token), so that prompts are exact id lists and every id is a candidate."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    names = {i: f"<{i}>" for i in range(vocab)} | {mask_id: "<mask>", eos_id: "<eos>"}
-    tok = Tokenizer(models.WordLevel({t: i for i, t in names.items()}, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>", mask_token="<mask>")
-
-
 def build(scale: str, device: torch.device, dtype: torch.dtype):
     """The random LLaDA-shaped model of ``scale`` with :func:`id_tokenizer` (:class:`ModelAdapter`)."""
     a = gpu_check.build_model(scale, device, dtype)
     m = gpu_check.MODELS[scale]
     return dataclasses.replace(a, tokenizer=id_tokenizer(m["embedding_size"], a.mask_id, a.eos_id))
-
-
-def prompt_texts(n: int, length: int, vocab_high: int, seed: int) -> list[str]:
-    g = torch.Generator().manual_seed(seed)
-    return [" ".join(f"<{i}>" for i in row) for row in torch.randint(10, vocab_high, (n, length), generator=g).tolist()]
 
 
 def query_tokens(cache: str, schedule: str, rows: int, prompt: int, run: dict) -> int:
@@ -163,7 +146,7 @@ class HashReward(Task):
     name = "hash_reward"
 
     def reward(self, prompts, completions, **_):
-        return [float(zlib.crc32(c.encode()) % 2) for c in completions]
+        return hash_reward(completions)
 
 
 def recipe_config(name: str, scale: str, mu: int | None, out_dir: str):
