@@ -4,11 +4,12 @@ step."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 from rehearse_launch import GIB, EVAL_ROWS, load_recipe
-from rehearse_memory import proc_status, reset_peak
+from rehearse_memory import KERNEL_CACHES_OFF, proc_status, reset_peak
 
 
 def _lora_state(ckpt: Path) -> dict:
@@ -307,4 +308,5 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
             "measured_peak_gib": peak / GIB, "base_rss_gib": base / GIB, "after_load_gib": after_load / GIB,
             "after_load_untouched_gib": lazy / GIB,
             "rss_after_step_gib": (proc_status()["VmRSS"] - base) / GIB,
-            "first_step_seconds": first_s, "second_step_seconds": second_s}
+            "first_step_seconds": first_s, "second_step_seconds": second_s,
+            "kernel_caches": {k: os.environ.get(k) for k in KERNEL_CACHES_OFF}}  # as measured (rehearse_memory)

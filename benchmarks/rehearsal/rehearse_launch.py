@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from rehearse_memory import WorkerMonitor
+from rehearse_memory import KERNEL_CACHES_OFF, WorkerMonitor
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "benchmarks" / "rehearsal" / "rehearse_plugin.py"
@@ -95,7 +95,7 @@ def load_recipe(name: str, overrides: list[str] = ()):
 
 def _env(threads: int = 1) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MALLOC_MMAP_THRESHOLD_="65536",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **KERNEL_CACHES_OFF)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
