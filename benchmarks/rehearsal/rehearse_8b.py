@@ -281,13 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", help=argparse.SUPPRESS)
     p.add_argument("--eval-dir", help=argparse.SUPPRESS)
     p.add_argument("--prompt-length", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--phase-peaks", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         ov = json.loads(args.overrides_json)
         if args.child == "checks":
             res = child_checks(args.recipe, ov, Path(args.run_dir), Path(args.eval_dir))
         else:
-            res = child_count(args.recipe, ov, args.prompt_length)
+            res = child_count(args.recipe, ov, args.prompt_length, phases=args.phase_peaks)
         print(json.dumps(res, default=str))
         return 0
     if args.rescore:

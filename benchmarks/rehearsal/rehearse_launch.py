@@ -199,13 +199,13 @@ def compare_metrics(a: Path, b: Path, step: int) -> dict:
     return {"step": step, "equal": not diff and bool(ma), "different": diff}
 
 
-def _run_child(kind: str, args: list[str], log: Path, timeout: float = 3600) -> dict:
+def _run_child(kind: str, args: list[str], log: Path, timeout: float = 3600, env: dict | None = None) -> dict:
     cmd = [sys.executable, str(SCRIPT), "--child", kind, *args]
     t0 = time.time()
     with open(log, "a") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=fh, stdin=subprocess.DEVNULL, text=True, env=_env(2),
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=fh, stdin=subprocess.DEVNULL, text=True, env=env or _env(2),
                            cwd=ROOT, timeout=timeout)
     if p.returncode:
         return {"error": f"child {kind} exited {p.returncode}", "log_tail": _tail(log)}

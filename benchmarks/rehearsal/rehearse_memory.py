@@ -109,3 +109,32 @@ class WorkerMonitor(threading.Thread):
                 name = f"step_{seen + 1}"
             time.sleep(self.interval)
         self.windows.append({"name": "last_step_to_exit", "seconds": time.time() - t0, "peak_bytes": dict(last)})
+
+
+#: the RL step's phases, as :class:`maskrl.trainer.RLTrainer` methods: the rollout (with the merged LoRA copy),
+#: the frozen θ_old / reference log-probs, each inner iteration's θ forwards and backwards, each optimizer step
+STEP_PHASES = ("collect", "_frozen_log_probs", "_accumulate", "_update")
+
+
+def phase_peaks(trainer, base: int) -> list[dict]:
+    """Wrap the :data:`STEP_PHASES` of ``trainer`` (instance attributes; the class is not touched) so that each
+    call records ``{"phase", "rss_before_gib", "peak_gib", "rss_after_gib"}`` -- resident memory above ``base``
+    bytes, the peak (``VmHWM``) reset at the call's start -- in the returned list, as the calls run."""
+    gib = 2 ** 30
+    out: list[dict] = []
+
+    def wrap(name: str, fn):
+        def call(*a, **k):
+            before = proc_status()["VmRSS"]
+            reset_peak()
+            res = fn(*a, **k)
+            st = proc_status()
+            out.append({"phase": name, "rss_before_gib": (before - base) / gib, "peak_gib": (st["VmHWM"] - base) / gib,
+                        "rss_after_gib": (st["VmRSS"] - base) / gib})
+            return res
+        return call
+
+    for name in STEP_PHASES:
+        setattr(trainer, name, wrap(name, getattr(trainer, name)))
+    return out
+
