@@ -80,3 +80,35 @@ def test_moe_forwards_leave_no_kernel_cache_resident_in_the_rehearsals_processes
     # 11 calls of new shapes: ~80 MiB held with the caches on (Xeon, AVX-512 bf16, torch 2.13); off: none
     assert off["held_bytes"] < 8 * mib, off
     assert on["digest"] == off["digest"]  # the same kernels: bit for bit the same outputs and gradients
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="peaks are read from /proc (Linux)")
+def test_phase_peaks_records_each_phase_call_and_its_allocation():
+    """``phase_peaks`` wraps a trainer's step phases on the instance: one entry per call, in order, whose peak
+    holds what the call allocated (a 64 MiB buffer written and freed inside ``collect``)."""
+    import torch
+
+    mem = benchmark_script("rehearsal/rehearse_memory.py")
+
+    class Trainer:
+        def collect(self):
+            torch.ones(16 * 2 ** 20)  # 64 MiB of float32, written, freed on return
+            return "batch"
+
+        def _frozen_log_probs(self):
+            return None
+
+        def _accumulate(self):
+            return 0
+
+        def _update(self):
+            return True
+
+    t = Trainer()
+    base = mem.proc_status()["VmRSS"]
+    log = mem.phase_peaks(t, base)
+    assert t.collect() == "batch" and t._update() is True and t._accumulate() == 0
+    assert [e["phase"] for e in log] == ["collect", "_update", "_accumulate"]
+    assert log[0]["peak_gib"] - log[0]["rss_before_gib"] >= 60 / 1024  # the 64 MiB buffer, in GiB
+    assert log[1]["peak_gib"] - log[1]["rss_before_gib"] < 32 / 1024
+    assert Trainer().collect.__func__ is Trainer.collect  # the class is untouched: only the instance is wrapped
