@@ -9,6 +9,7 @@ and vocabulary, and the LLaDA2.0-mini recipes at the real width with fewer exper
     python benchmarks/rehearsal/rehearse_8b.py --smoke                           # one recipe, one step, narrow (test suite)
     python benchmarks/rehearsal/rehearse_8b.py --rescore                         # plan_vs_measured again, from the records
     python benchmarks/rehearsal/rehearse_8b.py --recipes R --layers 1 --recount WHY  # plan and count phases again, this code
+    python benchmarks/rehearsal/rehearse_8b.py --recipes R --layers 2 --recount WHY --rerun-a  # and run_a's memory windows
     python benchmarks/rehearsal/rehearse_fsdp.py                                 # one recipe under FSDP2 against 1 process
 
 Each recipe writes one JSON record, ``results/rehearse_8b/<recipe>_L<layers>.json`` (``--out-dir``).
@@ -69,7 +70,9 @@ Memory of the 2-process phases: a monitor thread reads each worker's ``VmHWM`` a
 ``/proc`` every 50 ms, and at each step boundary (a new line in ``metrics.jsonl``) reads the window's
 peak and resets it (``/proc/<pid>/clear_refs``), so each window -- load + step 1, step k, the last step
 to exit (checkpoint, export on rank 0) -- has its own peak per process. glibc is told to ``mmap`` every
-block ≥ 64 KiB (``MALLOC_MMAP_THRESHOLD_``), so freed tensors leave the resident set.
+block ≥ 64 KiB (``MALLOC_MMAP_THRESHOLD_``), so freed tensors leave the resident set, and oneDNN's and ideep's
+per-shape kernel caches are off in every process (:data:`rehearse_memory.KERNEL_CACHES_OFF`: same kernels, no
+cached primitives, which an MoE step's data-dependent expert shapes grew by 0.2-0.4 GiB on the LLaDA2 stand-in).
 """
 from __future__ import annotations
 
@@ -270,19 +273,22 @@ def main(argv: list[str] | None = None) -> int:
                                                            "in --out-dir from their own phases (no runs)")
     p.add_argument("--recount", metavar="WHY", help="run the plan and count phases of the records of --recipes and "
                    "--layers in --out-dir again with this code (the 2-process phases kept); WHY goes into the record")
+    p.add_argument("--rerun-a", action="store_true", help="with --recount: run_a (the 2-process run) again too, for "
+                   "its memory windows (resume, eval and checks kept from the record's run)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--recipe", help=argparse.SUPPRESS)
     p.add_argument("--overrides-json", help=argparse.SUPPRESS)
     p.add_argument("--run-dir", help=argparse.SUPPRESS)
     p.add_argument("--eval-dir", help=argparse.SUPPRESS)
     p.add_argument("--prompt-length", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--phase-peaks", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         ov = json.loads(args.overrides_json)
         if args.child == "checks":
             res = child_checks(args.recipe, ov, Path(args.run_dir), Path(args.eval_dir))
         else:
-            res = child_count(args.recipe, ov, args.prompt_length)
+            res = child_count(args.recipe, ov, args.prompt_length, phases=args.phase_peaks)
         print(json.dumps(res, default=str))
         return 0
     if args.rescore:

@@ -4,11 +4,12 @@ step."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 from rehearse_launch import GIB, EVAL_ROWS, load_recipe
-from rehearse_memory import proc_status, reset_peak
+from rehearse_memory import KERNEL_CACHES_OFF, phase_peaks, proc_status, reset_peak
 
 
 def _lora_state(ckpt: Path) -> dict:
@@ -241,8 +242,10 @@ def _exact_prompt(tokenizer, n: int) -> str:
     raise RuntimeError(f"no text of exactly {n} tokens found for this tokenizer")
 
 
-def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
-    """Counted FLOPs of one step and measured peak of the next (module docstring, ``count``)."""
+def child_count(recipe: str, overrides: list[str], prompt_length: int, phases: bool = False) -> dict:
+    """Counted FLOPs of one step and measured peak of the next (module docstring, ``count``); ``phases``: the
+    second step's peak per phase too (``phase_peaks``, :func:`rehearse_memory.phase_peaks`; ``measured_peak_gib``
+    is then the largest of them)."""
     import dataclasses
     import gc
 
@@ -296,15 +299,18 @@ def child_count(recipe: str, overrides: list[str], prompt_length: int) -> dict:
         trainer.step()
     first_s = time.time() - t0
     gc.collect()
+    by_phase = phase_peaks(trainer, base) if phases else None
     reset_peak()
     t0 = time.time()
     trainer.step()
     second_s = time.time() - t0
-    peak = proc_status()["VmHWM"] - base
+    peak = proc_status()["VmHWM"] - base if not phases else max(p["peak_gib"] for p in by_phase) * GIB
     from rehearse_launch import _code_commit
 
     return {"code": _code_commit(), "prompt_length": prompt_length, "measured_flops": int(fc.get_total_flops()),
             "measured_peak_gib": peak / GIB, "base_rss_gib": base / GIB, "after_load_gib": after_load / GIB,
             "after_load_untouched_gib": lazy / GIB,
             "rss_after_step_gib": (proc_status()["VmRSS"] - base) / GIB,
-            "first_step_seconds": first_s, "second_step_seconds": second_s}
+            "first_step_seconds": first_s, "second_step_seconds": second_s,
+            "kernel_caches": {k: os.environ.get(k) for k in KERNEL_CACHES_OFF},  # as measured (rehearse_memory)
+            **({"phase_peaks": by_phase} if phases else {})}

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from rehearse_memory import WorkerMonitor
+from rehearse_memory import KERNEL_CACHES_OFF, WorkerMonitor
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "benchmarks" / "rehearsal" / "rehearse_plugin.py"
@@ -95,7 +95,7 @@ def load_recipe(name: str, overrides: list[str] = ()):
 
 def _env(threads: int = 1) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MALLOC_MMAP_THRESHOLD_="65536",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **KERNEL_CACHES_OFF)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
 
@@ -199,13 +199,13 @@ def compare_metrics(a: Path, b: Path, step: int) -> dict:
     return {"step": step, "equal": not diff and bool(ma), "different": diff}
 
 
-def _run_child(kind: str, args: list[str], log: Path, timeout: float = 3600) -> dict:
+def _run_child(kind: str, args: list[str], log: Path, timeout: float = 3600, env: dict | None = None) -> dict:
     cmd = [sys.executable, str(SCRIPT), "--child", kind, *args]
     t0 = time.time()
     with open(log, "a") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=fh, stdin=subprocess.DEVNULL, text=True, env=_env(2),
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=fh, stdin=subprocess.DEVNULL, text=True, env=env or _env(2),
                            cwd=ROOT, timeout=timeout)
     if p.returncode:
         return {"error": f"child {kind} exited {p.returncode}", "log_tail": _tail(log)}

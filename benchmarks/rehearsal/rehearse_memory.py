@@ -1,11 +1,24 @@
 """Memory of processes from ``/proc`` for the 8B rehearsal (:mod:`rehearse_8b`): a process's ``VmHWM`` /
 ``VmRSS``, resetting its peak (``clear_refs``), and a monitor thread that reads each training worker's peak
-per step window."""
+per step window; the CPU kernel libraries' per-shape caches turned off in the measured processes
+(:data:`KERNEL_CACHES_OFF`)."""
 from __future__ import annotations
 
 import threading
 import time
 from pathlib import Path
+
+#: environment of every measured rehearsal process: the CPU kernel libraries' per-shape caches off. A bf16
+#: matrix product on CPU goes through oneDNN (via ideep), which keeps each distinct problem shape's primitive --
+#: its JIT-compiled kernel and buffers sized to that shape -- in two caches, oneDNN's own primitive cache
+#: (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, default 1,024) and ideep's (``LRU_CACHE_CAPACITY``, default 1,024). A dense
+#: model's step has few shapes, but the MoE experts' products have a data-dependent row count (the tokens routed to
+#: each expert), so every forward adds shapes: on the LLaDA2 stand-in the caches held 0.19 GiB after two steps,
+#: beside 0.28 GiB of tensors (weights, gradients, AdamW states), and the 2-process runs grew them from step to
+#: step. A GPU process holds no such cache, and the plan counts tensors only; with the caches off the kernels are
+#: the same (a primitive is built again for each call instead of being looked up), so the step computes the same
+#: bits and its resident memory is its tensors'. ``tests/test_standins.py`` measures both settings.
+KERNEL_CACHES_OFF = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0", "LRU_CACHE_CAPACITY": "1"}
 
 
 def proc_status(pid: int | str = "self") -> dict[str, int]:
@@ -96,3 +109,32 @@ class WorkerMonitor(threading.Thread):
                 name = f"step_{seen + 1}"
             time.sleep(self.interval)
         self.windows.append({"name": "last_step_to_exit", "seconds": time.time() - t0, "peak_bytes": dict(last)})
+
+
+#: the RL step's phases, as :class:`maskrl.trainer.RLTrainer` methods: the rollout (with the merged LoRA copy),
+#: the frozen θ_old / reference log-probs, each inner iteration's θ forwards and backwards, each optimizer step
+STEP_PHASES = ("collect", "_frozen_log_probs", "_accumulate", "_update")
+
+
+def phase_peaks(trainer, base: int) -> list[dict]:
+    """Wrap the :data:`STEP_PHASES` of ``trainer`` (instance attributes; the class is not touched) so that each
+    call records ``{"phase", "rss_before_gib", "peak_gib", "rss_after_gib"}`` -- resident memory above ``base``
+    bytes, the peak (``VmHWM``) reset at the call's start -- in the returned list, as the calls run."""
+    gib = 2 ** 30
+    out: list[dict] = []
+
+    def wrap(name: str, fn):
+        def call(*a, **k):
+            before = proc_status()["VmRSS"]
+            reset_peak()
+            res = fn(*a, **k)
+            st = proc_status()
+            out.append({"phase": name, "rss_before_gib": (before - base) / gib, "peak_gib": (st["VmHWM"] - base) / gib,
+                        "rss_after_gib": (st["VmRSS"] - base) / gib})
+            return res
+        return call
+
+    for name in STEP_PHASES:
+        setattr(trainer, name, wrap(name, getattr(trainer, name)))
+    return out
+

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from maskrl.records import expand, write_record
 
-from rehearse_launch import GIB, PUBLISHED_LAYERS, BLOCK_FAMILIES, standin_family, rehearsal_overrides, load_recipe, _run_child, run_plan, ensure_standin, _code_commit
+from rehearse_launch import (GIB, PUBLISHED_LAYERS, BLOCK_FAMILIES, standin_family, rehearsal_overrides, load_recipe,
+                             _run_child, run_plan, run_cli_train, ensure_standin, _code_commit)
 
 
 def completion_faults(checks: dict) -> list[str]:
@@ -105,7 +106,9 @@ def recount(record: Path, args, why: str) -> dict:
     """Run a finished record's ``plan`` and ``count`` phases again with this checkout's code (same recipe,
     overrides and prompt length; the stand-in rebuilt in ``args.work`` if it is gone), replace them in the
     record, recompute ``plan_vs_measured`` and its faults, and say so in ``recounted`` (commit, date,
-    ``why``). The 2-process phases are kept: their windows are compared with the new plan."""
+    ``why``). The 2-process phases are kept: their windows are compared with the new plan -- unless
+    ``args.rerun_a``, which runs run_a (3 steps on 2 processes, the export) again for its memory windows and
+    written files; resume_b, eval and checks stay those of the record's own run."""
     rec = json.loads(record.read_text())
     family, layers = rec["family"], rec["layers"]
     standin = ensure_standin(Path(args.work), family, layers, rec.get("width_divisor", 1))
@@ -121,16 +124,26 @@ def recount(record: Path, args, why: str) -> dict:
     print(f"  count (again, 1 process, P={P})", flush=True)
     rec["phases"]["count"] = _run_child("count", ["--recipe", rec["recipe"], "--overrides-json", json.dumps(ov),
                                                   "--prompt-length", str(P)], log)
-    (work / "phases.json").write_text(json.dumps({k: rec["phases"][k] for k in ("plan", "count")}, default=str))
-    rec["faults"] = [f for f in rec["faults"] if not f.startswith(("plan: ", "count: "))]
+    redone = ("plan", "count")
+    if getattr(args, "rerun_a", False):
+        print("  run_a (again, 2 processes)", flush=True)
+        ov_a = [f"output_dir={work / 'a'}" if o.startswith("output_dir=") else o for o in ov]
+        before["run_a_peak_gib_per_rank"] = rec["phases"]["run_a"].get("peak_gib_per_rank")
+        rec["phases"]["run_a"] = run_cli_train(rec["recipe"], ov_a, work / "a", log)
+        rec["phases"]["files"] = written_files(work / "a")
+        redone += ("run_a",)
+    (work / "phases.json").write_text(json.dumps({k: rec["phases"][k] for k in redone}, default=str))
+    rec["faults"] = [f for f in rec["faults"] if not f.startswith(("plan: ", "count: ", "run_a: "))]
+    if rec["phases"].get("run_a", {}).get("returncode"):
+        rec["faults"].append(f"run_a: maskrl train exited {rec['phases']['run_a']['returncode']} (log: {log})")
     for k in ("plan", "count"):
         if "error" in rec["phases"][k]:
             rec["faults"].append(f"{k}: {rec['phases'][k]['error']} (log: {log})")
     rec["plan_vs_measured"] = plan_vs_measured(rec, rec["phases"]["plan"].get("files_gib"))
     rec["faults"] += plan_faults(rec)
     rec.setdefault("recounted", []).append({"by": _code_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                            "why": why, "before": before})
-    record.write_text(json.dumps(rec, indent=2, default=str) + "\n")
+                                            "why": why, "phases": list(redone), "before": before})
+    write_record(record, rec, work=args.work)  # the rerun's commands name --work: written as <work>
     return rec
 
 

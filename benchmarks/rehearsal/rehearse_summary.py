@@ -8,7 +8,8 @@ The block sits between ``<!-- rehearsal:begin -->`` and ``<!-- rehearsal:end -->
 records. Columns (each record's own numbers, :mod:`rehearse_8b`):
 
 * *recipe*: the shipped recipe, with its stand-in's blocks where they are not 1;
-* *code*: the commit the record ran (``code.commit``; ``?`` for records made before it was stored);
+* *code*: the commit the record ran (``code.commit``; ``?`` for records made before it was stored), and the
+  commit of its last recount (``recounted``: plan and count, and run_a where it says so), after a ``+``;
 * *P*: the plan's prompt length; *2 proc.*: the plan's peak per process on 2 DDP processes against the
   larger rank's measured peak of steps 2-3 (worker ``VmHWM`` minus the interpreter), with the error; *1 proc.*: the
   same for the 1-process ``count``; *FLOPs*: the plan's against the counted ones of one step;
@@ -63,6 +64,10 @@ def row(rec: dict) -> str:
     """One table row of a record (module docstring)."""
     ph, pvm = rec["phases"], rec.get("plan_vs_measured", {})
     code = (rec.get("code") or {}).get("commit")
+    code = code[:7] if code else "?"
+    if rec.get("recounted"):
+        again = rec["recounted"][-1]
+        code += f" + {(again.get('by') or {}).get('commit', '?')[:7]}" + (" (run_a too)" if "run_a" in again.get("phases", []) else "")
     one = pvm.get("one_process_step")
     flops = "—" if not one else ("equal" if one.get("flops_equal") else f"{one['flops_plan']:.4g} / {one['flops_counted']:.4g}")
     resume = ph.get("resume_exact", {}).get("equal")
@@ -78,7 +83,7 @@ def row(rec: dict) -> str:
                                     f", layout {'=' if c['export_layout']['config_equal'] and c['export_layout']['names_equal'] else '≠'}"))
     two = pvm.get("two_process_steps_2_3") or pvm.get("two_process_rank0_steps_2_3")  # the larger rank (older: rank 0)
     name = rec["recipe"] + ("" if rec.get("layers", 1) == 1 else f" ({rec['layers']} blocks)")
-    return (f"| {name} | {code[:7] if code else '?'} | {ph.get('plan', {}).get('prompt_length', '—')} | "
+    return (f"| {name} | {code} | {ph.get('plan', {}).get('prompt_length', '—')} | "
             f"{_cmp(two)} | {_cmp(one)} | {flops} | {'—' if resume is None else ('yes' if resume else 'NO')} | "
             f"{export} | {_cmp(pvm.get('checkpoint_size'))} | {len(rec.get('faults', []))} |")
 
