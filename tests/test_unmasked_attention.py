@@ -151,3 +151,11 @@ def test_split_head_rows_are_those_of_their_own_call():
     fidx = cover.flatten().long().cumsum(0).view(2, 8) - 1
     assert torch.equal(got[fidx[first]], alone)
     torch.testing.assert_close(got, whole, rtol=0, atol=tol(whole))
+
+
+def test_meta_tensors_keep_the_masked_path():
+    """The planner runs forwards on the meta device, where no value can be read."""
+    ad = fresh_tiny()
+    meta = torch.ones((2, 5), dtype=torch.bool, device="meta")
+    assert not unmasked_bidirectional(ad.model.get_decoder(), meta, False)
+    assert _tail_start(torch.arange(6, 10, device="meta").expand(2, -1), 10) is None

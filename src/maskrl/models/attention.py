@@ -29,17 +29,20 @@ HONOURS_IS_CAUSAL = ("LlamaModel", "Qwen2Model")
 def unmasked_bidirectional(decoder: torch.nn.Module, key_mask: torch.Tensor, block_model: bool) -> bool:
     """True when a bidirectional forward of ``decoder`` over keys ``key_mask [N, K]`` (bool) may run with no
     attention mask and ``is_causal=False``: every key valid, no block-causal structure (``block_model``
-    False), and a decoder class in :data:`HONOURS_IS_CAUSAL` running transformers' SDPA attention."""
+    False), and a decoder class in :data:`HONOURS_IS_CAUSAL` running transformers' SDPA attention. A key mask
+    on the meta device (the planner's counts) keeps the 4-D mask: its values are unknown."""
     if block_model or type(decoder).__name__ not in HONOURS_IS_CAUSAL:
         return False
     if getattr(getattr(decoder, "config", None), "_attn_implementation", None) != "sdpa":
         return False
-    return bool(key_mask.all())
+    return not key_mask.is_meta and bool(key_mask.all())  # meta (the planner's counts): values unknown
 
 
 def _tail_start(cols: torch.Tensor, n_keys: int) -> int | None:
     """The first column when ``cols [N, Q]`` is ``n_keys - Q .. n_keys - 1`` in every row (a window laid out
     last), else ``None``."""
+    if cols.is_meta:
+        return None
     q = cols.shape[-1]
     tail = torch.arange(n_keys - q, n_keys, device=cols.device)
     return n_keys - q if bool((cols == tail).all()) else None
