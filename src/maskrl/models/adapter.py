@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 import torch
 
+from maskrl.models.attention import in_place_cache, unmasked_bidirectional
+
 
 def bidirectional_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Additive 4-D attention mask letting every query attend to every valid key.
@@ -81,34 +83,6 @@ def _cache_keyword(forward: Any) -> str:
 @functools.lru_cache(maxsize=64)
 def _cache_keyword_of(func: Any) -> str:
     return "cache" if "cache" in inspect.signature(func).parameters else "past_key_values"
-
-
-@functools.cache
-def _in_place_layer_class() -> type:
-    """The cache layer class of :meth:`ModelAdapter.decoder_forward`'s ``write_at`` (built on first use:
-    transformers is imported lazily)."""
-    from transformers.cache_utils import DynamicLayer
-
-    class InPlaceLayer(DynamicLayer):
-        """A cache layer over preallocated keys/values ``[N, H, K, D]`` whose ``update`` writes the new ones
-        in place over columns ``cols [N, Q]`` and returns the whole buffers: no copy of the cache (Fast-dLLM's
-        dual cache writes the block's fresh keys over its cached ones the same way)."""
-
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, cols: torch.Tensor) -> None:
-            super().__init__()
-            self.keys, self.values, self.cols, self.is_initialized = keys, values, cols, True
-            self.device = keys.device
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            idx = self.cols[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[-1])
-            self.keys.scatter_(2, idx, key_states)
-            self.values.scatter_(2, idx, value_states)
-            return self.keys, self.values
-
-        def get_seq_length(self) -> int:
-            return self.keys.shape[-2] - self.cols.shape[-1]
-
-    return InPlaceLayer
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -411,7 +385,7 @@ class ModelAdapter:
             ValueError: a ``key_mask`` of the wrong shape; a block model given a cache without
                 ``key_positions``.
         """
-        from transformers import Cache, DynamicCache
+        from transformers import DynamicCache
 
         if not self.supports_cache:
             raise NotImplementedError(f"decoder_forward needs a 4-D-mask decoder model (attention='4d'), not {self.attention!r}")
@@ -421,19 +395,23 @@ class ModelAdapter:
         if key_mask.shape != (n, keys):
             raise ValueError(f"key_mask {tuple(key_mask.shape)} must be [N, {'K' if write_at is not None else 'K + Q'}]"
                              f" = [{n}, {keys}]")
-        mask = torch.zeros((n, 1, q, keys), dtype=self.dtype, device=input_ids.device)
-        mask = mask.masked_fill(~self._attends(key_mask, position_ids, past, write_at, key_positions)[:, None],
-                                torch.finfo(self.dtype).min)
+        extra: dict[str, Any] = {}
+        if unmasked_bidirectional(self.model.get_decoder(), key_mask, self.block_size is not None):
+            mask, extra["is_causal"] = None, False  # every key valid: no mask built (models/attention.py)
+        else:
+            mask = torch.zeros((n, 1, q, keys), dtype=self.dtype, device=input_ids.device)
+            mask = mask.masked_fill(~self._attends(key_mask, position_ids, past, write_at, key_positions)[:, None],
+                                    torch.finfo(self.dtype).min)
         use_cache = past is not None or return_kv
         if write_at is not None:  # the preallocated buffers themselves, written in place
-            cache = Cache(layers=[_in_place_layer_class()(k, v, write_at) for k, v in past])
+            cache = in_place_cache(list(past), write_at)
         elif use_cache:
             cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in past]) if past is not None else DynamicCache()
         else:
             cache = None
         cache_kw = _cache_keyword(self.model.get_decoder().forward)
         hidden = self._decoder_hidden(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                                      use_cache=use_cache, **{cache_kw: cache})
+                                      use_cache=use_cache, **{cache_kw: cache}, **extra)
         kv = None
         if return_kv:
             kv = [(layer.keys[..., k_len:, :], layer.values[..., k_len:, :]) for layer in cache.layers]

@@ -231,6 +231,8 @@ class KVCache:
         #: the dual cache's window attends the other columns first, then its own (else: sequence order)
         self.permuted = config.cache == "dual" and config.block_first != "forced"
         self.store: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        #: :class:`WindowLayout` per (rows, window starts): constant while those rows stay in their blocks
+        self.layouts: dict[tuple, WindowLayout] = {}
 
     def run(self, plan: StepForwards, rows: torch.Tensor, xr: torch.Tensor, ar: torch.Tensor,
             start: torch.Tensor) -> list[Hidden]:
@@ -265,8 +267,12 @@ class KVCache:
         sr = rows[loc]
         every = sr.numel() == self.n_rows and bool((sr == torch.arange(self.n_rows, device=sr.device)).all())
         past = self.store if every else [(k[sr], v[sr]) for k, v in self.store]  # all rows: the store itself
-        order = others_then_window(w0, width, xr.shape[1]) if self.permuted else None
-        return Hidden(loc, window_forward(self.adapter, past, xr[loc], ar[loc], self.pos_ids[sr], w0, width, order), w0)
+        key = (tuple(sr.tolist()), tuple(w0.tolist()))
+        if key not in self.layouts:  # the same rows in the same blocks: the layout of their last step
+            order = others_then_window(w0, width, xr.shape[1]) if self.permuted else None
+            self.layouts[key] = window_layout(ar[loc], self.pos_ids[sr], w0, width, order)
+        return Hidden(loc, window_forward(self.adapter, past, xr[loc], None, None, w0, width, None,
+                                          self.layouts[key]), w0)
 
 
 def full_logits(adapter: ModelAdapter, xr: torch.Tensor, ar: torch.Tensor, p_len: int, cfg_scale: float) -> torch.Tensor:
@@ -328,9 +334,42 @@ def _columns(kv: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     return kv.gather(2, order[:, None, :, None].expand(-1, kv.shape[1], -1, kv.shape[-1]))
 
 
+@dataclass(frozen=True)
+class WindowLayout:
+    """What a window forward reads besides the tokens, fixed while the rows stay in their blocks
+    (:func:`window_layout`): the window's columns ``wcols [g, W]``, the key validity ``key_mask [g, K]`` in the
+    store's column order, the store columns ``write_at [g, W]`` the fresh keys/values go to, and the window's
+    RoPE positions ``pos [g, W]``."""
+
+    wcols: torch.Tensor
+    key_mask: torch.Tensor
+    write_at: torch.Tensor
+    pos: torch.Tensor
+
+
+def window_layout(attn: torch.Tensor, pos_ids: torch.Tensor, w0: torch.Tensor, width: int,
+                  order: torch.Tensor | None) -> WindowLayout:
+    """The :class:`WindowLayout` of windows ``[w0, w0 + W)`` (``w0 [g]`` long) over rows with key validity
+    ``attn [g, S]`` and RoPE positions ``pos_ids [g, S]``; ``order`` as in :func:`window_forward`.
+
+    Raises:
+        ValueError: when a window leaves the ``S`` columns.
+    """
+    g, n_cols = attn.shape
+    if bool((w0 < 0).any()) or bool((w0 + width > n_cols).any()):
+        raise ValueError(f"window [w0, w0 + {width}) leaves the {n_cols} columns")
+    wcols = w0[:, None] + torch.arange(width, device=attn.device)  # [g, W]
+    if order is None:
+        key_mask, write_at = attn.bool(), wcols
+    else:
+        key_mask = attn.gather(1, order).bool()
+        write_at = (n_cols - width + torch.arange(width, device=attn.device)).expand(g, -1)
+    return WindowLayout(wcols, key_mask, write_at, pos_ids.gather(1, wcols))
+
+
 def window_forward(adapter: ModelAdapter, past: Sequence[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor,
                    attn: torch.Tensor, pos_ids: torch.Tensor, w0: torch.Tensor, width: int,
-                   order: torch.Tensor | None) -> torch.Tensor:
+                   order: torch.Tensor | None, layout: WindowLayout | None = None) -> torch.Tensor:
     """The window forward of :func:`window_hidden` on keys/values already laid out: it writes the window's
     fresh keys/values into ``past`` in place and attends ``past`` whole (no copy of the cache).
 
@@ -342,6 +381,8 @@ def window_forward(adapter: ModelAdapter, past: Sequence[tuple[torch.Tensor, tor
         w0: ``[g]`` long, first column of each row's window; width: window length ``W``.
         order: ``[g, S]`` long (:func:`others_then_window`: the window is the last ``W`` columns of
             ``past``), or ``None``: ``past`` in sequence order (the window at ``[w0, w0 + W)``).
+        layout: :func:`window_layout` of these arguments, when the caller kept it from an earlier step of
+            the same blocks (``attn``, ``pos_ids`` and ``order`` are then not read); ``None``: built here.
 
     Returns:
         ``[g, W, d]`` hidden states of columns ``w0 .. w0 + W - 1``.
@@ -349,17 +390,9 @@ def window_forward(adapter: ModelAdapter, past: Sequence[tuple[torch.Tensor, tor
     Raises:
         ValueError: when a window leaves the ``S`` columns.
     """
-    g, n_cols = x.shape
-    if bool((w0 < 0).any()) or bool((w0 + width > n_cols).any()):
-        raise ValueError(f"window [w0, w0 + {width}) leaves the {n_cols} columns")
-    wcols = w0[:, None] + torch.arange(width, device=x.device)  # [g, W]
-    if order is None:
-        key_mask, write_at = attn.bool(), wcols
-    else:
-        key_mask = attn.gather(1, order).bool()
-        write_at = (n_cols - width + torch.arange(width, device=x.device)).expand(g, -1)
-    h, _ = adapter.decoder_forward(x.gather(1, wcols), key_mask, pos_ids.gather(1, wcols), past=list(past),
-                                   write_at=write_at)
+    lay = window_layout(attn, pos_ids, w0, width, order) if layout is None else layout
+    h, _ = adapter.decoder_forward(x.gather(1, lay.wcols), lay.key_mask, lay.pos, past=list(past),
+                                   write_at=lay.write_at)
     return h
 
 
@@ -377,6 +410,9 @@ def head_at(adapter: ModelAdapter, parts: Sequence[Hidden], cover: torch.Tensor,
     """
     n, L = cover.shape
     shift = 1 if adapter.shift else 0
+    if len(parts) == 1 and parts[0].hidden is not None and _in_order(parts[0].rows, n):  # one forward, rows in order
+        rr, pp = cover.nonzero(as_tuple=True)  # row-major already
+        return adapter.head(parts[0].hidden[rr, p_len + pp - shift - parts[0].w0[rr]])
     fidx = cover.flatten().long().cumsum(0).view(n, L) - 1
     m = int(cover.sum())
     hs, his, ls, lis = [], [], [], []
@@ -399,3 +435,30 @@ def head_at(adapter: ModelAdapter, parts: Sequence[Hidden], cover: torch.Tensor,
     flat_h = hidden.new_empty((m, hidden.shape[-1]))
     flat_h[order] = hidden
     return adapter.head(flat_h)
+
+
+def _in_order(rows: torch.Tensor, n: int) -> bool:
+    """True when ``rows [g]`` is ``0, 1, ..., n - 1``."""
+    return rows.numel() == n and bool((rows == torch.arange(n, device=rows.device)).all())
+
+
+def split_head(adapter: ModelAdapter, parts: Sequence[Hidden], cover: torch.Tensor, first: torch.Tensor | None,
+               p_len: int) -> torch.Tensor:
+    """:func:`head_at` over ``cover [n, L]`` (flat ``[cover.sum(), V]``, row-major), with the output layer
+    run once on the positions ``first [n, L]`` (within ``cover``) alone and once on the rest.
+
+    The rows of ``first`` are therefore those of ``head_at(adapter, parts, first, p_len)`` bit for bit,
+    whatever else ``cover`` holds: a matrix product's rows may round differently with the number of rows
+    it is given, so observers asking for more positions never move the logits the commit rule reads.
+    ``first=None`` (or equal to ``cover``): one call on ``cover``.
+    """
+    if first is None or torch.equal(first, cover):
+        return head_at(adapter, parts, cover, p_len)
+    first = first & cover
+    ruled = head_at(adapter, parts, first, p_len)
+    rest = cover & ~first
+    fidx = cover.flatten().long().cumsum(0).view(cover.shape) - 1  # [n, L] row in the output
+    out = ruled.new_empty((int(cover.sum()), ruled.shape[-1]))
+    out[fidx[first]] = ruled
+    out[fidx[rest]] = head_at(adapter, parts, rest, p_len)
+    return out

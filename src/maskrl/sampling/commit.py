@@ -30,6 +30,14 @@ def candidate_logits(logits: torch.Tensor, mask_id: int, token_count: int | None
     return logits
 
 
+def first_max(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)`` (``[...]`` long from ``x [..., V]``): the index of each row's first maximum, a NaN
+    counting as the maximum, computed as ``x.max(-1).indices``, which returns the same index (ties, NaN and
+    infinities included: ``tests/test_sampling_first_max.py``) and is 1.6-2.3x faster on CPU at V = 8k-126k
+    (torch 2.13, one thread; its reduction carries the index with the value, ``argmax``'s does not vectorise)."""
+    return x.max(-1).indices
+
+
 def gumbel_max(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
     """One sample per row of ``softmax(logits / τ)`` by the Gumbel-max trick in float64 (docs/spec.md §1.2).
 
@@ -49,14 +57,14 @@ def gumbel_max(logits: torch.Tensor, temperature: float, generator: torch.Genera
         ``[...]`` long token ids.
     """
     if temperature == 0:
-        return logits.argmax(-1)
+        return first_max(logits)
     device = generator.device if generator is not None else logits.device
     g = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=device).to(logits.device)
     g.log_().neg_().log_().neg_()  # -log(-log u), in place
     z = logits.to(torch.float64, copy=True)  # a copy even when the logits are float64 already
     if temperature != 1:
         z.div_(temperature)
-    return g.add_(z).argmax(-1)  # (-log(-log u)) + logits / τ
+    return first_max(g.add_(z))  # (-log(-log u)) + logits / τ
 
 
 def propose(logits: torch.Tensor, temperature: float,

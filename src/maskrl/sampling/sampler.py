@@ -23,7 +23,7 @@ import torch
 from maskrl.models.adapter import ModelAdapter
 from maskrl.sampling.blockcache import BlockKVCache
 from maskrl.sampling.checks import check_call
-from maskrl.sampling.cache import Hidden, KVCache, head_at, plan_forwards
+from maskrl.sampling.cache import Hidden, KVCache, head_at, plan_forwards, split_head
 from maskrl.sampling.commit import (block_candidates, candidate_logits, commit_scores, hold_stops, open_sub_block,
                                     propose, rank_positions, scatter_drawn, select_block, select_fixed,
                                     select_threshold)
@@ -158,6 +158,30 @@ class Denoising:
             cand[one], prob[one] = top, torch.softmax(zf.float(), -1).gather(-1, top[:, None]).squeeze(-1)
             take = torch.where(lone, first, take)
         return take, cand, prob
+
+    def covers(self, st: StepRows, inside: torch.Tensor | None, observed: bool,
+               computed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(cover, ruled)``, each ``[n, L]`` bool: the positions the step's output layer runs on, and those of
+        them the commit rule reads (:meth:`ruled`, ``None``: all of ``cover``). With observers, ``cover`` is the
+        block and their requests inside the window (:meth:`StepRows.cover`); without, the ruled positions
+        alone. ``computed``: the positions the forwards computed (``None``: all; a window with a ``lead``)."""
+        ruled = self.ruled(st)
+        cover = st.cover(inside) if observed or ruled is None else ruled
+        if computed is not None:
+            cover = cover & computed
+            ruled = ruled & computed if ruled is not None else None
+        return cover, ruled
+
+    def ruled(self, st: StepRows) -> torch.Tensor | None:
+        """``[n, L]`` bool: the completion positions whose logits the commit rule reads at this step -- the
+        block's still-masked ones (:meth:`drawn` never reaches beyond them) -- or ``None`` where it reads
+        the whole block (Dream's rule, editing, :attr:`draw_whole_block`). The step's output layer runs on
+        these in a call of their own (:func:`~maskrl.sampling.cache.split_head`): no logits of committed
+        positions, and the same bits whether observers ask for more or not."""
+        config = self.config
+        if config.dream_rule or config.edit_threshold is not None or self.draw_whole_block:
+            return None
+        return st.masked & st.in_block
 
     def drawn(self, eligible: torch.Tensor, lone: torch.Tensor | None,
               editable: torch.Tensor | None = None) -> torch.Tensor:
@@ -431,8 +455,8 @@ def generate(
         lock.share(plan)
         parts = cache.run(plan, rows, st.xr, st.ar, st.start)  # the decoder forwards
         lock.pad_decoders(st.xr, st.ar)
-        cover = st.cover(plan.inside) & (plan.computed(dec.L) if cache.lead else True)  # [n, L]; lead: KVCache
-        head = head_at(adapter, parts, cover, dec.p_len)  # [cover.sum(), V]: one output layer
+        cover, ruled = dec.covers(st, plan.inside, bool(observers), plan.computed(dec.L) if cache.lead else None)
+        head = split_head(adapter, parts, cover, ruled, dec.p_len)  # [cover.sum(), V]: the output layer
         raw = head.clone() if config.dream_rule else None  # Dream's softmax keeps every id ([M] too)
         raw = head.float().logsumexp(-1) if config.v2_rule else raw  # Fast-dLLM v2's too: its normaliser
         logits = to_candidates(head)
