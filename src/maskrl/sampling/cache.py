@@ -450,9 +450,11 @@ def split_head(adapter: ModelAdapter, parts: Sequence[Hidden], cover: torch.Tens
     The rows of ``first`` are therefore those of ``head_at(adapter, parts, first, p_len)`` bit for bit,
     whatever else ``cover`` holds: a matrix product's rows may round differently with the number of rows
     it is given, so observers asking for more positions never move the logits the commit rule reads.
-    ``first=None`` (or equal to ``cover``): one call on ``cover``.
+    ``first=None``: one call on ``cover``. Otherwise always two calls, the second on no position when
+    ``first`` covers ``cover``: the number of output-layer calls per step is then the same on every rank (under
+    FSDP each call is a collective; :meth:`~maskrl.sampling.sampler.Denoising.head_calls`).
     """
-    if first is None or torch.equal(first, cover):
+    if first is None:
         return head_at(adapter, parts, cover, p_len)
     first = first & cover
     ruled = head_at(adapter, parts, first, p_len)

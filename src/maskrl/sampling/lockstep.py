@@ -22,15 +22,18 @@ from maskrl.sampling.cache import StepForwards
 STOP, IDLE, DECODE = "stop", "idle", "decode"
 
 
-def dummy_forwards(adapter: ModelAdapter, x: torch.Tensor, attn: torch.Tensor, decoder: int, heads: int) -> None:
+def dummy_forwards(adapter: ModelAdapter, x: torch.Tensor, attn: torch.Tensor, decoder: int, heads: int,
+                   first_heads: int = 1) -> None:
     """``decoder`` decoder forwards of one row ``x [1, S]``, then ``heads`` × (decoder forward + output
-    layer on one position); results discarded (multi-rank padding of the cached sampler)."""
+    layer on one position), the first of them with ``first_heads`` output-layer calls (a step's split
+    output layer); results discarded (multi-rank padding of the cached sampler)."""
     pos = adapter.position_ids(attn)
     for _ in range(decoder):
         adapter.decoder_forward(x, attn, pos)
-    for _ in range(heads):
+    for i in range(heads):
         h, _ = adapter.decoder_forward(x, attn, pos)
-        adapter.head(h[:, :1])
+        for _ in range(first_heads if i == 0 else 1):
+            adapter.head(h[:, :1])
 
 
 class RankLockstep:
@@ -44,6 +47,8 @@ class RankLockstep:
             ``None``: this rank stops as soon as its rows finish.
         ranks_max: ``ranks_max(values) -> values``, the element-wise maximum of a list of ints over
             ranks (one collective); ``None``: single process.
+        step_heads: output-layer calls of a decoding step after its decoder forwards (1, or 2 where the
+            sampler splits them: :meth:`~maskrl.sampling.sampler.Denoising.head_calls`), the same on every rank.
 
     Per loop iteration the sampler calls :meth:`wait` (``"stop"``, ``"idle"``: this rank has no
     row and ran the others' forwards, or ``"decode"``), then on a decoding step :meth:`share` before
@@ -52,8 +57,9 @@ class RankLockstep:
     """
 
     def __init__(self, adapter: ModelAdapter, cached: bool, cfg_scale: float,
-                 all_done: Callable[[bool], bool] | None, ranks_max: Callable[[list[int]], list[int]] | None) -> None:
-        self.adapter, self.cfg_scale = adapter, cfg_scale
+                 all_done: Callable[[bool], bool] | None, ranks_max: Callable[[list[int]], list[int]] | None,
+                 step_heads: int = 1) -> None:
+        self.adapter, self.cfg_scale, self.step_heads = adapter, cfg_scale, step_heads
         self.sync = ranks_max if cached else None
         self.all_done = all_done if self.sync is None else None
         self.d_loc = self.e_loc = self.d_max = self.e_max = 0
@@ -67,7 +73,7 @@ class RankLockstep:
             busy, d_max, e_max = self.sync([0, 0, 0])
             if not busy:
                 return STOP
-            dummy_forwards(self.adapter, x[:1], attn[:1], max(d_max - 1, 0), 1 + e_max)  # the others', in order
+            dummy_forwards(self.adapter, x[:1], attn[:1], max(d_max - 1, 0), 1 + e_max, self.step_heads)  # the others', in order
             return IDLE
         if self.all_done is not None:
             # Threshold rows finish at different steps, so ranks would leave the loop at different

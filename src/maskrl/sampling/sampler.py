@@ -167,10 +167,22 @@ class Denoising:
         alone. ``computed``: the positions the forwards computed (``None``: all; a window with a ``lead``)."""
         ruled = self.ruled(st)
         cover = st.cover(inside) if observed or ruled is None else ruled
+        ruled = ruled if observed else None  # unobserved: cover is the ruled positions, one call
         if computed is not None:
             cover = cover & computed
             ruled = ruled & computed if ruled is not None else None
         return cover, ruled
+
+    def head_calls(self, observed: bool) -> int:
+        """Output-layer calls per decoding step outside the observers' extra forward: 2 where
+        :meth:`covers` splits them (observers, a rule reading the masked positions only), else 1 -- the
+        same on every rank, so the rank lockstep pads an idle rank's steps to it (:mod:`~maskrl.sampling.lockstep`)."""
+        return 2 if observed and self.ruled_only() else 1
+
+    def ruled_only(self) -> bool:
+        """Whether the commit rule reads the block's still-masked positions only (:meth:`ruled`)."""
+        config = self.config
+        return not (config.dream_rule or config.edit_threshold is not None or self.draw_whole_block)
 
     def ruled(self, st: StepRows) -> torch.Tensor | None:
         """``[n, L]`` bool: the completion positions whose logits the commit rule reads at this step -- the
@@ -178,10 +190,7 @@ class Denoising:
         the whole block (Dream's rule, editing, :attr:`draw_whole_block`). The step's output layer runs on
         these in a call of their own (:func:`~maskrl.sampling.cache.split_head`): no logits of committed
         positions, and the same bits whether observers ask for more or not."""
-        config = self.config
-        if config.dream_rule or config.edit_threshold is not None or self.draw_whole_block:
-            return None
-        return st.masked & st.in_block
+        return st.masked & st.in_block if self.ruled_only() else None
 
     def drawn(self, eligible: torch.Tensor, lone: torch.Tensor | None,
               editable: torch.Tensor | None = None) -> torch.Tensor:
@@ -439,7 +448,8 @@ def generate(
     check_call(adapter, prompt_ids, prompt_mask, config, generator, observers, all_done, ranks_max)
     dec = Denoising(adapter, prompt_ids, prompt_mask, config)
     cache = _cache_for(adapter, config, dec)
-    lock = RankLockstep(adapter, config.cache != "none", config.cfg_scale, all_done, ranks_max)
+    lock = RankLockstep(adapter, config.cache != "none", config.cfg_scale, all_done, ranks_max,
+                        dec.head_calls(bool(observers)))
     to_candidates = partial(candidate_logits, mask_id=adapter.mask_id, token_count=adapter.token_count)
     step = 0
     while True:
