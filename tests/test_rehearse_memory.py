@@ -82,33 +82,43 @@ def test_moe_forwards_leave_no_kernel_cache_resident_in_the_rehearsals_processes
     assert on["digest"] == off["digest"]  # the same kernels: bit for bit the same outputs and gradients
 
 
+#: the child of the test below: ``phase_peaks`` on a stand-in trainer, in a process of its own (in the suite's
+#: process other tests' threads and freed heap would blur a resident-memory peak); prints the log as JSON
+PEAKS_CHILD = r"""
+import importlib.util, json, sys, torch
+spec = importlib.util.spec_from_file_location("rehearse_memory", sys.argv[1])
+mem = importlib.util.module_from_spec(spec); spec.loader.exec_module(mem)
+
+class Trainer:
+    def collect(self):
+        torch.ones(16 * 2 ** 20)  # 64 MiB of float32, written, freed on return
+        return "batch"
+    def _frozen_log_probs(self):
+        return None
+    def _accumulate(self):
+        return 0
+    def _update(self):
+        return True
+
+t = Trainer()
+log = mem.phase_peaks(t, mem.proc_status()["VmRSS"])
+assert t.collect() == "batch" and t._update() is True and t._accumulate() == 0
+assert Trainer().collect.__func__ is Trainer.collect  # the class is untouched: only the instance is wrapped
+print(json.dumps(log))
+"""
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="peaks are read from /proc (Linux)")
 def test_phase_peaks_records_each_phase_call_and_its_allocation():
     """``phase_peaks`` wraps a trainer's step phases on the instance: one entry per call, in order, whose peak
     holds what the call allocated (a 64 MiB buffer written and freed inside ``collect``)."""
-    import torch
+    from pathlib import Path
 
-    mem = benchmark_script("rehearsal/rehearse_memory.py")
-
-    class Trainer:
-        def collect(self):
-            torch.ones(16 * 2 ** 20)  # 64 MiB of float32, written, freed on return
-            return "batch"
-
-        def _frozen_log_probs(self):
-            return None
-
-        def _accumulate(self):
-            return 0
-
-        def _update(self):
-            return True
-
-    t = Trainer()
-    base = mem.proc_status()["VmRSS"]
-    log = mem.phase_peaks(t, base)
-    assert t.collect() == "batch" and t._update() is True and t._accumulate() == 0
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "rehearsal" / "rehearse_memory.py"
+    out = subprocess.run([sys.executable, "-c", PEAKS_CHILD, str(script)], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    log = json.loads(out.stdout.strip().splitlines()[-1])
     assert [e["phase"] for e in log] == ["collect", "_update", "_accumulate"]
     assert log[0]["peak_gib"] - log[0]["rss_before_gib"] >= 60 / 1024  # the 64 MiB buffer, in GiB
     assert log[1]["peak_gib"] - log[1]["rss_before_gib"] < 32 / 1024
-    assert Trainer().collect.__func__ is Trainer.collect  # the class is untouched: only the instance is wrapped
