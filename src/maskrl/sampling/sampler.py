@@ -448,8 +448,7 @@ def generate(
     check_call(adapter, prompt_ids, prompt_mask, config, generator, observers, all_done, ranks_max)
     dec = Denoising(adapter, prompt_ids, prompt_mask, config)
     cache = _cache_for(adapter, config, dec)
-    lock = RankLockstep(adapter, config.cache != "none", config.cfg_scale, all_done, ranks_max,
-                        dec.head_calls(bool(observers)))
+    lock = RankLockstep(adapter, config.cache != "none", config.cfg_scale, all_done, ranks_max, dec.head_calls(bool(observers)))
     to_candidates = partial(candidate_logits, mask_id=adapter.mask_id, token_count=adapter.token_count)
     step = 0
     while True:
