@@ -270,7 +270,7 @@ def test_plan_options_are_checked(tmp_path):
 def test_8b_recipe_plans_and_dry_runs(path):
     """Every 8B recipe: planned on 1x80 GB and 8x80 GB (FSDP), numbers sane; and one full step on the
     stand-in model (the recipe's sampler, batch, μ, objective, likelihood and credit modules)."""
-    # block-diffusion recipes (TraDo / SDAR: L up to 2,000 in blocks of 4; LLaDA2's EBPO: L 2,048, DARE's) are
+    # block-diffusion recipes (TraDo / SDAR: L up to 2,000 in blocks of 4; LLaDA2's EBPO: 16 doubled rows a sequence) are
     # planned at L 64: at L 2,000 the FLOP counts take seconds (pasts 1 and 2, depths 1 and 2: exact, tested above),
     # but recording one step of the stand-in took 771 s on the loaded 2-core CI machine (docs/scaling.md); the
     # machinery is the same
