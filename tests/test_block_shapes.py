@@ -93,6 +93,20 @@ def test_one_trainer_step_on_the_tiny_block_model(tmp_path, base, credits):
     assert any(not torch.equal(p0, p1.detach()) for p0, p1 in zip(before, after)), "the step changed no parameter"
 
 
+def test_block_elbo_is_refused_for_a_full_attention_model_before_any_rollout(tmp_path):
+    """EBPO's default likelihood scores block models only: a tiny full-attention config fails at config time,
+    a loaded full-attention model when the trainer is built (the rule of the spg_public test below, the other
+    way round: one mechanism, ``model_refusal``)."""
+    sets = [f"output_dir={tmp_path}", "objective.name=ebpo"]
+    with pytest.raises(ConfigError, match="block_size None.*block_elbo.*likelihood: {name: elbo}"):
+        load_config([], sets)
+    cfg = load_config([], [*sets, f"model.tiny.block_size={BLOCK}"])
+    full = build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    with pytest.raises(ValueError, match="full-attention model.*block_elbo"):
+        RLTrainer(cfg, full, OddChars(), [Example(id=0, prompt="hi")])
+    load_config([], [*sets, "likelihood={name: elbo}"])  # the way out the message names
+
+
 def test_spg_public_masking_is_refused_for_a_block_model_at_config_time(tmp_path):
     extra = ["likelihood={name: spg_bounds, masking: spg_public, nodes: 1, draws: 2}"]
     with pytest.raises(ConfigError, match="block_size 4.*spg_public"):

@@ -105,7 +105,7 @@ def test_registered_with_its_defaults_and_refusals():
     assert (obj.clip_range(), obj.ratio_norm, obj.beta, obj.normalize) == ((0.2, 0.2), "none", 0.0,
                                                                            "mean_std_unbiased")
     assert obj.default_likelihood == "block_elbo" and not obj.needs_reference
-    cfg = load_config([], ["objective={name: ebpo, clip_eps_high: 0.28}"])
+    cfg = load_config([], ["objective={name: ebpo, clip_eps_high: 0.28}", "model.tiny.block_size=4"])  # block_elbo
     assert cfg.objective == EBPO(clip_eps_high=0.28)
     assert type(cfg.likelihood) is BlockELBO
     for bad, match in [({"ratio_norm": "tokens"}, "ratio_norm"), ({"clip_eps": 1.0}, "clip_eps"),

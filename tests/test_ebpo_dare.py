@@ -145,7 +145,7 @@ def test_defaults_follow_dare():
         (0.2, 0.2), "none", "outside", 0.0, "mean_std_unbiased")
     assert obj.default_likelihood == "block_elbo" and LIKELIHOODS.get("block_elbo") is BlockELBO
     assert BlockELBO() == BlockELBO(draws=16, stratified=True, drop_after_stop=True)  # DARE's mc_num = n_l = 16
-    assert type(load_config([], ["objective={name: ebpo}"]).likelihood) is BlockELBO
+    assert type(load_config([], ["objective={name: ebpo}", "model.tiny.block_size=4"]).likelihood) is BlockELBO
     with pytest.raises(ValueError, match="advantage_mean"):
         EBPO(advantage_mean="tokens")
     with pytest.raises(ValueError, match="draws"):

@@ -300,7 +300,8 @@ def test_the_config_refuses_readers_of_states_on_edited_rollouts(extra, who):
     load_config([], [item for item in EDIT_RUN if "edit_threshold" not in item] + extra)  # without editing: taken
 
 
-@pytest.mark.parametrize("extra", [[], ["objective={name: wd1}"], ["objective={name: spg}"], ["objective={name: ebpo}"],
+@pytest.mark.parametrize("extra", [[], ["objective={name: wd1}"], ["objective={name: spg}"],
+                                   ["objective={name: ebpo}", "model.tiny.block_size=4"],  # block_elbo: block models
                                    ["likelihood={name: stratified}"], ["likelihood={name: elbo}"]])
 def test_readers_of_the_final_completion_take_edited_rollouts(extra):
     from maskrl.config import load_config

@@ -35,7 +35,7 @@ from maskrl.config import RunConfig
 from maskrl.credit import CREDITS, CreditBatch, CreditContext, apply_credit
 from maskrl.health import NonFiniteError, NonFiniteLogits, check_rewards, collapse_message, nonfinite_rows
 from maskrl.likelihood.base import PerToken, per_token_output, tensors_of
-from maskrl.likelihood.blocks import block_model_refusal
+from maskrl.likelihood.blocks import model_refusal
 from maskrl.models.adapter import ModelAdapter
 from maskrl.models.merged import sampling_policy
 from maskrl.models.scale import rl_train_mode
@@ -110,9 +110,9 @@ class RLTrainer:
         self.cfg, self.tc = cfg, cfg.train
         self.task, self.examples, self.prompt_fn, self.eval_fn = task, list(train_examples), prompt_fn, eval_fn
         self.objective, self.likelihood = cfg.objective, cfg.likelihood  # registered instances (config-built)
-        if policy.block_size is not None and block_model_refusal(self.likelihood):
-            raise ValueError(f"likelihood (block-diffusion model, block_size {policy.block_size}): "
-                             f"{block_model_refusal(self.likelihood)}")
+        if why := model_refusal(self.likelihood, policy.block_size is not None):
+            kind = f"block-diffusion model, block_size {policy.block_size}" if policy.block_size else "full-attention model"
+            raise ValueError(f"likelihood ({kind}): {why}")
         names = [CREDITS.name_of(c) for c in cfg.credit]
         self.credits = [(n if names.count(n) == 1 else f"{n}.{i}", c) for i, (n, c) in enumerate(zip(names, cfg.credit))]
         needs_reference = self.objective.needs_reference or any(c.needs_reference for _, c in self.credits)

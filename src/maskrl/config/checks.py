@@ -79,10 +79,10 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if t.hidden_size % t.num_heads:
         raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
                           f"model.tiny.num_heads ({t.num_heads})")
-    if not cfg.model.path and t.block_size is not None:
-        from maskrl.likelihood.blocks import block_model_refusal
+    if not cfg.model.path:
+        from maskrl.likelihood.blocks import model_refusal
 
-        why = block_model_refusal(cfg.likelihood)
+        why = model_refusal(cfg.likelihood, t.block_size is not None)
         if why:
             raise ConfigError(f"likelihood (with model.tiny.block_size {t.block_size}): {why}")
 

@@ -64,6 +64,20 @@ def needed(rollout: Rollout, need: torch.Tensor | None) -> torch.Tensor:
     return need.bool()
 
 
+def scored_or_one(scored: torch.Tensor, seq: torch.Tensor, need: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``(r_idx [M], i_idx [M], dummy)``: the (row, position) pairs of ``scored [R, L]`` bool; where it holds
+    none, the first row of the first sequence with a needed position and that position, with ``dummy`` True:
+    a call with a needed position still runs one forward (the equal-forwards rule of
+    :meth:`maskrl.trainer.RLTrainer.optimize`), whose value the caller multiplies by 0. ``seq [R]`` long: each
+    row's sequence; ``need [N, L]`` bool holds at least one True."""
+    r_idx, i_idx = scored.nonzero(as_tuple=True)
+    if r_idx.numel():
+        return r_idx, i_idx, False
+    s0 = int(need.any(-1).nonzero()[0, 0])
+    return (seq == s0).nonzero()[:1, 0], need[s0].nonzero()[:1, 0], True
+
+
 def score_positions(adapter: ModelAdapter, prompt: torch.Tensor, prompt_mask: torch.Tensor,
                     completion: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
                     targets: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from maskrl.likelihood.base import LIKELIHOODS, needed
+from maskrl.likelihood.base import LIKELIHOODS, needed, scored_or_one
 from maskrl.likelihood.blocks import score_blocks
 from maskrl.models.adapter import ModelAdapter
 from maskrl.types import Rollout
@@ -141,6 +141,10 @@ class BlockELBO:
         if self.draws < 1:
             raise ValueError(f"draws (={self.draws}) must be >= 1")
 
+    def refusal(self, block_model: bool) -> str | None:
+        """:func:`~maskrl.likelihood.blocks.model_refusal`: :data:`NEEDS_BLOCK_MODEL` on a full-attention model."""
+        return None if block_model else NEEDS_BLOCK_MODEL
+
     def rows(self, rollout: Rollout, need: torch.Tensor | None = None) -> torch.Tensor:
         """``[N]`` long: D doubled rows per sequence with a needed valid position, else 0."""
         return (needed(rollout, need) & rollout.completion_mask.bool()).any(-1).long() * self.draws
@@ -165,11 +169,7 @@ class BlockELBO:
                                          self.stratified)
         hide, rate = hide.reshape(n * self.draws, L), rate.reshape(n * self.draws, L)
         seq = torch.arange(n, device=valid.device).repeat_interleave(self.draws)  # [R] row r = (sequence, draw)
-        r_idx, i_idx = (hide & need[seq]).nonzero(as_tuple=True)
-        dummy = r_idx.numel() == 0
-        if dummy:  # no needed position hidden: one row still runs (the equal-forwards rule), contributing 0
-            s0, i0 = need.nonzero()[0].tolist()
-            r_idx, i_idx = torch.tensor([s0 * self.draws], device=valid.device), torch.tensor([i0], device=valid.device)
+        r_idx, i_idx, dummy = scored_or_one(hide & need[seq], seq, need)  # none hidden: one row still runs
         run, row_of = torch.unique(r_idx, return_inverse=True)
         rows = seq[run]
         x = torch.where(hide[run], adapter.mask_id, rollout.completion_ids[rows])

@@ -232,8 +232,11 @@ SPG_PUBLIC_BLOCKS = ("masking: spg_public hides clean context tokens left of the
                      "masking: block or random")
 
 
-def block_model_refusal(likelihood: object) -> str | None:
-    """Why ``likelihood`` cannot score a block-diffusion model, or ``None`` when it can (every built-in
-    estimator can, except the ELBO's ``masking: spg_public``: :data:`SPG_PUBLIC_BLOCKS`). Read at config
-    time (``model.tiny.block_size``) and by the trainer (a loaded block model)."""
-    return SPG_PUBLIC_BLOCKS if getattr(likelihood, "masking", None) == "spg_public" else None
+def model_refusal(likelihood: object, block_model: bool) -> str | None:
+    """Why ``likelihood`` cannot score a block-diffusion model (``block_model``) or a full-attention one, or
+    ``None`` when it can: the estimator's own ``refusal(block_model)`` where it defines one (the ELBO's
+    ``masking: spg_public`` refuses block models, :data:`SPG_PUBLIC_BLOCKS`; ``block_elbo`` refuses
+    full-attention ones), else ``None``. Read at config time (a tiny model, ``model.tiny.block_size``) and by
+    the trainer (a loaded model), so that the error comes before any rollout."""
+    refusal = getattr(likelihood, "refusal", None)
+    return refusal(block_model) if callable(refusal) else None

@@ -75,7 +75,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from maskrl.likelihood.base import LIKELIHOODS, PerToken, needed
+from maskrl.likelihood.base import LIKELIHOODS, PerToken, needed, scored_or_one
 from maskrl.likelihood.blocks import SPG_PUBLIC_BLOCKS, score_rows
 from maskrl.likelihood.mean_field import mask_prompt
 from maskrl.models.adapter import ModelAdapter
@@ -300,15 +300,9 @@ def bounds(adapter: ModelAdapter, rollout: Rollout, generator: torch.Generator |
     n, L = rollout.completion_ids.shape
     zeros = torch.zeros((n, L), dtype=torch.float32, device=rollout.completion_ids.device)
     rows = _layout(adapter, rollout, generator, nodes, draws, p_mask_prompt, coupled, masking, block_length)
-    scored = rows.score & need[rows.seq]  # [R, L]
-    r_idx, i_idx = scored.nonzero(as_tuple=True)  # [M]
-    dummy = r_idx.numel() == 0
-    if dummy:  # nothing needed is scored: still one forward (first row of a needed sequence), contributing 0
-        if not bool(need.any()):
-            return zeros, (zeros if eubo_beta is not None else None)
-        s0 = int(need.any(-1).nonzero()[0, 0])
-        r_idx = (rows.seq == s0).nonzero()[:1, 0]
-        i_idx = need[s0].nonzero()[:1, 0]
+    if not bool(need.any()):
+        return zeros, (zeros if eubo_beta is not None else None)
+    r_idx, i_idx, dummy = scored_or_one(rows.score & need[rows.seq], rows.seq, need)  # [M]
     run, row_of = torch.unique(r_idx, return_inverse=True)
     x_comp = torch.where(rows.hide[run], adapter.mask_id, rollout.completion_ids[rows.seq[run]])
     s = rows.seq[r_idx]
@@ -418,6 +412,10 @@ class ELBO:
         if self.masking == "spg_public" and self.nodes != 1:
             raise ValueError(f"nodes (={self.nodes}) must be 1 with masking: spg_public (SPG's code draws the "
                              "masking rate uniformly, not on quadrature nodes; draws = its num_t)")
+
+    def refusal(self, block_model: bool) -> str | None:
+        """:func:`~maskrl.likelihood.blocks.model_refusal`: ``spg_public`` on a block model, else ``None``."""
+        return SPG_PUBLIC_BLOCKS if block_model and self.masking == "spg_public" else None
 
     def rows(self, rollout: Rollout, need: torch.Tensor | None = None) -> torch.Tensor:
         """``[N]`` long: ``nodes·draws`` per sequence with a needed position, else 0."""
