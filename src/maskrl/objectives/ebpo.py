@@ -98,10 +98,10 @@ class EBPO(GDPO):
     def kl_arguments(self, e: torch.Tensor, e_ref: torch.Tensor,
                      length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(E, E^ref)`` (``ratio_norm: none``, DARE's ``compute_ebpo_kl``) or both over |o| (``length``)."""
-        return (e, e_ref) if self.ratio_norm == "none" else (e / length, e_ref / length)
+        return (e, e_ref) if self.ratio_norm == "none" else super().kl_arguments(e, e_ref, length)
 
     def sequence_advantages(self, advantages: torch.Tensor, m: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
         """``[N, L]``: ``Ā_n`` at every position (``outside``) or the per-token advantages (``inside``)."""
         if self.advantage_mean == "inside":
-            return advantages
+            return super().sequence_advantages(advantages, m, length)
         return ((advantages * m).sum(-1) / length)[:, None].expand_as(advantages)
