@@ -175,3 +175,39 @@ def test_random_remasking_and_cfg_run(tiny):
     assert (r.completion_ids != tiny.mask_id).all()
     r2 = generate(tiny, ids, mask, SamplerConfig(gen_length=8, block_length=4, steps=4, cfg_scale=1.0))
     assert (r2.completion_ids != tiny.mask_id).all()
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_generate_records_no_autograd_graph_whatever_the_callers_grad_mode(tiny, cache):
+    """Sampling is not differentiated: ``generate`` runs under ``torch.no_grad`` itself, so a caller outside
+    ``no_grad`` (evaluation, ``maskrl bench sampler``) neither builds a graph through every forward (time) nor
+    keeps one alive through the cache and the Rollout (memory), and gets the same Rollout."""
+    assert any(p.requires_grad for p in tiny.model.parameters())  # else nothing could be recorded
+    ids, mask = _batch(tiny)
+    cfg = SamplerConfig(gen_length=8, block_length=4, steps=4, cache=cache)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        r = generate(tiny, ids, mask, cfg, observers=[StepRecorderForTest()])
+    assert saved == [] and torch.is_grad_enabled()
+    assert r.commit_prob.grad_fn is None and not r.commit_prob.requires_grad
+    with torch.no_grad():
+        q = generate(tiny, ids, mask, cfg, observers=[StepRecorderForTest()])
+    assert torch.equal(r.completion_ids, q.completion_ids) and torch.equal(r.commit_prob, q.commit_prob)
+    torch.testing.assert_close(r.step_stats["max_log_prob"], q.step_stats["max_log_prob"], rtol=0, atol=0,
+                               equal_nan=True)  # NaN off the masked positions
+
+
+class StepRecorderForTest:
+    """An observer keeping each step's max log-probability at the masked positions (float: a graph would
+    reach it if the sampler recorded one)."""
+
+    logit_scope = "masked"
+
+    def __init__(self):
+        self.steps = []
+
+    def on_step(self, v):
+        self.steps.append(v.max_log_prob)
+
+    def result(self):
+        return {"max_log_prob": torch.stack(self.steps, 1)}

@@ -387,7 +387,6 @@ def _notify(observers, adapter, st, plan, logits, cover, committed, tokens, dec,
             obs.on_step(view)
 
 
-@torch.no_grad()
 def _cache_for(adapter: ModelAdapter, config: SamplerConfig, dec: "Denoising") -> BlockKVCache | KVCache:
     """The step forwards' cache: the exact block cache (``cache: block``), else :class:`KVCache` (none,
     prefix or dual; :mod:`maskrl.sampling.cache`)."""
@@ -396,6 +395,7 @@ def _cache_for(adapter: ModelAdapter, config: SamplerConfig, dec: "Denoising") -
     return KVCache(adapter, config, dec.n_rows, dec.p_len, dec.pos_ids)
 
 
+@torch.no_grad()
 def generate(
     adapter: ModelAdapter,
     prompt_ids: torch.Tensor,
