@@ -30,9 +30,11 @@ passes but transformers 5 drops.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -126,11 +128,16 @@ def measure(fd, ref, ad, prompts, args, on_rep=lambda cells: None) -> dict:
     """Every cell, alternated: ``{cell: {fast_dllm_s, maskrl_s, ratio, tokens_equal, ...}}``; ``on_rep(cells)``
     after each repetition (the record is written then, so a stopped run keeps the repetitions it finished)."""
     cells = {}
+    wanted = set(args.cells.split(",")) if getattr(args, "cells", None) else None
     for cache in CACHES:
         for schedule in SCHEDULES:
             for rows in (1, args.batch):
-                cells[f"{cache}/{schedule}/batch{rows}"] = {"fast_dllm_s": [], "maskrl_s": [], "tokens_equal": True,
-                                                           "rows": rows}
+                key = f"{cache}/{schedule}/batch{rows}"
+                if wanted is None or key in wanted:
+                    cells[key] = {"fast_dllm_s": [], "maskrl_s": [], "tokens_equal": True, "rows": rows}
+    if wanted is not None and wanted - set(cells):
+        raise SystemExit(f"--cells: no cell {sorted(wanted - set(cells))}; cells are cache/schedule/batchN with cache in "
+                         f"{CACHES}, schedule in {SCHEDULES}, N 1 or --batch")
     for rep in range(args.reps):
         for i, (key, c) in enumerate(cells.items()):
             if c["rows"] > 1 and rep >= args.batch_reps:
@@ -184,6 +191,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch-reps", type=int, default=1, help="repetitions of the batch cells (at most --reps)")
+    ap.add_argument("--cells", help="comma-separated cells to run (e.g. dual/fixed/batch1); default: all")
+    ap.add_argument("--background-load", type=int, default=0, metavar="K",
+                    help="K busy processes (one thread each, matrix products and copies over 64 MiB) running "
+                         "beside the measurement, to see how the ratios move on a loaded machine")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.fast_dllm is None:
@@ -213,8 +224,26 @@ def main(argv: list[str] | None = None) -> dict:
             if args.out:
                 write_record(args.out, record)
 
-        save(measure(fd, ref, ad, prompts, args, on_rep=save), done=True)
+        with background_load(args.background_load):
+            save(measure(fd, ref, ad, prompts, args, on_rep=save), done=True)
     return record
+
+
+#: one busy process of ``--background-load``: matrix products and copies over 64 MiB, one thread, until killed
+_BUSY = ("import torch\ntorch.set_num_threads(1)\na = torch.randn(2048, 2048)\nb = torch.empty(4096, 4096)\n"
+         "while True:\n    a @ a\n    b.copy_(torch.randn(4096, 4096))\n")
+
+
+@contextlib.contextmanager
+def background_load(k: int):
+    """``k`` busy processes (:data:`_BUSY`) beside the block, stopped after it (none when ``k == 0``)."""
+    procs = [subprocess.Popen([sys.executable, "-c", _BUSY]) for _ in range(k)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 if __name__ == "__main__":
