@@ -134,7 +134,8 @@ class Denoising:
         if config.edit_threshold is not None:  # LLaDA2.1's T2T: committed tokens of the block may change
             editable = ~st.masked.gather(1, st.pos) & st.in_block.gather(1, st.pos)
         drawn = self.drawn(eligible, lone, editable)
-        z = logits[at[drawn]]  # [m, V]: only the positions that get a candidate
+        rows = at[drawn]  # [m] rows of logits, increasing: drawn lies within cover
+        z = logits if rows.numel() == logits.shape[0] else logits[rows]  # [m, V]: no copy when every row is drawn
         if config.block_rule:
             cand, conf, prob, ent = (scatter_drawn(drawn, v, fill) for v, fill in zip(
                 block_candidates(z, config.temperature, config.top_k, config.top_p, generator,
