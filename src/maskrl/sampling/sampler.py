@@ -397,19 +397,14 @@ def _cache_for(adapter: ModelAdapter, config: SamplerConfig, dec: "Denoising") -
 
 
 @torch.no_grad()
-def generate(
-    adapter: ModelAdapter,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    config: SamplerConfig,
-    generator: torch.Generator | None = None,
-    observers: Sequence[StepObserver] = (),
-    group_ids: torch.Tensor | None = None,
-    all_done: Callable[[bool], bool] | None = None,
-    ranks_max: Callable[[list[int]], list[int]] | None = None,
-) -> Rollout:
+def generate(adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, config: SamplerConfig,
+             generator: torch.Generator | None = None, observers: Sequence[StepObserver] = (),
+             group_ids: torch.Tensor | None = None, all_done: Callable[[bool], bool] | None = None,
+             ranks_max: Callable[[list[int]], list[int]] | None = None) -> Rollout:
     """Denoise ``[prompt ; [M]×L]`` into completions (docs/spec.md §1.2; the package docstring says what is
-    recorded, :mod:`maskrl.sampling.cache` which positions each step forwards).
+    recorded, :mod:`maskrl.sampling.cache` which positions each step forwards). Runs under ``torch.no_grad``
+    whatever the caller's mode: sampling is never differentiated, and a graph through every forward would
+    cost time and keep memory alive through the cache and the Rollout.
 
     Args:
         adapter: the model.
