@@ -102,10 +102,9 @@ def main(out: Path) -> None:
         maskrl.trainer.pad_counts = shipped
     pad = run(out, rank, "pad", keep)
     torch.save({"nopad": nopad, "pad": pad}, out / f"rank{rank}.pt")
-    keep[-1].acc.wait_for_everyone()
-    # tear the process group down before exit: left to interpreter shutdown, gloo's threads can abort
-    # the process ("terminate called without an active exception", exit -6) after the work was done
-    torch.distributed.destroy_process_group()
+    from dist_worker import end_group
+
+    end_group()
 
 
 if __name__ == "__main__":

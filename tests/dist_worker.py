@@ -191,6 +191,23 @@ def start_group() -> tuple[int, int]:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
+def end_group() -> None:
+    """End a worker process once its results are saved: wait for every rank, tear the gloo group down, and
+    leave with ``os._exit(0)`` (stdout / stderr flushed) instead of returning. Returning frees the trainer,
+    whose DDP ``Reducer`` holds the last reference to the destroyed group: ``~ProcessGroupGloo`` then joins
+    gloo's run-loop thread while holding the GIL, and when that thread is still freeing a finished
+    all-gather (its tensors' Python references need the GIL) the two wait on each other for ever. Seen about
+    once in 40 launches (rank idle at exit after both ranks wrote their results; native stack: pybind11
+    ``dealloc`` of ``c10d::Reducer`` -> ``~ProcessGroupGloo`` -> ``std::thread::join``, the run loop in
+    ``~AsyncAllgatherWork`` -> ``gil_scoped_acquire``); left to interpreter shutdown, gloo's threads also
+    aborted finished processes ("terminate called without an active exception", exit -6)."""
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def local_share(out: Path, rank: int, world: int) -> Batch:
     """This rank's contiguous share of the 1-process run's batch (``OUT/batch.pt``)."""
     batch: Batch = torch.load(out / "batch.pt", weights_only=False)
@@ -223,10 +240,7 @@ def run_multi(out: Path) -> None:
     result["cached"] = cached_scenario(tr)
     result["interrupt"] = interrupt_scenario(tr, out / "interrupt", rank)
     torch.save(result, out / f"multi{rank}.pt")
-    tr.acc.wait_for_everyone()
-    # tear the process group down before exit: left to interpreter shutdown, gloo's threads can abort
-    # the process ("terminate called without an active exception", exit -6) after the work is done
-    torch.distributed.destroy_process_group()
+    end_group()
 
 
 def fsdp_state(acc, plugin) -> None:
@@ -277,8 +291,7 @@ def run_fsdp(out: Path) -> None:
     result["cached"] = cached_scenario(tr, adapter=tr.policy_eval, plain_adapter=plain)
     result["lora"] = lora_scenario(tr)
     torch.save(result, out / f"fsdp{rank}.pt")
-    tr.acc.wait_for_everyone()
-    torch.distributed.destroy_process_group()
+    end_group()
 
 
 def lora_adapter() -> ModelAdapter:
@@ -414,8 +427,7 @@ def run_resume(out: Path) -> None:
     legacy.close()
     result["legacy_prompts"] = legacy.drawn_prompts
     torch.save(result, out / f"resume{rank}.pt")
-    legacy.acc.wait_for_everyone()
-    torch.distributed.destroy_process_group()
+    end_group()
 
 
 if __name__ == "__main__":

@@ -109,8 +109,9 @@ def start() -> int | None:
 
 def finish(rank: int | None) -> None:
     if rank is not None:
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        from dist_worker import end_group
+
+        end_group()
 
 
 if __name__ == "__main__":
