@@ -295,8 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.child:
         res = {"single": child_single, "fsdp": child_fsdp, "reference": child_reference}[args.child](args)
-        print(json.dumps(res, default=str))
-        return 0
+        print(json.dumps(res, default=str), flush=True)
+        # leave without freeing the trainer: its FSDP state holds the last reference to the destroyed gloo
+        # group, whose destructor can deadlock with gloo's run loop (tests/dist_worker.py: end_group)
+        sys.stderr.flush()
+        os._exit(0)
     for recipe in [r.strip() for r in args.recipes.split(",") if r.strip()]:
         if not (ROOT / "configs" / f"{recipe}.yaml").is_file():
             p.error(f"--recipes: no configs/{recipe}.yaml")
