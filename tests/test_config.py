@@ -58,6 +58,16 @@ def test_out_of_range_values_name_the_key(item, key):
         load_config([], [item])
 
 
+@pytest.mark.parametrize("key", ["train.lr", "train.max_grad_norm", "sft.lr", "objective.clip_eps", "objective.beta",
+                                 "rollout.temperature", "rollout.cfg_scale", "rollout.eb_threshold", "eval.temperature"])
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "nan", "inf"])
+def test_non_finite_numbers_are_refused_naming_the_key(key, value):
+    """A NaN passed every range check (``lr <= 0``, ``beta < 0``, ``temperature < 0`` are all false for NaN):
+    train.lr NaN, objective.clip_eps NaN and rollout.temperature NaN were accepted by the config."""
+    with pytest.raises(ConfigError, match=rf"^{key.replace('.', chr(92) + '.')}: expected a finite number, got "):
+        load_config([], [f"{key}={value}"])
+
+
 @pytest.mark.parametrize("item,why", [
     ("train.group_size=1", r"train\.group_size: must be >= 2, got 1: .*every advantage is 0"),
     ("train.steps=0", r"train\.steps: must be >= 1, got 0: .*train nothing"),

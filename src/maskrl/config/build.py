@@ -3,6 +3,7 @@ and components (objective, likelihood, credit entries) built from their registri
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -145,14 +146,19 @@ def _coerce(value: Any, typ: Any, key: str, default: Any = None) -> Any:
             return value
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if typ is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if number is None:
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(number):  # NaN passes every `x < 0` range check
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return number
     if typ is list:
         if isinstance(value, str):
             return [value] if value else []

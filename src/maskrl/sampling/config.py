@@ -1,7 +1,8 @@
 """The sampler's settings (docs/spec.md §1.2): :class:`SamplerConfig` and the names of its choices."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 SCHEDULES = ("fixed", "threshold", "dream")
 DREAM_REMASKING = ("maskgit_plus", "topk_margin", "entropy", "origin")
@@ -117,8 +118,8 @@ class SamplerConfig:
             FSDP / DeepSpeed, whose processes hold no whole weights, the peft model samples (logged once).
 
     Raises:
-        ValueError: naming the field, on any setting outside its range or choices (in
-            ``__post_init__``).
+        ValueError: naming the field, on any setting outside its range or choices, a NaN or infinite
+            number included (in ``__post_init__``).
     """
 
     gen_length: int = 256
@@ -146,6 +147,10 @@ class SamplerConfig:
     merge_lora: bool = True
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NaN passes every `x < 0` check below; inf runs the loop into an error
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{f.name} (={v}) must be a finite number")
         if self.gen_length <= 0 or self.block_length <= 0:
             raise ValueError(f"gen_length (={self.gen_length}) and block_length (={self.block_length}) must be positive")
         if self.gen_length % self.block_length:
