@@ -184,10 +184,15 @@ class Task:
         """Read and validate the data file into examples (ids are 0-based row indices).
 
         Raises:
-            DataError: on a malformed row, naming file and line.
+            DataError: on a malformed row, naming file and line; on a file that is not UTF-8 text,
+                naming the file and the first bad byte (whichever task's :meth:`parse` read it).
         """
         p = self.resolve_path(path)
-        rows = self.parse(p)
+        try:
+            rows = self.parse(p)
+        except UnicodeDecodeError as e:
+            raise DataError(f"{p}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}); "
+                            "save the file as UTF-8") from None
         return rows[:limit] if limit is not None else rows
 
     def parse(self, path: Path) -> list[Example]:  # pragma: no cover - abstract
