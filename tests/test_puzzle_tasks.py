@@ -57,6 +57,9 @@ def test_sudoku_malformed_rows_name_file_and_line(tmp_path):
     p.write_text(f"Puzzle,Solution\n{PUZ},{SOL[::-1]}\n")
     with pytest.raises(DataError, match=r"bad.csv:2"):
         get_task("sudoku4x4").load(p)
+    p.write_text(f"Puzzle,Solution\n{PUZ},{SOL},{SOL}\n")  # csv.DictReader keeps extra cells under key None
+    with pytest.raises(DataError, match=r"bad.csv:2: 3 cells but the header has 2 columns"):
+        get_task("sudoku4x4").load(p)
 
 
 @pytest.mark.parametrize("task,name,text", [
