@@ -44,13 +44,15 @@ def _model_config(args):
 
 def cmd_sft(args) -> int:
     cfg = _model_config(args)  # config errors answer before torch is imported
-    from maskrl.pipeline import check_run_lengths, export_model, load_policy, sft_from_config, task_and_data, write_json
+    from maskrl.pipeline import (check_run_lengths, check_run_samplers, export_model, load_policy, sft_from_config,
+                                 task_and_data, write_json)
 
     out = Path(args.out or Path(cfg.output_dir) / "model")
     _open_model_dir(args, out)
     task, _, source, train = task_and_data(cfg)
     adapter = load_policy(cfg)
     check_run_lengths(cfg, adapter, train)
+    check_run_samplers(cfg, adapter, ("eval",))  # the prompt card's sampler
     t0 = time.time()
     hist = sft_from_config(cfg, adapter, task, train)
     export_model(out, adapter, cfg, task, data=f"{len(train)} training rows of {task.name} (held-out rows: {source})",
@@ -63,8 +65,8 @@ def cmd_sft(args) -> int:
 
 def cmd_train(args) -> int:
     cfg = _model_config(args)  # config errors answer before torch is imported
-    from maskrl.pipeline import (check_run_lengths, drop_rows, export_model, load_policy, prompt_formatter, task_and_data,
-                                 training_eval_fn, validation_examples)
+    from maskrl.pipeline import (check_run_lengths, check_run_samplers, drop_rows, export_model, load_policy,
+                                 prompt_formatter, task_and_data, training_eval_fn, validation_examples)
     from maskrl.rundir import is_main_process, record_config
     from maskrl.trainer import RLTrainer, TrainingInterrupted
 
@@ -78,6 +80,7 @@ def cmd_train(args) -> int:
               "(SFT + RL + evaluation).", file=sys.stderr)
     policy = load_policy(cfg)
     check_run_lengths(cfg, policy, train, val, val_source or source)
+    check_run_samplers(cfg, policy)
     fmt = prompt_formatter(policy, cfg.model.chat_template)
     trainer = RLTrainer(cfg, policy, task, train, prompt_fn=fmt,
                         eval_fn=training_eval_fn(cfg, task, val, fmt, lambda: trainer.policy_eval) if val else None)

@@ -18,7 +18,7 @@ from maskrl.files import write_json  # noqa: F401
 from maskrl.models import ModelAdapter
 from maskrl.policy import export_model, load_policy, tiny_tokenizer  # noqa: F401
 from maskrl.prompt_card import PROMPT_CARD, read_prompt_card, save_prompt_card  # noqa: F401
-from maskrl.prompts import check_lengths, check_run_lengths, prompt_formatter  # noqa: F401
+from maskrl.prompts import check_lengths, check_run_lengths, check_run_samplers, prompt_formatter  # noqa: F401
 from maskrl.tasks.base import Example, Task
 
 

@@ -76,6 +76,8 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if t.tokenizer not in TINY_TOKENIZERS and not (Path(t.tokenizer) / "tokenizer.json").is_file():
         raise ConfigError(f"model.tiny.tokenizer: {t.tokenizer!r} is neither one of {', '.join(TINY_TOKENIZERS)} nor a "
                           f"folder with a tokenizer.json")
+    if t.block_size is not None and t.block_size < 1:
+        raise ConfigError(f"model.tiny.block_size: must be a positive integer or null (full attention), got {t.block_size}")
     if t.hidden_size % t.num_heads:
         raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
                           f"model.tiny.num_heads ({t.num_heads})")

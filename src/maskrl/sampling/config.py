@@ -207,6 +207,36 @@ class SamplerConfig:
         if self.observer_logits not in OBSERVER_LOGITS:
             raise ValueError(f"observer_logits {self.observer_logits!r} is not one of {OBSERVER_LOGITS}")
 
+    def block_model_refusal(self, block_size: int | None) -> str | None:
+        """Why these settings cannot decode a model of attention block size ``block_size`` (``None``: full
+        attention), or ``None`` when they can: what a block-diffusion model needs of the sampler, and what
+        only it takes (:func:`maskrl.sampling.checks.check_blocks`; a run's sections:
+        :func:`maskrl.prompts.check_run_samplers`)."""
+        if block_size is None:
+            if self.block_first == "forced" and not self.dream_rule:
+                return ("block_first 'forced' with LLaDA's rule is Fast-dLLM v2's and needs a block-diffusion "
+                        "model (ModelAdapter.block_size set); with full attention it is Dream's (remasking "
+                        "'maskgit_plus')")
+            if self.cache == "block" or self.early_stop:
+                return (f"{'cache=block' if self.cache == 'block' else 'early_stop'} needs a block-diffusion "
+                        "model (ModelAdapter.block_size set): with full attention every position sees the "
+                        "later ones (use cache 'prefix' / 'dual', early_stop false)")
+            if self.edit_threshold is not None:
+                return ("edit_threshold (LLaDA2.1's token editing of the current block) needs a block-diffusion "
+                        "model (ModelAdapter.block_size set)")
+            return None
+        if self.block_length != block_size:
+            return (f"block_length (={self.block_length}) must equal the model's block size ({block_size}): a "
+                    "block-diffusion model decodes one of its attention blocks at a time")
+        if self.cache in ("prefix", "dual"):
+            return (f"cache={self.cache!r} is LLaDA-style approximate caching; a block-diffusion model "
+                    "(block_size set) has the exact block cache: use cache 'block' (or 'none')")
+        if self.dream_rule:
+            return ("Dream's rule (schedule 'dream', its remasking names, top_k / top_p / alg_temp outside the "
+                    "block strategies) is not defined on block-diffusion models; use remasking sequential | "
+                    "low_confidence_static | low_confidence_dynamic | entropy_bounded, or LLaDA's")
+        return None
+
     def _check_block_rules(self) -> None:
         """The block-diffusion strategies' settings (SDAR's rule runs under the fixed schedule's counts)."""
         if self.eb_threshold <= 0:
