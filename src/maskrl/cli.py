@@ -292,15 +292,15 @@ def _add_eval_parsers(sub) -> None:
     p.add_argument("--block-length", type=int, default=None, help="default: the model's prompt card, else 32")
     p.add_argument("--steps", type=int, default=None, help="default: the model's prompt card, else gen_length/2")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--schedule", default="fixed", choices=["fixed", "threshold"])
-    p.add_argument("--threshold", type=float, default=0.9)
-    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual", "block"],
+    # the decoding rule: each flag, else the prompt card's (as maskrl eval decodes), else SamplerConfig's default
+    p.add_argument("--schedule", choices=["fixed", "threshold"], help="default: the model's prompt card, else fixed")
+    p.add_argument("--threshold", type=float, help="default: the model's prompt card, else 0.9")
+    p.add_argument("--cache", choices=["none", "prefix", "dual", "block"],
                    help="Fast-dLLM key/value cache (none: exact full forwards; block: a block-diffusion model's "
-                        "exact cache)")
-    p.add_argument("--remasking", default="low_confidence",
-                   choices=["low_confidence", "sequential", "low_confidence_static", "low_confidence_dynamic",
-                            "entropy_bounded"], help="which masks each step commits (docs/sampler.md)")
-    p.add_argument("--early-stop", action="store_true",
+                        "exact cache; default: the model's prompt card, else none)")
+    p.add_argument("--remasking", choices=["low_confidence", "sequential", "low_confidence_static", "low_confidence_dynamic",
+                   "entropy_bounded"], help="which masks each step commits (docs/sampler.md; default: as --cache)")
+    p.add_argument("--early-stop", action=argparse.BooleanOptionalAction, default=None,
                    help="block-diffusion models: a row stops at the block holding its first stop id")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
