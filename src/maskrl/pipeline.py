@@ -33,7 +33,8 @@ def sft_from_config(cfg: RunConfig, adapter: ModelAdapter, task: Task, train: li
     return run_sft(adapter, train, task.target, gen_length=cfg.rollout.gen_length, steps=sc.steps,
                    batch_size=sc.batch_size, lr=sc.lr, warmup_steps=sc.warmup_steps, weight_decay=sc.weight_decay,
                    max_grad_norm=sc.max_grad_norm, seed=sc.seed, log_every=sc.log_every,
-                   prompt_fn=prompt_formatter(adapter, cfg.model.chat_template), progress=progress)
+                   prompt_fn=prompt_formatter(adapter, cfg.model.chat_template), progress=progress,
+                   gen_length_key="rollout.gen_length")
 
 
 def training_eval_fn(cfg: RunConfig, task: Task, rows: list[Example], prompt_fn: Callable[[str], str],
