@@ -96,6 +96,26 @@ def test_missing_and_broken_yaml_files(tmp_path):
         load_config([bad])
 
 
+def test_a_config_file_that_is_not_utf8_or_is_a_folder_is_one_line_naming_it(tmp_path):
+    """A UTF-16 / Latin-1 YAML file gave "'utf-8' codec can't decode byte 0xff in position 0", naming no file;
+    a folder was 'does not exist'; a YAML syntax error ran over three lines."""
+    bad = tmp_path / "utf16.yaml"
+    bad.write_bytes("train:\n  lr: 0.1\n".encode("utf-16"))
+    with pytest.raises(ConfigError, match=rf"^{bad}: not UTF-8 text \(byte 0: "):
+        load_config([bad])
+    with pytest.raises(ConfigError, match=rf"^config file {tmp_path} is a folder, not a YAML file$"):
+        load_config([tmp_path])
+    tab = tmp_path / "tab.yaml"
+    tab.write_text("rollout:\n  gen_length: 16\n\tsteps: 3\n")
+    with pytest.raises(ConfigError, match=r"tab\.yaml: not valid YAML \(.*line 3, column 1\)$") as e:
+        load_config([tab])
+    assert "\n" not in str(e.value)
+    from maskrl.plan import PlanError, strategy_from_accelerate
+
+    with pytest.raises(PlanError, match=rf"^--accelerate-config: cannot read {bad}: not UTF-8 text \(byte 0"):
+        strategy_from_accelerate(str(bad), 8)
+
+
 def test_partial_section_keeps_the_run_defaults():
     cfg = load_config([], ["rollout.temperature=0.5"])
     assert (cfg.rollout.gen_length, cfg.rollout.block_length, cfg.rollout.temperature) == (16, 16, 0.5)

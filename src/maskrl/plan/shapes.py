@@ -238,10 +238,14 @@ def strategy_from_accelerate(path: str | None, gpus: int) -> str:
 
     from maskrl.yamlfile import load_yaml
 
+    from maskrl.files import not_utf8
+
     try:
-        c = load_yaml(Path(path).read_text()) or {}
+        c = load_yaml(Path(path).read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise PlanError(f"--accelerate-config: cannot read {not_utf8(path, e)}") from None
     except (OSError, yaml.YAMLError) as e:
-        raise PlanError(f"--accelerate-config: cannot read {path} ({e})") from None
+        raise PlanError(f"--accelerate-config: cannot read {path} ({' '.join(str(e).split())})") from None
     kind = str(c.get("distributed_type", "")).upper()
     if kind == "FSDP":
         return "fsdp"

@@ -191,8 +191,9 @@ class Task:
         try:
             rows = self.parse(p)
         except UnicodeDecodeError as e:
-            raise DataError(f"{p}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}); "
-                            "save the file as UTF-8") from None
+            from maskrl.files import not_utf8
+
+            raise DataError(not_utf8(p, e)) from None
         return rows[:limit] if limit is not None else rows
 
     def parse(self, path: Path) -> list[Example]:  # pragma: no cover - abstract
