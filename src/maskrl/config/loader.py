@@ -92,6 +92,8 @@ def load_plugins(specs: Sequence[str]) -> list:
                 path = Path(spec).expanduser().resolve()
                 if not path.is_file():
                     raise FileNotFoundError(f"no such file {path}")
+                if path.suffix != ".py":  # importlib finds no loader for it
+                    raise ImportError(f"{path} is not a Python file (.py)")
                 name = "maskrl_plugin_" + path.stem + "_" + hashlib.sha1(str(path).encode()).hexdigest()[:8]
                 if name not in sys.modules:
                     mod_spec = importlib.util.spec_from_file_location(name, path)
