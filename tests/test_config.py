@@ -116,6 +116,15 @@ def test_a_config_file_that_is_not_utf8_or_is_a_folder_is_one_line_naming_it(tmp
         strategy_from_accelerate(str(bad), 8)
 
 
+@pytest.mark.parametrize("item, shown", [("credit=[1, 2]", "1"), ("credit=[[dps]]", r"\['dps'\]"),
+                                         ("credit=[true]", "True")])
+def test_a_credit_entry_that_is_not_a_mapping_or_name_names_its_index(item, shown):
+    """Was '1 is not a registered credit module', naming neither the key nor the entry's place."""
+    with pytest.raises(ConfigError, match=rf"^credit\[0\]: expected a mapping {{name: \.\.\., \.\.\.}} or a credit "
+                                          rf"name, got {shown}$"):
+        load_config([], [item])
+
+
 def test_partial_section_keeps_the_run_defaults():
     cfg = load_config([], ["rollout.temperature=0.5"])
     assert (cfg.rollout.gen_length, cfg.rollout.block_length, cfg.rollout.temperature) == (16, 16, 0.5)
