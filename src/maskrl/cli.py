@@ -384,10 +384,10 @@ def cmd_estimate_pos_weights(args) -> int:
 
 def cmd_bench(args) -> int:
     if args.bench == "sampler":
-        from maskrl.bench import run_sampler_bench
+        from maskrl.bench import parse_counts, run_sampler_bench
 
-        lengths = [int(v) for v in args.gen_length.split(",")] if args.gen_length else None
-        batches = [int(v) for v in args.batch.split(",")] if args.batch else None
+        lengths = parse_counts(args.gen_length, "--gen-length", "64,128")
+        batches = parse_counts(args.batch, "--batch", "1,8")
         run_sampler_bench(args.out, quick=args.quick, gen_lengths=lengths, reps=args.reps,
                           sudoku_model=args.sudoku_model, countdown_model=args.countdown_model,
                           countdown_block=args.countdown_block, parts=args.parts.split(","), batches=batches,
