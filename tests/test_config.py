@@ -52,6 +52,11 @@ def test_every_shipped_config_loads():
     ("sft.batch_size=0", "sft.batch_size"), ("train.group_size=0", "train.group_size"),
     ("sft.steps=-1", "sft.steps"), ("train.lr=-1e-5", "train.lr"), ("model.tiny.num_heads=5", "model.tiny.num_heads"),
     ("likelihood.p_mask_prompt=1.5", "likelihood.p_mask_prompt"), ("train.prompts_per_step=0", "train.prompts_per_step"),
+    # were 'dropout probability has to be between 0 and 1, but got 2.0' from torch once LoRA was built, and
+    # a negative LoRA scale, silently
+    ("model.lora_dropout=2", "model.lora_dropout"), ("model.lora_dropout=1", "model.lora_dropout"),
+    ("model.lora_dropout=-0.1", "model.lora_dropout"), ("model.lora_alpha=-1", "model.lora_alpha"),
+    ("model.lora_alpha=0", "model.lora_alpha"),
 ])
 def test_out_of_range_values_name_the_key(item, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
