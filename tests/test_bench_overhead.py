@@ -33,6 +33,14 @@ def test_overhead_bench_names_valid_methods(tmp_path, capsys):
     assert "valid: daca" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("reps", ["0", "-2"])
+def test_overhead_bench_refuses_fewer_than_one_repetition(tmp_path, capsys, reps):
+    """--reps 0 ran the default 7 repetitions (``reps or 7``), silently; -2 ran none."""
+    assert main(["bench", "overhead", "--method", "daca", "--reps", reps, "--out", str(tmp_path / "o.json")]) == 2
+    assert f"maskrl bench: error: --reps: must be >= 1, got {reps}" in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
+
+
 def test_dtca_overhead_variants_are_valid_configs():
     from maskrl.bench_overhead import BASE_SETS
     from maskrl.config import load_config

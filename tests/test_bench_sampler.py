@@ -102,3 +102,20 @@ def test_bad_batch_sizes_are_refused_before_anything_runs(tmp_path):
         run_sampler_bench(tmp_path / "x.json", batches=(0, 8), parts=("speed",))
     assert not (tmp_path / "x.json").exists()
     assert main(["bench", "sampler", "--quick", "--batch", "1,2", "--parts", "sudoku", "--out", str(tmp_path / "c.json")]) == 0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gen-length", "x"], r"--gen-length: expected comma-separated integers >= 1 such as '64,128', got 'x'"),
+    (["--gen-length", "0"], r"--gen-length: expected comma-separated integers >= 1 such as '64,128', got '0'"),
+    (["--batch", "1,,8"], r"--batch: expected comma-separated integers >= 1 such as '1,8', got '1,,8'"),
+    (["--reps", "0"], r"--reps: must be >= 1, got 0"),
+    (["--block-size", "0"], r"--block-size: must be >= 1, got 0"),
+    (["--countdown-block", "-4"], r"--countdown-block: must be >= 1, got -4"),
+])
+def test_bench_flags_are_checked_naming_the_flag_before_anything_runs(tmp_path, capsys, flags, message):
+    """--gen-length x was 'invalid literal for int() with base 10', --block-size 0 the adapter's message,
+    and --reps 0 ran the default 2 or 3 repetitions, silently."""
+    out = tmp_path / "b.json"
+    assert main(["bench", "sampler", "--quick", "--parts", "speed", "--out", str(out), *flags]) == 2
+    assert f"maskrl bench: error: {message}".replace("\\", "") in capsys.readouterr().err
+    assert not out.exists()

@@ -77,3 +77,15 @@ def test_config_refuses_a_block_size_that_is_not_an_integer(raw):
 
     with pytest.raises(ConfigError, match="model.tiny.block_size: expected an integer"):
         load_config([], [f"model.tiny.block_size={raw}"])
+
+
+@pytest.mark.parametrize("raw", ["0", "-4"])
+def test_config_refuses_a_block_size_below_one(raw):
+    """``maskrl config`` accepted 0 and -4; ``maskrl train`` then failed in the adapter with 'block_size 0 needs
+    a positive size and attention='4d' (this adapter has attention='4d')', naming no config key."""
+    from maskrl.config import load_config
+    from maskrl.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^model\.tiny\.block_size: must be a positive integer or null "
+                                          rf"\(full attention\), got {raw}$"):
+        load_config([], [f"model.tiny.block_size={raw}"])

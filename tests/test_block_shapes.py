@@ -115,3 +115,37 @@ def test_spg_public_masking_is_refused_for_a_block_model_at_config_time(tmp_path
     cfg = load_config([], [f"output_dir={tmp_path}", "objective.name=spg", *extra])
     with pytest.raises(ValueError, match="block-diffusion model.*spg_public"):
         RLTrainer(cfg, _block_model(), OddChars(), [Example(id=0, prompt="hi")])
+
+
+@pytest.mark.parametrize("sets, full, message", [
+    (["eval.block_length=4"], False, r"^rollout: block_length \(=16\) must equal the model's block size \(4\)"),
+    (["rollout.block_length=4"], False, r"^eval: block_length \(=16\) must equal the model's block size \(4\)"),
+    (["rollout.block_length=4", "eval.block_length=4", "eval.cache=prefix"], False, r"^eval: cache='prefix' is LLaDA"),
+    (["rollout.cache=block"], True, r"^rollout: cache=block needs a block-diffusion model"),
+    (["eval.early_stop=true"], True, r"^eval: early_stop needs a block-diffusion model"),
+])
+def test_a_runs_samplers_are_checked_against_the_loaded_model_naming_the_section(sets, full, message):
+    """The sampler refused these only inside the first generate() -- after ``maskrl demo``'s SFT, and never
+    for ``maskrl sft``, whose prompt card kept an eval sampler the model refuses -- naming no section."""
+    from maskrl.prompts import check_run_samplers
+
+    cfg = load_config([], sets)
+    model = build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                       block_size=None if full else BLOCK, seed=0)
+    with pytest.raises(ValueError, match=message):
+        check_run_samplers(cfg, model)
+    if message.startswith("^rollout"):
+        check_run_samplers(cfg, model, sections=("eval",))  # maskrl sft uses the eval sampler only
+
+
+def test_maskrl_sft_refuses_an_eval_sampler_the_block_model_cannot_run_before_training(tmp_path, capsys):
+    from maskrl.cli import main
+
+    out = tmp_path / "sft"
+    rc = main(["sft", "--set", f"model.tiny.block_size={BLOCK}", "--set", "model.tiny.hidden_size=32",
+               "--set", "model.tiny.num_layers=1", "--set", "model.tiny.num_heads=2",
+               "--set", "model.tiny.intermediate_size=64", "--set", "task.train_size=8", "--set", "sft.steps=1",
+               "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "eval: block_length (=16) must equal the model's block size (4)" in err, err
+    assert not (out / "model.safetensors").exists()

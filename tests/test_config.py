@@ -52,10 +52,25 @@ def test_every_shipped_config_loads():
     ("sft.batch_size=0", "sft.batch_size"), ("train.group_size=0", "train.group_size"),
     ("sft.steps=-1", "sft.steps"), ("train.lr=-1e-5", "train.lr"), ("model.tiny.num_heads=5", "model.tiny.num_heads"),
     ("likelihood.p_mask_prompt=1.5", "likelihood.p_mask_prompt"), ("train.prompts_per_step=0", "train.prompts_per_step"),
+    # were 'dropout probability has to be between 0 and 1, but got 2.0' from torch once LoRA was built, and
+    # a negative LoRA scale, silently
+    ("model.lora_dropout=2", "model.lora_dropout"), ("model.lora_dropout=1", "model.lora_dropout"),
+    ("model.lora_dropout=-0.1", "model.lora_dropout"), ("model.lora_alpha=-1", "model.lora_alpha"),
+    ("model.lora_alpha=0", "model.lora_alpha"),
 ])
 def test_out_of_range_values_name_the_key(item, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config([], [item])
+
+
+@pytest.mark.parametrize("key", ["train.lr", "train.max_grad_norm", "sft.lr", "objective.clip_eps", "objective.beta",
+                                 "rollout.temperature", "rollout.cfg_scale", "rollout.eb_threshold", "eval.temperature"])
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "nan", "inf"])
+def test_non_finite_numbers_are_refused_naming_the_key(key, value):
+    """A NaN passed every range check (``lr <= 0``, ``beta < 0``, ``temperature < 0`` are all false for NaN):
+    train.lr NaN, objective.clip_eps NaN and rollout.temperature NaN were accepted by the config."""
+    with pytest.raises(ConfigError, match=rf"^{key.replace('.', chr(92) + '.')}: expected a finite number, got "):
+        load_config([], [f"{key}={value}"])
 
 
 @pytest.mark.parametrize("item,why", [
@@ -84,6 +99,35 @@ def test_missing_and_broken_yaml_files(tmp_path):
     bad.write_text("model: {tiny: [1\n")
     with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
         load_config([bad])
+
+
+def test_a_config_file_that_is_not_utf8_or_is_a_folder_is_one_line_naming_it(tmp_path):
+    """A UTF-16 / Latin-1 YAML file gave "'utf-8' codec can't decode byte 0xff in position 0", naming no file;
+    a folder was 'does not exist'; a YAML syntax error ran over three lines."""
+    bad = tmp_path / "utf16.yaml"
+    bad.write_bytes("train:\n  lr: 0.1\n".encode("utf-16"))
+    with pytest.raises(ConfigError, match=rf"^{bad}: not UTF-8 text \(byte 0: "):
+        load_config([bad])
+    with pytest.raises(ConfigError, match=rf"^config file {tmp_path} is a folder, not a YAML file$"):
+        load_config([tmp_path])
+    tab = tmp_path / "tab.yaml"
+    tab.write_text("rollout:\n  gen_length: 16\n\tsteps: 3\n")
+    with pytest.raises(ConfigError, match=r"tab\.yaml: not valid YAML \(.*line 3, column 1\)$") as e:
+        load_config([tab])
+    assert "\n" not in str(e.value)
+    from maskrl.plan import PlanError, strategy_from_accelerate
+
+    with pytest.raises(PlanError, match=rf"^--accelerate-config: cannot read {bad}: not UTF-8 text \(byte 0"):
+        strategy_from_accelerate(str(bad), 8)
+
+
+@pytest.mark.parametrize("item, shown", [("credit=[1, 2]", "1"), ("credit=[[dps]]", r"\['dps'\]"),
+                                         ("credit=[true]", "True")])
+def test_a_credit_entry_that_is_not_a_mapping_or_name_names_its_index(item, shown):
+    """Was '1 is not a registered credit module', naming neither the key nor the entry's place."""
+    with pytest.raises(ConfigError, match=rf"^credit\[0\]: expected a mapping {{name: \.\.\., \.\.\.}} or a credit "
+                                          rf"name, got {shown}$"):
+        load_config([], [item])
 
 
 def test_partial_section_keeps_the_run_defaults():

@@ -189,3 +189,22 @@ def test_a_template_that_cannot_format_a_text_cell_names_the_row(tmp_path):
     (tmp_path / "junk").mkdir()
     with pytest.raises(DataError, match=r"junk: not a datasets save_to_disk folder"):
         get_task("file", "{x}").load(tmp_path / "junk")
+
+
+def test_an_sft_target_longer_than_the_completion_names_the_row_its_text_and_the_key(tmp_path, capsys):
+    """Was 'example 0: target has 19 tokens > gen_length=8': no text to find the row by, no config key."""
+    rows = _files(tmp_path)
+    rows[3]["answer"] = "1234567890"
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))
+    recipe = {"output_dir": str(tmp_path / "run"),
+              "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
+              "task": {"name": "file", "prompt_template": "Q {question} =", "data_path": str(tmp_path / "test.jsonl"),
+                       "file": {"train": str(tmp_path / "train.jsonl")}},
+              "rollout": {"gen_length": 4, "block_length": 4, "steps": 2}, "eval": {"gen_length": 4, "block_length": 4,
+                                                                                    "steps": 2},
+              "sft": {"steps": 1, "batch_size": 2}}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["sft", "--config", str(tmp_path / "recipe.yaml"), "--out", str(tmp_path / "sft")]) == 2
+    err = capsys.readouterr().err
+    assert ("training example 3 (prompt 'Q 3+3 ='): its SFT target '1234567890' is 10 tokens, more than "
+            "the completion length rollout.gen_length = 4") in err, err

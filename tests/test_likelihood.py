@@ -113,7 +113,8 @@ def test_sft_loss_masks_only_the_answer_and_weights_by_one_over_t(tiny):
     logits = real(seen[0], torch.cat([mask, torch.ones(2, 4, dtype=torch.bool)], 1))[:, ids.shape[1]:]
     ce = torch.nn.functional.cross_entropy(logits.reshape(8, -1), ans.reshape(-1), reduction="none").view(2, 4)
     assert loss.item() == pytest.approx(((ce * m) / t).sum().item() / 8, rel=1e-5)
-    with pytest.raises(ValueError, match="example 7"):
+    with pytest.raises(ValueError, match="^training example 7: its SFT target 'toolong' is 7 tokens, more than the "
+                                         "completion length gen_length = 3"):
         encode_targets(tiny.tokenizer, ["toolong"], 3, tiny.eos_id, ids=[7])
 
 

@@ -246,6 +246,32 @@ def test_block_model_work_is_the_doubled_row():
     assert standin_config(sdar).model.tiny.block_size == 4 and standin_config(sdar).model.path == ""
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda: parse_bytes("nanGB"), r"^--gpu-memory: must be a finite number > 0, got 'nanGB'"),
+    (lambda: parse_bytes("infGB"), r"^--gpu-memory: must be a finite number > 0, got 'infGB'"),
+    (lambda: Hardware(gpu_memory=float("nan")), r"^--gpu-memory: must be a finite number > 0"),
+    (lambda: Hardware(tflops=float("inf")), r"^--tflops: must be a finite number > 0, got inf"),
+    (lambda: Hardware(bandwidth=float("nan")), r"^--bandwidth: must be a finite number > 0, got nan"),
+    (lambda: Hardware(tflops=-1.0), r"^--tflops: must be a finite number > 0, got -1.0"),
+])
+def test_plan_numbers_must_be_finite_and_positive(make, message):
+    """--gpu-memory nanGB and --tflops inf were planned ('compute 0 s' per step), silently."""
+    with pytest.raises(PlanError, match=message):
+        make()
+
+
+@pytest.mark.parametrize("length", [-5, 0])
+def test_plan_refuses_a_prompt_length_below_one(length, capsys):
+    """``maskrl plan --prompt-length -5`` planned 8537 TFLOP a step instead of 16900 (rows of L - 5 tokens)."""
+    with pytest.raises(PlanError, match=rf"^--prompt-length: must be >= 1 token, got {length}$"):
+        make_plan(load_config([], []), Hardware(), prompt_length=length, search=False)
+    from maskrl.cli import main
+
+    if length < 0:
+        assert main(["plan", "--prompt-length", str(length)]) == 2
+        assert f"--prompt-length: must be >= 1 token, got {length}" in capsys.readouterr().err
+
+
 def test_plan_options_are_checked(tmp_path):
     assert parse_bytes("80GB") == parse_bytes("80 GiB") == 80 * GIB
     with pytest.raises(PlanError, match="--gpu-memory"):

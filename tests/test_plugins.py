@@ -98,6 +98,20 @@ def test_plugin_errors_name_the_plugin(tmp_path):
         load_config([], ["credit=[{name: toy_credit, lam: 1}]"], plugins=[str(PLUGIN)])
 
 
+def test_a_plugin_or_reward_file_that_is_not_python_says_so(tmp_path):
+    """A YAML file given as --plugin was "AttributeError: 'NoneType' object has no attribute 'loader'"."""
+    from maskrl.tasks.file_task import load_reward
+
+    cfg = tmp_path / "recipe.yaml"
+    cfg.write_text("train: {lr: 0.1}\n")
+    with pytest.raises(ConfigError, match=rf"^plugins\[0\]: cannot import '{cfg}' \(ImportError: {cfg} is not a "
+                                          r"Python file \(\.py\)\)$"):
+        load_config([], plugins=[str(cfg)])
+    with pytest.raises(ValueError, match=rf"^task\.file\.reward: cannot import '{cfg}' \(ImportError: {cfg} is not "
+                                         r"a Python file \(\.py\)\)$"):
+        load_reward(f"{cfg}:fn")
+
+
 def test_a_plugins_registrations_are_undone_after_its_test():
     """What conftest's autouse fixture does for every test: the toy plug-in's three entries and its
     module are gone afterwards (another test's registry listings stay the built-ins), and loading it

@@ -111,6 +111,35 @@ def test_generate_uses_the_card_and_prints_it(tmp_path, capsys, monkeypatch):
     assert "gen_length 12 (model card)" in err and "chat_template False (model card)" in err
 
 
+def test_generate_decodes_with_the_cards_rule_as_eval_does_unless_a_flag_says_otherwise(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """The card's decoding rule (remasking, schedule, threshold, cache, early_stop, ...) was dropped by
+    ``maskrl generate``, which took its argparse defaults (low_confidence, fixed, cache none) while
+    ``maskrl eval`` decodes the same folder with the card's rule: the same model decoded two ways, silently."""
+    a = build_tiny(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32, block_size=4)
+    save_model(a, tmp_path / "m")
+    card = SamplerConfig(8, 4, 8, remasking="low_confidence_dynamic", threshold=0.7, cache="block", early_stop=True)
+    save_prompt_card(tmp_path / "m", get_task("sudoku4x4", "{puzzle}="), False, card)
+    seen = []
+    import maskrl.evaluate as ev
+
+    real = ev.complete
+
+    def spy(adapter, prompts, sampler, **kw):
+        seen.append(sampler)
+        return real(adapter, prompts, sampler, **kw)
+
+    monkeypatch.setattr(ev, "complete", spy)
+    assert main(["generate", "--model", str(tmp_path / "m"), "--prompt", "1234"]) == 0
+    assert seen[-1] == card
+    err = capsys.readouterr().err
+    assert "remasking low_confidence_dynamic (model card)" in err and "cache block (model card)" in err, err
+    assert main(["generate", "--model", str(tmp_path / "m"), "--prompt", "1234", "--cache", "none",
+                 "--remasking", "sequential", "--threshold", "0.5"]) == 0
+    assert seen[-1] == SamplerConfig(8, 4, 8, remasking="sequential", threshold=0.5, cache="none", early_stop=True)
+    assert "cache none (flag)" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- item 9
 @pytest.mark.parametrize("text", ["{puzzle}=", "{puzzle}", "Q: {q} [a, b]: ", "true", "- {x}", "*x", "a: b"])
 def test_set_keeps_string_values_as_typed(text):

@@ -57,6 +57,23 @@ def test_sudoku_malformed_rows_name_file_and_line(tmp_path):
     p.write_text(f"Puzzle,Solution\n{PUZ},{SOL[::-1]}\n")
     with pytest.raises(DataError, match=r"bad.csv:2"):
         get_task("sudoku4x4").load(p)
+    p.write_text(f"Puzzle,Solution\n{PUZ},{SOL},{SOL}\n")  # csv.DictReader keeps extra cells under key None
+    with pytest.raises(DataError, match=r"bad.csv:2: 3 cells but the header has 2 columns"):
+        get_task("sudoku4x4").load(p)
+
+
+@pytest.mark.parametrize("task,name,text", [
+    ("sudoku4x4", "bad.csv", f"Puzzle,Solution\n{PUZ},{SOL}\n"),
+    ("mbpp", "bad.json", '[{"task_id": 1, "prompt": "p", "code": "c", "test_list": ["assert 1"]}]'),
+])
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-16"])
+def test_a_data_file_that_is_not_utf8_is_named(tmp_path, task, name, text, encoding):
+    """Sudoku's CSV reader and the code tasks' JSON reader let UnicodeDecodeError through, whose message
+    ('utf-8' codec can't decode byte 0xff in position 16) names no file."""
+    p = tmp_path / name
+    p.write_bytes(text.replace(",", ",\u00e9", 1).encode(encoding))
+    with pytest.raises(DataError, match=rf"^{p}: not UTF-8 text \(byte \d+"):
+        get_task(task).load(p)
 
 
 @pytest.mark.parametrize("text,expected", [

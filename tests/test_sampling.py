@@ -22,6 +22,16 @@ def test_config_validation_names_the_argument():
         SamplerConfig(gen_length=16, block_length=4, steps=8, schedule="nope")
 
 
+@pytest.mark.parametrize("field", ["temperature", "threshold", "cfg_scale", "alg_temp", "top_p", "eb_threshold",
+                                   "edit_threshold"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_config_refuses_non_finite_numbers_naming_the_field(field, value):
+    """NaN passed every range check written as ``x < 0`` (temperature NaN decoded every prompt to an
+    empty completion, silently) and +inf ran into the loop's 'uncommitted positions' RuntimeError."""
+    with pytest.raises(ValueError, match=rf"^{field} \(={value}\) must be a finite number"):
+        SamplerConfig(gen_length=16, block_length=16, steps=16, **{field: value})
+
+
 def test_commits_per_step_split_evenly_remainder_first():
     cfg = SamplerConfig(gen_length=20, block_length=10, steps=8)  # 4 steps per block, 10 masks
     assert cfg.commits_per_step() == [3, 3, 2, 2]

@@ -195,6 +195,23 @@ QUICK_LENGTHS, QUICK_BATCHES, QUICK_REPS = (64,), (1, 8), 2
 FULL_LENGTHS, FULL_BATCHES, FULL_REPS = (128,), (1, 8, 64), 3
 
 
+def parse_counts(text: str | None, flag: str, example: str) -> list[int] | None:
+    """A comma-separated list of integers >= 1 (``--gen-length``, ``--batch``), or ``None`` for no text.
+
+    Raises:
+        ValueError: naming ``flag`` and the text, on anything else.
+    """
+    if not text:
+        return None
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag}: expected comma-separated integers >= 1 such as {example!r}, got {text!r}")
+    return values
+
+
 def run_sampler_bench(out: str | Path, quick: bool = False, gen_lengths: Sequence[int] | None = None,
                       reps: int | None = None, sudoku_model: str | None = None,
                       sudoku_config: str = "configs/demo_sudoku.yaml", countdown_model: str | None = None,
@@ -212,7 +229,8 @@ def run_sampler_bench(out: str | Path, quick: bool = False, gen_lengths: Sequenc
     ``block_size``: bench the tiny block-diffusion model (caches none / block).
 
     Raises:
-        ValueError: naming an unknown part or a batch size below 1, before anything runs.
+        ValueError: naming an unknown part, a batch size or length below 1, or ``reps``, ``block_size`` or
+            ``countdown_block`` below 1 (by their ``maskrl bench sampler`` flags), before anything runs.
     """
     import platform
 
@@ -223,6 +241,9 @@ def run_sampler_bench(out: str | Path, quick: bool = False, gen_lengths: Sequenc
         raise ValueError(f"parts: unknown {sorted(bad)}; valid: speed, sudoku, countdown")
     if batches is not None and (not batches or min(batches) < 1):
         raise ValueError(f"batch sizes must be >= 1, got {list(batches)}")
+    for flag, value in (("--reps", reps), ("--block-size", block_size), ("--countdown-block", countdown_block)):
+        if value is not None and value < 1:  # reps 0 fell back to the default count, silently
+            raise ValueError(f"{flag}: must be >= 1, got {value}")
     rec = BenchRecord(out, {"benchmark": "sampler", "quick": quick, "torch": torch.__version__,
                             "threads": torch.get_num_threads(), "machine": platform.machine()})
     if "speed" in parts:

@@ -150,10 +150,12 @@ def run_overhead_bench(method: str, out: str | Path, quick: bool = False, reps: 
     finishes (``cells``; a stopped bench keeps them), the summary at the end (``complete``).
 
     Raises:
-        ValueError: naming the valid methods for an unknown one.
+        ValueError: naming the valid methods for an unknown one; ``reps`` below 1 (``--reps``).
     """
     if method not in OVERHEAD_METHODS:
         raise ValueError(f"unknown method {method!r}; valid: {', '.join(sorted(OVERHEAD_METHODS))}")
+    if reps is not None and reps < 1:  # 0 fell back to the default count, silently
+        raise ValueError(f"--reps: must be >= 1, got {reps}")
     from maskrl.bench_record import BenchRecord
 
     spec = OVERHEAD_METHODS[method]

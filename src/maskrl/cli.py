@@ -44,13 +44,15 @@ def _model_config(args):
 
 def cmd_sft(args) -> int:
     cfg = _model_config(args)  # config errors answer before torch is imported
-    from maskrl.pipeline import check_run_lengths, export_model, load_policy, sft_from_config, task_and_data, write_json
+    from maskrl.pipeline import (check_run_lengths, check_run_samplers, export_model, load_policy, sft_from_config,
+                                 task_and_data, write_json)
 
     out = Path(args.out or Path(cfg.output_dir) / "model")
     _open_model_dir(args, out)
     task, _, source, train = task_and_data(cfg)
     adapter = load_policy(cfg)
     check_run_lengths(cfg, adapter, train)
+    check_run_samplers(cfg, adapter, ("eval",))  # the prompt card's sampler
     t0 = time.time()
     hist = sft_from_config(cfg, adapter, task, train)
     export_model(out, adapter, cfg, task, data=f"{len(train)} training rows of {task.name} (held-out rows: {source})",
@@ -63,8 +65,8 @@ def cmd_sft(args) -> int:
 
 def cmd_train(args) -> int:
     cfg = _model_config(args)  # config errors answer before torch is imported
-    from maskrl.pipeline import (check_run_lengths, drop_rows, export_model, load_policy, prompt_formatter, task_and_data,
-                                 training_eval_fn, validation_examples)
+    from maskrl.pipeline import (check_run_lengths, check_run_samplers, drop_rows, export_model, load_policy,
+                                 prompt_formatter, task_and_data, training_eval_fn, validation_examples)
     from maskrl.rundir import is_main_process, record_config
     from maskrl.trainer import RLTrainer, TrainingInterrupted
 
@@ -78,6 +80,7 @@ def cmd_train(args) -> int:
               "(SFT + RL + evaluation).", file=sys.stderr)
     policy = load_policy(cfg)
     check_run_lengths(cfg, policy, train, val, val_source or source)
+    check_run_samplers(cfg, policy)
     fmt = prompt_formatter(policy, cfg.model.chat_template)
     trainer = RLTrainer(cfg, policy, task, train, prompt_fn=fmt,
                         eval_fn=training_eval_fn(cfg, task, val, fmt, lambda: trainer.policy_eval) if val else None)
@@ -289,15 +292,15 @@ def _add_eval_parsers(sub) -> None:
     p.add_argument("--block-length", type=int, default=None, help="default: the model's prompt card, else 32")
     p.add_argument("--steps", type=int, default=None, help="default: the model's prompt card, else gen_length/2")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--schedule", default="fixed", choices=["fixed", "threshold"])
-    p.add_argument("--threshold", type=float, default=0.9)
-    p.add_argument("--cache", default="none", choices=["none", "prefix", "dual", "block"],
+    # the decoding rule: each flag, else the prompt card's (as maskrl eval decodes), else SamplerConfig's default
+    p.add_argument("--schedule", choices=["fixed", "threshold"], help="default: the model's prompt card, else fixed")
+    p.add_argument("--threshold", type=float, help="default: the model's prompt card, else 0.9")
+    p.add_argument("--cache", choices=["none", "prefix", "dual", "block"],
                    help="Fast-dLLM key/value cache (none: exact full forwards; block: a block-diffusion model's "
-                        "exact cache)")
-    p.add_argument("--remasking", default="low_confidence",
-                   choices=["low_confidence", "sequential", "low_confidence_static", "low_confidence_dynamic",
-                            "entropy_bounded"], help="which masks each step commits (docs/sampler.md)")
-    p.add_argument("--early-stop", action="store_true",
+                        "exact cache; default: the model's prompt card, else none)")
+    p.add_argument("--remasking", choices=["low_confidence", "sequential", "low_confidence_static", "low_confidence_dynamic",
+                   "entropy_bounded"], help="which masks each step commits (docs/sampler.md; default: as --cache)")
+    p.add_argument("--early-stop", action=argparse.BooleanOptionalAction, default=None,
                    help="block-diffusion models: a row stops at the block holding its first stop id")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
@@ -381,10 +384,10 @@ def cmd_estimate_pos_weights(args) -> int:
 
 def cmd_bench(args) -> int:
     if args.bench == "sampler":
-        from maskrl.bench import run_sampler_bench
+        from maskrl.bench import parse_counts, run_sampler_bench
 
-        lengths = [int(v) for v in args.gen_length.split(",")] if args.gen_length else None
-        batches = [int(v) for v in args.batch.split(",")] if args.batch else None
+        lengths = parse_counts(args.gen_length, "--gen-length", "64,128")
+        batches = parse_counts(args.batch, "--batch", "1,8")
         run_sampler_bench(args.out, quick=args.quick, gen_lengths=lengths, reps=args.reps,
                           sudoku_model=args.sudoku_model, countdown_model=args.countdown_model,
                           countdown_block=args.countdown_block, parts=args.parts.split(","), batches=batches,

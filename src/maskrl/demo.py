@@ -26,7 +26,7 @@ from maskrl.evaluate import EvalResult, eval_source_note, evaluate_examples
 from maskrl.likelihood import LIKELIHOODS
 from maskrl.objectives import OBJECTIVES
 from maskrl.models import load_tiny, save_model
-from maskrl.pipeline import (check_run_lengths, export_model, load_policy, prompt_formatter,
+from maskrl.pipeline import (check_run_lengths, check_run_samplers, export_model, load_policy, prompt_formatter,
                              sft_from_config, task_and_data, write_json)
 from maskrl.rundir import prepare_run_dir, run_lock
 from maskrl.stats import paired_comparison
@@ -148,10 +148,12 @@ def _sft_warm_start(cfg: RunConfig, out: Path, task, train: list, test: list, so
     t0 = time.time()
     if (cache / "maskrl_sft.json").is_file() and not force_sft:
         policy = load_tiny(cache)
+        check_run_samplers(cfg, policy)
         print(f"[demo] SFT model from cache {cache}")
         return policy, True, time.time() - t0
     policy = load_policy(cfg)
     check_run_lengths(cfg, policy, train, test, source)
+    check_run_samplers(cfg, policy)  # before the SFT, not at the base evaluation after it
     print(f"[demo] SFT on {len(train)} generated {task.name} rows ({cfg.sft.steps} steps)")
     hist = sft_from_config(cfg, policy, task, train)
     save_model(policy, cache)

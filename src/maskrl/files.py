@@ -43,6 +43,12 @@ def usual_file_modes(folder: str | Path) -> None:
                 os.chmod(p, target)
 
 
+def not_utf8(path: str | Path, e: UnicodeDecodeError) -> str:
+    """The one-line message for a file that is not UTF-8 text: the file, the first bad byte's offset and
+    value (a task's data file, a YAML config, an accelerate config)."""
+    return f"{path}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}); save the file as UTF-8"
+
+
 def first_line(e: BaseException) -> str:
     """The first line (and first sentence) of an exception's message, or its type's name."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]

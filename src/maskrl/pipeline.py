@@ -6,6 +6,8 @@ module adds what joins them to the SFT loop and the evaluation harness.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Callable
 
 import torch
@@ -18,7 +20,7 @@ from maskrl.files import write_json  # noqa: F401
 from maskrl.models import ModelAdapter
 from maskrl.policy import export_model, load_policy, tiny_tokenizer  # noqa: F401
 from maskrl.prompt_card import PROMPT_CARD, read_prompt_card, save_prompt_card  # noqa: F401
-from maskrl.prompts import check_lengths, check_run_lengths, prompt_formatter  # noqa: F401
+from maskrl.prompts import check_lengths, check_run_lengths, check_run_samplers, prompt_formatter  # noqa: F401
 from maskrl.tasks.base import Example, Task
 
 
@@ -31,7 +33,8 @@ def sft_from_config(cfg: RunConfig, adapter: ModelAdapter, task: Task, train: li
     return run_sft(adapter, train, task.target, gen_length=cfg.rollout.gen_length, steps=sc.steps,
                    batch_size=sc.batch_size, lr=sc.lr, warmup_steps=sc.warmup_steps, weight_decay=sc.weight_decay,
                    max_grad_norm=sc.max_grad_norm, seed=sc.seed, log_every=sc.log_every,
-                   prompt_fn=prompt_formatter(adapter, cfg.model.chat_template), progress=progress)
+                   prompt_fn=prompt_formatter(adapter, cfg.model.chat_template), progress=progress,
+                   gen_length_key="rollout.gen_length")
 
 
 def training_eval_fn(cfg: RunConfig, task: Task, rows: list[Example], prompt_fn: Callable[[str], str],
@@ -53,9 +56,14 @@ def training_eval_fn(cfg: RunConfig, task: Task, rows: list[Example], prompt_fn:
     return evaluate
 
 
+#: the decoding-rule fields ``maskrl generate`` has a flag for
+RULE_FLAGS = ("schedule", "threshold", "cache", "remasking", "early_stop")
+
+
 def generate_settings(args, card: dict | None) -> tuple:
     """``maskrl generate``'s sampler, chat-template switch and dtype from its flags, else the model's prompt
-    card (its ``eval_sampler``: how the run evaluated), else defaults; each value's source is listed.
+    card (its ``eval_sampler``: how the run evaluated; its decoding rule as ``maskrl eval`` takes it, every
+    field but the lengths, steps and temperature), else defaults; each value's source is listed.
 
     Args:
         args: the parsed ``generate`` flags (``gen_length``, ``block_length``, ``steps``, ``chat_template``,
@@ -69,6 +77,7 @@ def generate_settings(args, card: dict | None) -> tuple:
     Raises:
         ValueError: naming the flag(s) of a refused value.
     """
+    from maskrl.evaluate import RULE_FIELDS
     from maskrl.models.loading import parse_dtype
     from maskrl.sampling import SamplerConfig
 
@@ -85,6 +94,11 @@ def generate_settings(args, card: dict | None) -> tuple:
     block_length = pick("block_length", args.block_length, es.get("block_length"), 32)
     same = card is not None and gen_length == es.get("gen_length") and block_length == es.get("block_length")
     steps = pick("steps", args.steps, es.get("steps") if same else None, max(1, gen_length // 2))
+    # the decoding rule as maskrl eval takes it (the card's, greedy unless --temperature); the flags win
+    defaults = {f.name: f.default for f in dataclasses.fields(SamplerConfig)}
+    rule = {k: v for k, v in es.items() if k in RULE_FIELDS}
+    used += [f"{k} {v} (model card)" for k, v in rule.items() if k not in RULE_FLAGS and v != defaults[k]]
+    rule.update({k: pick(k, getattr(args, k), rule.get(k), defaults[k]) for k in RULE_FLAGS})
     chat = pick("chat_template", args.chat_template, card["chat_template"] if card else None, True)
     try:
         dtype = parse_dtype(args.dtype)
@@ -92,8 +106,7 @@ def generate_settings(args, card: dict | None) -> tuple:
         raise ValueError(f"--dtype: {e}") from None
     try:
         sampler = SamplerConfig(gen_length=gen_length, block_length=block_length, steps=steps,
-                                temperature=args.temperature, schedule=args.schedule, threshold=args.threshold,
-                                cache=args.cache, remasking=args.remasking, early_stop=args.early_stop)
+                                temperature=args.temperature, **rule)
     except ValueError as e:
-        raise ValueError(f"--gen-length / --block-length / --steps / --temperature / --threshold: {e}") from None
+        raise ValueError(f"{e} (settings: {'; '.join(used[:-1])}; temperature {args.temperature})") from None
     return sampler, chat, dtype, used

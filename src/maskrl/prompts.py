@@ -1,5 +1,5 @@
-"""Model-input text from task prompts (chat template) and the check that prompt + completion fit the
-model's positions, before any work."""
+"""Model-input text from task prompts (chat template), and the checks before any work that prompt +
+completion fit the model's positions and that the run's samplers can decode the model."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -70,3 +70,21 @@ def check_run_lengths(cfg: RunConfig, adapter: ModelAdapter, train: Sequence[Exa
                                   (held_out, cfg.eval.gen_length, "eval.gen_length", "evaluation row")):
         check_lengths(adapter, [fmt(ex.prompt) for ex in rows], gen, what,
                       [f"{kind} {ex.id}" + (of if rows is held_out else "") for ex in rows])
+
+
+def check_run_samplers(cfg: RunConfig, adapter: ModelAdapter, sections: Sequence[str] = ("rollout", "eval")) -> None:
+    """Stop before any work when a sampler section of the run cannot decode the loaded model (a
+    block-diffusion model's block length and cache, or what only such a model takes:
+    :meth:`maskrl.sampling.SamplerConfig.block_model_refusal`), naming the section.
+
+    Args:
+        sections: the run's sampler sections the command uses (``maskrl sft``: ``eval``, which its
+            prompt card keeps; ``train`` and ``demo``: both).
+
+    Raises:
+        ValueError: ``"<section>: <why>"``.
+    """
+    for section in sections:
+        why = getattr(cfg, section).block_model_refusal(adapter.block_size)
+        if why:
+            raise ValueError(f"{section}: {why}")

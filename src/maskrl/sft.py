@@ -26,20 +26,25 @@ from maskrl.text import data_token_ids, encode_prompts
 
 
 def encode_targets(tokenizer, targets: Sequence[str], gen_length: int, eos_id: int,
-                   ids: Sequence[int] | None = None) -> torch.Tensor:
+                   ids: Sequence[int] | None = None, prompts: Sequence[str] | None = None,
+                   gen_length_key: str = "gen_length") -> torch.Tensor:
     """Target completions as ``[N, L]`` long: the text's tokens, then eos up to ``gen_length``. The
     target is data: special-token strings in it are text (:func:`maskrl.text.data_token_ids`), so a
     target spelling ``<|eos|>`` does not end early nor teach a mask id.
 
     Raises:
-        ValueError: naming the example whose target is longer than ``gen_length`` tokens.
+        ValueError: naming the example whose target is longer than ``gen_length`` tokens (its id, its
+            prompt when ``prompts`` are given, the target's text) and ``gen_length_key``, the setting to raise.
     """
     out = torch.full((len(targets), gen_length), eos_id, dtype=torch.long)
     for i, t in enumerate(targets):
         tok = data_token_ids(tokenizer, t)
         if len(tok) > gen_length:
             who = ids[i] if ids is not None else i
-            raise ValueError(f"example {who}: target has {len(tok)} tokens > gen_length={gen_length}")
+            prompt = f" (prompt {prompts[i][:80]!r})" if prompts is not None else ""
+            raise ValueError(f"training example {who}{prompt}: its SFT target {t[:80]!r} is {len(tok)} tokens, more "
+                             f"than the completion length {gen_length_key} = {gen_length}; raise it or shorten "
+                             "the target")
         out[i, : len(tok)] = torch.tensor(tok, dtype=torch.long)
     return out
 
@@ -80,7 +85,7 @@ def run_sft(adapter: ModelAdapter, examples: Sequence[Example], target_fn: Calla
             gen_length: int, steps: int, batch_size: int, lr: float, warmup_steps: int = 0,
             weight_decay: float = 0.01, max_grad_norm: float = 1.0, seed: int = 0, log_every: int = 50,
             prompt_fn: Callable[[str], str] = lambda s: s, progress: bool = True,
-            on_step: Callable[[int], None] | None = None) -> list[dict]:
+            on_step: Callable[[int], None] | None = None, gen_length_key: str = "gen_length") -> list[dict]:
     """Train ``adapter`` in place on ``examples`` (their ``target_fn`` text as completion).
 
     ``on_step(k)``, when given, is called after optimizer step k (1-based), e.g. to score a
@@ -88,13 +93,18 @@ def run_sft(adapter: ModelAdapter, examples: Sequence[Example], target_fn: Calla
 
     Returns:
         The logged metrics (``{"step", "loss", "lr", "seconds"}`` every ``log_every`` steps).
+
+    Raises:
+        ValueError: no examples; a target longer than ``gen_length`` tokens (:func:`encode_targets`;
+            ``gen_length_key`` names the setting in the message, e.g. ``rollout.gen_length``).
     """
     if not examples:
         raise ValueError("run_sft: no training examples")
     tok = adapter.tokenizer
     device = adapter.device
     prompt_ids, prompt_mask = encode_prompts(tok, [prompt_fn(ex.prompt) for ex in examples])
-    answers = encode_targets(tok, [target_fn(ex) for ex in examples], gen_length, adapter.eos_id, [ex.id for ex in examples])
+    answers = encode_targets(tok, [target_fn(ex) for ex in examples], gen_length, adapter.eos_id, [ex.id for ex in examples],
+                             [ex.prompt for ex in examples], gen_length_key)
     gen = torch.Generator(device=device).manual_seed(seed)
     data_gen = torch.Generator().manual_seed(seed + 1)
     params = [p for p in adapter.model.parameters() if p.requires_grad]

@@ -3,6 +3,7 @@ and components (objective, likelihood, credit entries) built from their registri
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -127,6 +128,16 @@ def _component(value: Any, kind: str, key: str, default: Any, default_name: str 
     return _build(cls, params, key + ".", base)
 
 
+def _is_component(value: Any, kind: str) -> bool:
+    """Whether ``value`` is a built component of ``kind`` (a default's entry), not YAML to build one from
+    (a mapping, a name, or anything else, which :func:`_component` refuses naming its key)."""
+    try:
+        component_registry(kind).name_of(value)
+    except KeyError:
+        return False
+    return not isinstance(value, (Mapping, str))
+
+
 def _coerce(value: Any, typ: Any, key: str, default: Any = None) -> Any:
     args = typing.get_args(typ)
     if len(args) == 2 and type(None) in args:  # ``X | None``: null, or a value of X
@@ -145,14 +156,19 @@ def _coerce(value: Any, typ: Any, key: str, default: Any = None) -> Any:
             return value
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if typ is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if number is None:
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(number):  # NaN passes every `x < 0` range check
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return number
     if typ is list:
         if isinstance(value, str):
             return [value] if value else []
@@ -208,8 +224,8 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "", defaults: Any =
             items = data.get(name, getattr(defaults, name)) or []
             if not isinstance(items, (list, tuple)):
                 raise ConfigError(f"{prefix}{name}: expected a list of {{name: ..., ...}} entries, got {items!r}")
-            kwargs[name] = [v if not isinstance(v, (Mapping, str)) else
-                            _component(v, kind, f"{prefix}{name}[{i}]", None, None) for i, v in enumerate(items)]
+            kwargs[name] = [v if _is_component(v, kind) else _component(v, kind, f"{prefix}{name}[{i}]", None, None)
+                            for i, v in enumerate(items)]
         elif name == "likelihood" and "objective" in kwargs:
             # the objective's own estimator unless named; fields kept when the name is unchanged
             own = kwargs["objective"].default_likelihood

@@ -9,7 +9,7 @@ from maskrl.config.schema import LR_SCHEDULERS, TINY_TOKENIZERS, TRAIN_REWARDS, 
 
 
 #: dotted keys that must be > 0 (``>= 0`` for those in ``_NON_NEGATIVE``)
-_POSITIVE = ("model.tiny.hidden_size", "model.tiny.num_layers", "model.tiny.num_heads", "model.tiny.intermediate_size",
+_POSITIVE = ("model.lora_alpha", "model.tiny.hidden_size", "model.tiny.num_layers", "model.tiny.num_heads", "model.tiny.intermediate_size",
              "task.train_size", "sft.batch_size", "sft.lr", "train.prompts_per_step", "train.group_size",
              "train.inner_iterations", "train.lr")
 _NON_NEGATIVE = ("model.lora_rank", "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
@@ -48,6 +48,8 @@ def _check_ranges(cfg: "RunConfig") -> None:
     for key in _NON_NEGATIVE:
         if get(key) < 0:
             raise ConfigError(f"{key}: must be >= 0, got {get(key)!r}")
+    if not 0 <= cfg.model.lora_dropout < 1:
+        raise ConfigError(f"model.lora_dropout: must lie in [0, 1), got {cfg.model.lora_dropout!r}")
     if get("train.lr_scheduler") not in LR_SCHEDULERS:
         raise ConfigError(f"train.lr_scheduler: unknown {get('train.lr_scheduler')!r}; valid: {', '.join(LR_SCHEDULERS)}")
     from maskrl.health import ON_NONFINITE
@@ -76,6 +78,8 @@ def _check_ranges(cfg: "RunConfig") -> None:
     if t.tokenizer not in TINY_TOKENIZERS and not (Path(t.tokenizer) / "tokenizer.json").is_file():
         raise ConfigError(f"model.tiny.tokenizer: {t.tokenizer!r} is neither one of {', '.join(TINY_TOKENIZERS)} nor a "
                           f"folder with a tokenizer.json")
+    if t.block_size is not None and t.block_size < 1:
+        raise ConfigError(f"model.tiny.block_size: must be a positive integer or null (full attention), got {t.block_size}")
     if t.hidden_size % t.num_heads:
         raise ConfigError(f"model.tiny.hidden_size ({t.hidden_size}) must be a multiple of "
                           f"model.tiny.num_heads ({t.num_heads})")

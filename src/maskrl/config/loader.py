@@ -11,6 +11,7 @@ from maskrl.config.build import _build, _coerce, _mark, _resolve_path
 from maskrl.config.checks import _check_ranges
 from maskrl.config.overrides import apply_override
 from maskrl.config.schema import ConfigError, RunConfig
+from maskrl.files import not_utf8
 from maskrl.yamlfile import DuplicateKeyError, load_yaml
 
 
@@ -38,9 +39,12 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = (),
         ConfigError: on an unknown key (naming it and the valid ones), a mistyped value, or a key
             repeated in one mapping of a YAML file (naming the key and both lines).
         FileNotFoundError: when a YAML file does not exist.
+        ConfigError: a path that is a folder, a file that is not UTF-8 or not valid YAML (one line).
     """
     data: dict = {}
     for p in paths:
+        if Path(p).is_dir():
+            raise ConfigError(f"config file {p} is a folder, not a YAML file")
         if not Path(p).is_file():
             raise ConfigError(f"config file {p} does not exist")
         try:
@@ -48,8 +52,10 @@ def load_config(paths: Sequence[str | Path] = (), overrides: Sequence[str] = (),
                 loaded = load_yaml(fh) or {}
         except DuplicateKeyError as e:
             raise ConfigError(f"{p}: {e}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML ({e})") from None
+        except yaml.YAMLError as e:  # its text runs over several lines (problem, context, mark)
+            raise ConfigError(f"{p}: not valid YAML ({' '.join(str(e).split())})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(not_utf8(p, e)) from None
         if not isinstance(loaded, Mapping):
             raise ConfigError(f"{p}: top level must be a mapping")
         data = _merge(data, _mark(loaded, Path(p).parent))
@@ -86,6 +92,8 @@ def load_plugins(specs: Sequence[str]) -> list:
                 path = Path(spec).expanduser().resolve()
                 if not path.is_file():
                     raise FileNotFoundError(f"no such file {path}")
+                if path.suffix != ".py":  # importlib finds no loader for it
+                    raise ImportError(f"{path} is not a Python file (.py)")
                 name = "maskrl_plugin_" + path.stem + "_" + hashlib.sha1(str(path).encode()).hexdigest()[:8]
                 if name not in sys.modules:
                     mod_spec = importlib.util.spec_from_file_location(name, path)

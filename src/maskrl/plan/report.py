@@ -11,7 +11,7 @@ from maskrl.plan.flops import FlopModel, _dtype, _lora, param_memory, work_table
 from maskrl.plan.memory import ActivationModel, files_gib, memory_gib
 from maskrl.plan.moe import active_params
 from maskrl.plan.progress import QUIET, Progress
-from maskrl.plan.shapes import GIB, Hardware, ModelShape, model_shape
+from maskrl.plan.shapes import GIB, Hardware, ModelShape, PlanError, model_shape
 from maskrl.plan.work import record_work
 
 #: models, fits and recorded work shared by the plans of one process (keyed by content)
@@ -40,7 +40,12 @@ def make_plan(cfg, hw: Hardware, prompt_length: int = 256, seed: int = 0, search
         :func:`~maskrl.plan.memory.files_gib`), ``work`` (per phase and term: forwards, rows, scored positions, FLOPs),
         ``time`` (seconds per step: compute-bound at ``mfu``, and the weight-read bound; per run),
         ``what_to_change``.
+
+    Raises:
+        PlanError: ``prompt_length`` below 1.
     """
+    if prompt_length < 1:
+        raise PlanError(f"--prompt-length: must be >= 1 token, got {prompt_length}")
     cache = _cache if _cache is not None else _CACHE
     with progress.phase("the model's shape"):
         shape = shape or model_shape(cfg)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,8 +220,8 @@ def parse_bytes(text: str) -> float:
         v = float(s)
     except ValueError:
         raise PlanError(f"--gpu-memory: cannot read {text!r} (e.g. 80GB)") from None
-    if v <= 0:
-        raise PlanError(f"--gpu-memory: must be > 0, got {text!r}")
+    if not math.isfinite(v) or v <= 0:
+        raise PlanError(f"--gpu-memory: must be a finite number > 0, got {text!r}")
     return v * GIB
 
 
@@ -237,10 +238,14 @@ def strategy_from_accelerate(path: str | None, gpus: int) -> str:
 
     from maskrl.yamlfile import load_yaml
 
+    from maskrl.files import not_utf8
+
     try:
-        c = load_yaml(Path(path).read_text()) or {}
+        c = load_yaml(Path(path).read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise PlanError(f"--accelerate-config: cannot read {not_utf8(path, e)}") from None
     except (OSError, yaml.YAMLError) as e:
-        raise PlanError(f"--accelerate-config: cannot read {path} ({e})") from None
+        raise PlanError(f"--accelerate-config: cannot read {path} ({' '.join(str(e).split())})") from None
     kind = str(c.get("distributed_type", "")).upper()
     if kind == "FSDP":
         return "fsdp"
@@ -281,7 +286,8 @@ class Hardware:
             raise PlanError(f"--gpus: must be >= 1, got {self.gpus}")
         if not 0 < self.mfu <= 1:
             raise PlanError(f"--mfu: must lie in (0, 1], got {self.mfu}")
-        if self.tflops <= 0 or self.bandwidth <= 0:
-            raise PlanError("--tflops and --bandwidth must be > 0")
+        for flag, value in (("--gpu-memory", self.gpu_memory), ("--tflops", self.tflops), ("--bandwidth", self.bandwidth)):
+            if not math.isfinite(value) or value <= 0:  # NaN passes `<= 0`; inf plans 0 s of compute
+                raise PlanError(f"{flag}: must be a finite number > 0, got {value}")
         if self.strategy not in STRATEGIES:
             raise PlanError(f"strategy: unknown {self.strategy!r}; valid: {', '.join(STRATEGIES)}")

@@ -38,28 +38,8 @@ def check_call(adapter: ModelAdapter, prompt_ids: torch.Tensor, prompt_mask: tor
 
 
 def check_blocks(adapter: ModelAdapter, config: SamplerConfig) -> None:
-    """What a block-diffusion model (``adapter.block_size``) needs of the sampler, and what only it takes."""
-    size = adapter.block_size
-    if size is None:
-        if config.block_first == "forced" and not config.dream_rule:
-            raise ValueError("block_first 'forced' with LLaDA's rule is Fast-dLLM v2's and needs a block-diffusion "
-                             "model (ModelAdapter.block_size set); with full attention it is Dream's (remasking "
-                             "'maskgit_plus')")
-        if config.cache == "block" or config.early_stop:
-            raise ValueError(f"{'cache=block' if config.cache == 'block' else 'early_stop'} needs a block-diffusion "
-                             "model (ModelAdapter.block_size set): with full attention every position sees the "
-                             "later ones (use cache 'prefix' / 'dual', early_stop false)")
-        if config.edit_threshold is not None:
-            raise ValueError("edit_threshold (LLaDA2.1's token editing of the current block) needs a block-diffusion "
-                             "model (ModelAdapter.block_size set)")
-        return
-    if config.block_length != size:
-        raise ValueError(f"block_length (={config.block_length}) must equal the model's block size ({size}): a "
-                         "block-diffusion model decodes one of its attention blocks at a time")
-    if config.cache in ("prefix", "dual"):
-        raise ValueError(f"cache={config.cache!r} is LLaDA-style approximate caching; a block-diffusion model "
-                         "(block_size set) has the exact block cache: use cache 'block' (or 'none')")
-    if config.dream_rule:
-        raise ValueError("Dream's rule (schedule 'dream', its remasking names, top_k / top_p / alg_temp outside the "
-                         "block strategies) is not defined on block-diffusion models; use remasking sequential | "
-                         "low_confidence_static | low_confidence_dynamic | entropy_bounded, or LLaDA's")
+    """What a block-diffusion model (``adapter.block_size``) needs of the sampler, and what only it takes
+    (:meth:`SamplerConfig.block_model_refusal`)."""
+    why = config.block_model_refusal(adapter.block_size)
+    if why:
+        raise ValueError(why)

@@ -1,7 +1,8 @@
 """The sampler's settings (docs/spec.md §1.2): :class:`SamplerConfig` and the names of its choices."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 
 SCHEDULES = ("fixed", "threshold", "dream")
 DREAM_REMASKING = ("maskgit_plus", "topk_margin", "entropy", "origin")
@@ -117,8 +118,8 @@ class SamplerConfig:
             FSDP / DeepSpeed, whose processes hold no whole weights, the peft model samples (logged once).
 
     Raises:
-        ValueError: naming the field, on any setting outside its range or choices (in
-            ``__post_init__``).
+        ValueError: naming the field, on any setting outside its range or choices, a NaN or infinite
+            number included (in ``__post_init__``).
     """
 
     gen_length: int = 256
@@ -146,6 +147,10 @@ class SamplerConfig:
     merge_lora: bool = True
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NaN passes every `x < 0` check below; inf runs the loop into an error
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{f.name} (={v}) must be a finite number")
         if self.gen_length <= 0 or self.block_length <= 0:
             raise ValueError(f"gen_length (={self.gen_length}) and block_length (={self.block_length}) must be positive")
         if self.gen_length % self.block_length:
@@ -201,6 +206,36 @@ class SamplerConfig:
             raise ValueError(f"mismatch_every (={self.mismatch_every}) must be >= 0")
         if self.observer_logits not in OBSERVER_LOGITS:
             raise ValueError(f"observer_logits {self.observer_logits!r} is not one of {OBSERVER_LOGITS}")
+
+    def block_model_refusal(self, block_size: int | None) -> str | None:
+        """Why these settings cannot decode a model of attention block size ``block_size`` (``None``: full
+        attention), or ``None`` when they can: what a block-diffusion model needs of the sampler, and what
+        only it takes (:func:`maskrl.sampling.checks.check_blocks`; a run's sections:
+        :func:`maskrl.prompts.check_run_samplers`)."""
+        if block_size is None:
+            if self.block_first == "forced" and not self.dream_rule:
+                return ("block_first 'forced' with LLaDA's rule is Fast-dLLM v2's and needs a block-diffusion "
+                        "model (ModelAdapter.block_size set); with full attention it is Dream's (remasking "
+                        "'maskgit_plus')")
+            if self.cache == "block" or self.early_stop:
+                return (f"{'cache=block' if self.cache == 'block' else 'early_stop'} needs a block-diffusion "
+                        "model (ModelAdapter.block_size set): with full attention every position sees the "
+                        "later ones (use cache 'prefix' / 'dual', early_stop false)")
+            if self.edit_threshold is not None:
+                return ("edit_threshold (LLaDA2.1's token editing of the current block) needs a block-diffusion "
+                        "model (ModelAdapter.block_size set)")
+            return None
+        if self.block_length != block_size:
+            return (f"block_length (={self.block_length}) must equal the model's block size ({block_size}): a "
+                    "block-diffusion model decodes one of its attention blocks at a time")
+        if self.cache in ("prefix", "dual"):
+            return (f"cache={self.cache!r} is LLaDA-style approximate caching; a block-diffusion model "
+                    "(block_size set) has the exact block cache: use cache 'block' (or 'none')")
+        if self.dream_rule:
+            return ("Dream's rule (schedule 'dream', its remasking names, top_k / top_p / alg_temp outside the "
+                    "block strategies) is not defined on block-diffusion models; use remasking sequential | "
+                    "low_confidence_static | low_confidence_dynamic | entropy_bounded, or LLaDA's")
+        return None
 
     def _check_block_rules(self) -> None:
         """The block-diffusion strategies' settings (SDAR's rule runs under the fixed schedule's counts)."""

@@ -184,10 +184,16 @@ class Task:
         """Read and validate the data file into examples (ids are 0-based row indices).
 
         Raises:
-            DataError: on a malformed row, naming file and line.
+            DataError: on a malformed row, naming file and line; on a file that is not UTF-8 text,
+                naming the file and the first bad byte (whichever task's :meth:`parse` read it).
         """
         p = self.resolve_path(path)
-        rows = self.parse(p)
+        try:
+            rows = self.parse(p)
+        except UnicodeDecodeError as e:
+            from maskrl.files import not_utf8
+
+            raise DataError(not_utf8(p, e)) from None
         return rows[:limit] if limit is not None else rows
 
     def parse(self, path: Path) -> list[Example]:  # pragma: no cover - abstract

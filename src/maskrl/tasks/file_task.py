@@ -38,13 +38,15 @@ def load_reward(spec: str, key: str = "task.file.reward") -> Callable[..., Seque
     if not sep or not module_name or not attr:
         raise ValueError(f"{key}: {spec!r} is not of the form 'module:function' or 'file.py:function'")
     try:
-        if module_name.endswith(".py"):
+        if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
             path = Path(module_name).expanduser().resolve()
             name = f"maskrl_user_reward_{abs(hash(str(path)))}"
             if name not in sys.modules:
-                mod_spec = importlib.util.spec_from_file_location(name, path)
-                if mod_spec is None or not path.is_file():
+                if not path.is_file():
                     raise FileNotFoundError(f"no file {path}")
+                if path.suffix != ".py":  # importlib finds no loader for it
+                    raise ImportError(f"{path} is not a Python file (.py)")
+                mod_spec = importlib.util.spec_from_file_location(name, path)
                 module = importlib.util.module_from_spec(mod_spec)
                 mod_spec.loader.exec_module(module)
                 sys.modules[name] = module

@@ -124,6 +124,9 @@ class Sudoku4x4(Task):
             for lineno, row in enumerate(reader, start=2):
                 puzzle, solution = (row.get("Puzzle") or "").strip(), (row.get("Solution") or "").strip()
                 where = f"{path}:{lineno}"
+                if None in row:  # cells beyond the header, which DictReader would keep aside unread
+                    raise DataError(f"{where}: {len(reader.fieldnames) + len(row[None])} cells but the header has "
+                                    f"{len(reader.fieldnames)} columns ({','.join(reader.fieldnames)})")
                 if len(puzzle) != GRID or any(c not in "01234" for c in puzzle):
                     raise DataError(f"{where}: Puzzle {puzzle!r} must be 16 digits 0-4")
                 if not is_valid_grid(solution):
