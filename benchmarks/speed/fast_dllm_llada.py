@@ -128,7 +128,7 @@ def measure(fd, ref, ad, prompts, args, on_rep=lambda cells: None) -> dict:
     """Every cell, alternated: ``{cell: {fast_dllm_s, maskrl_s, ratio, tokens_equal, ...}}``; ``on_rep(cells)``
     after each repetition (the record is written then, so a stopped run keeps the repetitions it finished)."""
     cells = {}
-    wanted = set(args.cells.split(",")) if getattr(args, "cells", None) else None
+    wanted = set(args.cells.split(",")) if args.cells else None
     for cache in CACHES:
         for schedule in SCHEDULES:
             for rows in (1, args.batch):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
+from maskrl.files import not_utf8
 from maskrl.registry import Registry
 
 TASKS: Registry[type["Task"]] = Registry("task")
@@ -72,7 +73,9 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
                 if not isinstance(obj, dict):
                     raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
                 yield lineno, obj
-    except (OSError, EOFError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise DataError(not_utf8(path, e)) from None
+    except (OSError, EOFError) as e:
         if isinstance(e, FileNotFoundError):
             raise
         raise DataError(f"{path}: cannot read ({e})") from None
@@ -191,8 +194,6 @@ class Task:
         try:
             rows = self.parse(p)
         except UnicodeDecodeError as e:
-            from maskrl.files import not_utf8
-
             raise DataError(not_utf8(p, e)) from None
         return rows[:limit] if limit is not None else rows
 
